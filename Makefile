@@ -1,0 +1,42 @@
+# Quickstart: `make run` and `make test`; both set up .venv first.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+BUILD  := build
+
+# Open MPI from PyPI: allow root (containers, CI) and oversubscription on small hosts.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
+export OMPI_MCA_rmaps_base_oversubscribe := 1
+# numba's on-disk cache of compiled kernels, kept out of the source tree.
+export NUMBA_CACHE_DIR ?= $(CURDIR)/$(BUILD)/numba-cache
+
+.PHONY: setup run test lint unit mpi bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/lmdbio demo --workdir $(BUILD)/demo
+
+lint: setup
+	$(BIN)/ruff check .
+
+unit: setup
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+
+test: lint unit
+
+bench: setup
+	$(BIN)/python -m pip install -q -e '.[bench]'
+	$(BIN)/python bench/run_all.py --out bench/results
+
+clean:
+	rm -rf $(BUILD) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""One module per ``lmdbio`` sub-command (see :mod:`lmdbio.cli`)."""

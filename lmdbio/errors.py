@@ -1,0 +1,40 @@
+"""The exceptions lmdbio raises.
+
+Every error that comes from bad input names the file (and where it applies the page, key or
+config path) and what was expected, so that a user can act on it without a debugger.
+"""
+
+from __future__ import annotations
+
+
+class LmdbioError(Exception):
+    """Base class of every error lmdbio raises on purpose."""
+
+
+class LmdbFormatError(LmdbioError):
+    """An LMDB file is not what its own headers promise (corrupt, truncated, unsupported)."""
+
+    def __init__(self, path: object, what: str, page: int | None = None) -> None:
+        self.path = str(path)
+        self.page = page
+        self.what = what
+        where = f"{self.path}" if page is None else f"{self.path}, page {page}"
+        super().__init__(f"{where}: {what}")
+
+
+class CodecError(LmdbioError):
+    """A compressed payload or an encoded record could not be decoded."""
+
+
+class ConfigError(LmdbioError):
+    """A job configuration names an unknown key, has a wrong type or an impossible value."""
+
+
+class RecordError(LmdbioError):
+    """One record failed to decode; carries the key so the policy (raise/skip/substitute)
+    can report it."""
+
+    def __init__(self, key: bytes, what: str) -> None:
+        self.key = key
+        self.what = what
+        super().__init__(f"record {key!r}: {what}")
