@@ -1,0 +1,523 @@
+"""``Database``: a read-only snapshot of one LMDB tree, read through a memory mapping.
+
+Opening parses and validates both meta pages, picks the live one (larger txnid), and
+resolves the main database or a named sub-database. Nothing else is read until asked:
+the leaf list (branch pages only), the leaf directory (leaf headers only) and the record
+table (leaf pages only) are built lazily by compiled kernels and cached. Values are handed
+out as zero-copy ``memoryview`` slices of the mapping.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbio.errors import LmdbFormatError, LmdbioError
+from lmdbio.lmdb import format as fmt_mod
+from lmdbio.lmdb.accounting import PageAccounting
+from lmdbio.lmdb.format import F_SUBDATA, MDB_DUPSORT, DbRecord, Meta, PageLayout
+
+
+@dataclass(frozen=True)
+class SnapshotId:
+    """What identifies one snapshot of one file: cursors from another snapshot are refused."""
+
+    format_version: int
+    txnid: int
+    root: int
+    file_size: int
+
+
+@dataclass
+class RecordTable:
+    """Per-record arrays for records ``start .. start + len - 1`` of the tree, in key order.
+
+    ``val_off`` is the value's byte offset in the file, ``ovf_pages`` the length of its
+    overflow run (0 when the value is stored inline in the leaf page).
+    """
+
+    start: int
+    leaf_pg: np.ndarray
+    slot: np.ndarray
+    key_off: np.ndarray
+    key_len: np.ndarray
+    val_off: np.ndarray
+    val_len: np.ndarray
+    ovf_pages: np.ndarray
+    node_flags: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.leaf_pg.shape[0])
+
+    @classmethod
+    def empty(cls, n: int, start: int = 0) -> RecordTable:
+        return cls(
+            start,
+            np.empty(n, np.int64), np.empty(n, np.int32), np.empty(n, np.int64),
+            np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int64),
+            np.empty(n, np.int32), np.empty(n, np.uint16),
+        )
+
+    def subset(self, lo: int, hi: int) -> RecordTable:
+        """Records ``lo .. hi - 1`` of this table (global indices ``start + lo ...``)."""
+        return RecordTable(
+            self.start + lo, *(a[lo:hi] for a in (
+                self.leaf_pg, self.slot, self.key_off, self.key_len, self.val_off,
+                self.val_len, self.ovf_pages, self.node_flags)))
+
+
+def _resolve_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "data.mdb"
+    if not p.exists():
+        raise LmdbioError(f"{p}: no such LMDB file (expected a directory holding data.mdb "
+                          "or the data.mdb file itself)")
+    return p
+
+
+class Database:
+    """A read-only snapshot of an LMDB database (the main one or a named sub-database).
+
+    Args:
+        path: an LMDB directory or its ``data.mdb`` file.
+        subdb: name of a named sub-database (``str`` or ``bytes``); ``None`` for the main one.
+        pin_snapshot: hold a py-lmdb read transaction for the database's lifetime, so a live
+            writer cannot recycle the pages being read (needs a lock file; where one cannot be
+            opened, ``stat()["snapshot_pinned"]`` is False and says why).
+        accounting: keep a bitmap of the pages touched by walks, seeks and gathers.
+        buffer: an existing read-only mapping of the file (a numpy ``uint8`` array, e.g. from
+            :func:`lmdbio.io.symmap.map_symmetric`); by default the file is mapped here.
+        address: the virtual address of ``buffer`` when it is a symmetric mapping (cursors then
+            serialize raw page addresses).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        subdb: str | bytes | None = None,
+        *,
+        pin_snapshot: bool = True,
+        accounting: bool = False,
+        buffer: np.ndarray | None = None,
+        address: int | None = None,
+    ) -> None:
+        self.path = _resolve_file(path)
+        self._mmap: mmap.mmap | None = None
+        self._pin_obj = None
+        if buffer is None:
+            size = self.path.stat().st_size
+            if size == 0:
+                raise LmdbFormatError(self.path, "empty file (0 bytes): not an LMDB data file")
+            with open(self.path, "rb") as f:
+                self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            buffer = np.frombuffer(self._mmap, dtype=np.uint8)
+        self.buf: np.ndarray = buffer
+        self.mv = memoryview(buffer).cast("B") if buffer.ndim == 1 else memoryview(buffer)
+        self.address = address
+        self.file_size = int(buffer.shape[0])
+        self._closed = False
+        self._finalizer = weakref.finalize(self, Database._release, self._mmap, None)
+        try:
+            self.meta = self._read_meta()
+            self.layout: PageLayout = fmt_mod.LAYOUTS[self.meta.version]
+            self.psize = self.meta.psize
+            self.fmt = self.layout.as_array(self.psize)
+            self.last_pg = min(self.meta.last_pg, self.file_size // self.psize - 1)
+            if self.meta.last_pg >= self.file_size // self.psize:
+                raise LmdbFormatError(
+                    self.path, f"meta page {self.meta.page} says the last page is "
+                    f"{self.meta.last_pg} but the file holds {self.file_size // self.psize} "
+                    "pages (truncated file?)")
+            self.subdb_name = subdb.encode() if isinstance(subdb, str) else subdb
+            self.db = self._resolve_db(self.subdb_name)
+            self.accounting = PageAccounting(self.file_size // self.psize, enabled=accounting)
+            if pin_snapshot:
+                self._pin()
+            self._finalizer.detach()
+            self._finalizer = weakref.finalize(self, Database._release, self._mmap,
+                                               self._pin_obj)
+        except BaseException:
+            self.close()
+            raise
+        self._leaves: np.ndarray | None = None
+        self._nbranches = 0
+        self._leaf_first: np.ndarray | None = None
+        self._table: RecordTable | None = None
+
+    # ----------------------------------------------------------------- opening
+    def _read_meta(self) -> Meta:
+        head = self.mv[:256]
+        version = fmt_mod.sniff_version(head)
+        if version is None:
+            raise LmdbFormatError(self.path, "not an LMDB data file: meta page 0 has no "
+                                  "0xBEEFC0DE magic with data format version 1 or 3", page=0)
+        layout = fmt_mod.LAYOUTS[version]
+        psize = struct.unpack_from("<I", head, layout.header_size + 24)[0]
+        if psize < 512 or psize > 65536 or psize & (psize - 1):
+            raise LmdbFormatError(self.path, f"page size {psize} in meta page 0 is not a power "
+                                  "of two between 512 and 65536", page=0)
+        metas: list[Meta] = []
+        problems = []
+        for page in (0, 1):
+            m = fmt_mod.parse_meta(self.mv, page, psize, version)
+            if isinstance(m, str):
+                problems.append(f"meta page {page}: {m}")
+            else:
+                metas.append(m)
+        if not metas:
+            raise LmdbFormatError(self.path, "; ".join(problems), page=0)
+        live = max(metas, key=lambda m: (m.txnid, -m.page))
+        if live.psize != psize:
+            raise LmdbFormatError(self.path, f"meta page {live.page} gives page size "
+                                  f"{live.psize}, meta page 0 gives {psize}", page=live.page)
+        return live
+
+    def _check_db(self, db: DbRecord, what: str) -> DbRecord:
+        if db.empty:
+            return db
+        if db.root < 2 or db.root > self.meta.last_pg:
+            raise LmdbFormatError(self.path, f"{what}: root page {db.root} outside the "
+                                  f"snapshot (pages 2..{self.meta.last_pg})", page=self.meta.page)
+        if db.depth < 1 or db.depth > fmt_mod.MAX_DEPTH:
+            raise LmdbFormatError(self.path, f"{what}: depth {db.depth} (expected 1..32)",
+                                  page=self.meta.page)
+        if db.flags & MDB_DUPSORT:
+            raise LmdbioError(f"{self.path}: {what} is a DUPSORT database "
+                              f"(flags {', '.join(db.flag_names())}); lmdbio refuses DUPSORT "
+                              "databases rather than iterate them differently from py-lmdb")
+        return db
+
+    def _resolve_db(self, name: bytes | None) -> DbRecord:
+        main = self._check_db(self.meta.main_db, "main database")
+        if name is None:
+            return main
+        found = self._find_subdb_record(main, name)
+        if found is None:
+            known = ", ".join(repr(n) for n in self._list_subdbs(main)) or "none"
+            raise LmdbioError(f"{self.path}: no named database {name!r} (named databases: "
+                              f"{known})")
+        return self._check_db(found, f"named database {name!r}")
+
+    def _subdb_key(self, name: bytes) -> bytes:
+        # LMDB 1.0 stores the trailing NUL of a named database's key; 0.9 does not
+        return name + b"\0" if self.meta.version == 3 else name
+
+    def _main_table(self, main: DbRecord) -> RecordTable:
+        if main.empty:
+            return RecordTable.empty(0)
+        return self._build_table(main)
+
+    def _list_subdbs(self, main: DbRecord) -> list[bytes]:
+        table = self._main_table(main)
+        names = []
+        for i in np.flatnonzero(table.node_flags & F_SUBDATA):
+            k = bytes(self.mv[table.key_off[i]:table.key_off[i] + table.key_len[i]])
+            names.append(k[:-1] if self.meta.version == 3 and k.endswith(b"\0") else k)
+        return names
+
+    def _find_subdb_record(self, main: DbRecord, name: bytes) -> DbRecord | None:
+        table = self._main_table(main)
+        want = self._subdb_key(name)
+        for i in np.flatnonzero(table.node_flags & F_SUBDATA):
+            k = bytes(self.mv[table.key_off[i]:table.key_off[i] + table.key_len[i]])
+            if k == want:
+                if table.val_len[i] != 48 or table.ovf_pages[i]:
+                    raise LmdbFormatError(self.path, f"named database {name!r}: record is "
+                                          f"{table.val_len[i]} bytes (expected 48)",
+                                          page=int(table.leaf_pg[i]))
+                return DbRecord.parse(self.mv, int(table.val_off[i]))
+        return None
+
+    def _pin(self) -> None:
+        from lmdbio.lmdb.pin import SnapshotPin
+
+        self._pin_obj = SnapshotPin(self.path, self.meta.txnid)
+
+    # ----------------------------------------------------------------- lifecycle
+    @staticmethod
+    def _release(mm: mmap.mmap | None, pin: Any) -> None:
+        if pin is not None:
+            pin.close()
+        if mm is not None:
+            try:
+                mm.close()
+            except BufferError:
+                pass  # views still exported; the mapping goes away with them
+
+    def close(self) -> None:
+        """Release the snapshot pin and the mapping (views handed out keep it alive)."""
+        if getattr(self, "_closed", True):
+            return
+        self._closed = True
+        self._finalizer.detach()
+        self._table = None
+        self._leaves = None
+        pin, self._pin_obj = self._pin_obj, None
+        mm = self._mmap
+        self._mmap = None
+        self.mv.release()
+        self.buf = np.empty(0, np.uint8)
+        Database._release(mm, pin)
+
+    def __enter__(self) -> Database:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise LmdbioError(f"{self.path}: database is closed")
+
+    # ----------------------------------------------------------------- kernels
+    def _raise(self, code: int, page: int) -> None:
+        from lmdbio.lmdb.kernels import error_message
+
+        raise LmdbFormatError(self.path, error_message(code), page=int(page))
+
+    def _walk(self, db: DbRecord) -> tuple[np.ndarray, int]:
+        from lmdbio.lmdb import kernels as k
+
+        leaves = np.empty(self.meta.last_pg + 1, np.int64)
+        code, page, nleaves, nbranches = k.walk_tree(
+            self.buf, self.fmt, db.root, db.depth, self.meta.last_pg, leaves,
+            self.accounting.touched, self.accounting.enabled)
+        if code:
+            self._raise(code, page)
+        return leaves[:nleaves].copy(), int(nbranches)
+
+    def _build_table(self, db: DbRecord, leaves: np.ndarray | None = None,
+                     nrecords: int | None = None) -> RecordTable:
+        from lmdbio.lmdb import kernels as k
+
+        if leaves is None:
+            leaves, _ = self._walk(db)
+        if nrecords is None:
+            counts = np.empty(leaves.shape[0], np.int64)
+            code, page = k.count_leaf_records(self.buf, self.fmt, leaves, counts,
+                                              self.accounting.touched, False)
+            if code:
+                self._raise(code, page)
+            nrecords = int(counts.sum())
+        t = RecordTable.empty(nrecords)
+        code, page, n = k.leaf_records(
+            self.buf, self.fmt, leaves, self.meta.last_pg, bool(db.flags & MDB_DUPSORT),
+            t.leaf_pg, t.slot, t.key_off, t.key_len, t.val_off, t.val_len, t.ovf_pages,
+            t.node_flags, self.accounting.touched, self.accounting.enabled)
+        if code:
+            self._raise(code, page)
+        return t
+
+    # ----------------------------------------------------------------- structure
+    @property
+    def snapshot(self) -> SnapshotId:
+        """The identity of the snapshot this database reads."""
+        return SnapshotId(self.meta.version, self.meta.txnid, self.db.root, self.file_size)
+
+    def leaves(self) -> np.ndarray:
+        """Leaf page numbers in key order (walks branch pages only; cached)."""
+        self._check_open()
+        if self._leaves is None:
+            if self.db.empty:
+                self._leaves = np.empty(0, np.int64)
+            else:
+                self._leaves, self._nbranches = self._walk(self.db)
+        return self._leaves
+
+    def leaf_directory(self) -> np.ndarray:
+        """``first[j]`` = index of the first record on leaf ``j``; ``first[-1]`` = total.
+
+        Reads branch pages and leaf headers only (no values, no overflow pages).
+        """
+        if self._leaf_first is None:
+            from lmdbio.lmdb import kernels as k
+
+            leaves = self.leaves()
+            counts = np.empty(leaves.shape[0], np.int64)
+            code, page = k.count_leaf_records(self.buf, self.fmt, leaves, counts,
+                                              self.accounting.touched, self.accounting.enabled)
+            if code:
+                self._raise(code, page)
+            first = np.zeros(leaves.shape[0] + 1, np.int64)
+            np.cumsum(counts, out=first[1:])
+            if first[-1] != self.db.entries:
+                raise LmdbFormatError(
+                    self.path, f"the tree holds {first[-1]} records but the meta page says "
+                    f"{self.db.entries}", page=self.db.root)
+            self._leaf_first = first
+        return self._leaf_first
+
+    def record_table(self, start: int = 0, stop: int | None = None) -> RecordTable:
+        """The record table for records ``start .. stop - 1`` (key order).
+
+        The full table is built once and cached; a range of a database whose full table is
+        not built yet reads only the leaf pages covering the range.
+        """
+        self._check_open()
+        n = len(self)
+        stop = n if stop is None else min(stop, n)
+        start = max(0, min(start, stop))
+        if self._table is not None:
+            return self._table.subset(start, stop)
+        if start == 0 and stop == n:
+            first = self.leaf_directory()
+            self._table = self._build_table(self.db, self.leaves(), int(first[-1]))
+            return self._table
+        first = self.leaf_directory()
+        j0 = int(np.searchsorted(first, start, side="right")) - 1
+        j1 = int(np.searchsorted(first, stop, side="left"))
+        leaves = self.leaves()[j0:j1]
+        t = self._build_table(self.db, leaves, int(first[j1] - first[j0]))
+        t.start = int(first[j0])
+        return t.subset(start - int(first[j0]), stop - int(first[j0]))
+
+    # ----------------------------------------------------------------- records
+    def __len__(self) -> int:
+        return int(self.db.entries)
+
+    def key(self, i: int) -> bytes:
+        """Key of record ``i`` (key order)."""
+        t = self.record_table()
+        return bytes(self.mv[t.key_off[i]:t.key_off[i] + t.key_len[i]])
+
+    def value(self, i: int) -> memoryview:
+        """Zero-copy value of record ``i``."""
+        t = self.record_table()
+        return self.mv[t.val_off[i]:t.val_off[i] + t.val_len[i]]
+
+    def items(self) -> Iterator[tuple[bytes, memoryview]]:
+        """``(key, value)`` in key order; values are zero-copy views into the mapping."""
+        t = self.record_table()
+        mv = self.mv
+        ko, kl, vo, vl = (a.tolist() for a in (t.key_off, t.key_len, t.val_off, t.val_len))
+        for i in range(len(ko)):
+            yield bytes(mv[ko[i]:ko[i] + kl[i]]), mv[vo[i]:vo[i] + vl[i]]
+
+    def keys(self) -> Iterator[bytes]:
+        for k, _ in self.items():
+            yield k
+
+    def __iter__(self) -> Iterator[bytes]:
+        return self.keys()
+
+    def get(self, key: bytes, default: Any = None) -> memoryview | Any:
+        """Zero-copy value stored under ``key`` (a tree search), or ``default``."""
+        cur = self.cursor()
+        if cur.set_key(key):
+            return cur.value()
+        return default
+
+    def __contains__(self, key: bytes) -> bool:
+        return self.cursor().set_key(key)
+
+    def cursor(self):
+        """A new :class:`lmdbio.lmdb.cursor.Cursor`, unpositioned."""
+        from lmdbio.lmdb.cursor import Cursor
+
+        self._check_open()
+        return Cursor(self)
+
+    def cursor_from_bytes(self, data: bytes):
+        """Rebuild a cursor serialized by :meth:`Cursor.to_bytes` (same snapshot only)."""
+        from lmdbio.lmdb.cursor import Cursor
+
+        self._check_open()
+        return Cursor.from_bytes(self, data)
+
+    def gather(
+        self,
+        indices: np.ndarray | range | slice,
+        out: np.ndarray | None = None,
+        prefix: int | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Copy the values of records ``indices`` back to back into one buffer.
+
+        Returns ``(buffer, offsets)`` where value ``t`` is ``buffer[offsets[t]:offsets[t+1]]``.
+        ``prefix`` copies only the first ``prefix`` bytes of each value (later overflow pages
+        are not touched). ``out`` may be a preallocated ``uint8`` array (e.g. a shared-memory
+        slot); it must be large enough.
+        """
+        from lmdbio.lmdb import kernels as k
+
+        t = self.record_table()
+        idx = self._indices(indices)
+        limit = -1 if prefix is None else int(prefix)
+        code, page = k.check_overflow_headers(self.buf, self.fmt, t.val_off, t.ovf_pages, idx,
+                                              self.accounting.touched, False)
+        if code:
+            self._raise(code, page)
+        need = int(k.gather_lengths(t.val_len, idx, limit))
+        if out is None:
+            out = np.empty(need, np.uint8)
+        elif out.shape[0] < need:
+            raise LmdbioError(f"gather: output buffer holds {out.shape[0]} bytes, "
+                              f"{need} needed for {idx.shape[0]} records")
+        offsets = np.empty(idx.shape[0] + 1, np.int64)
+        k.gather(self.buf, self.fmt, t.val_off, t.val_len, idx, out, offsets,
+                 self.accounting.touched, self.accounting.enabled, limit)
+        return out, offsets
+
+    def _indices(self, indices: np.ndarray | range | slice) -> np.ndarray:
+        n = len(self)
+        if isinstance(indices, slice):
+            indices = range(*indices.indices(n))
+        if isinstance(indices, range):
+            idx = np.arange(indices.start, indices.stop, indices.step, dtype=np.int64)
+        else:
+            idx = np.ascontiguousarray(indices, dtype=np.int64)
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            raise IndexError(f"record index out of range 0..{n - 1}")
+        return idx
+
+    # ----------------------------------------------------------------- reporting
+    def subdatabases(self) -> list[bytes]:
+        """Names of the named sub-databases in this file's main database."""
+        return self._list_subdbs(self.meta.main_db)
+
+    def stat(self) -> dict[str, Any]:
+        """Statistics as py-lmdb's ``stat()`` gives them, plus format and snapshot facts."""
+        db = self.db
+        pinned, pin_state = (False, "not requested") if self._pin_obj is None \
+            else self._pin_obj.status()
+        return {
+            "psize": self.psize,
+            "depth": db.depth,
+            "branch_pages": db.branch_pages,
+            "leaf_pages": db.leaf_pages,
+            "overflow_pages": db.overflow_pages,
+            "entries": db.entries,
+            "format_version": self.meta.version,
+            "txnid": self.meta.txnid,
+            "last_pgno": self.meta.last_pg,
+            "map_size": self.meta.mapsize,
+            "file_size": self.file_size,
+            "root": None if db.empty else db.root,
+            "flags": db.flag_names(),
+            "live_meta_page": self.meta.page,
+            "subdb": None if self.subdb_name is None else self.subdb_name.decode("latin-1"),
+            "snapshot_pinned": pinned,
+            "snapshot_pin": pin_state,
+        }
+
+    def __repr__(self) -> str:
+        name = "" if self.subdb_name is None else f", subdb={self.subdb_name!r}"
+        return f"<lmdbio.Database {str(self.path)!r}{name} entries={len(self)}>"
+
+    # convenience for cursors
+    def _key_sort(self, key: bytes):
+        """Sort key implementing the database's comparator for ``key``."""
+        if self.db.flags & 0x08:  # INTEGERKEY: native unsigned integers
+            return int.from_bytes(key, "little")
+        if self.db.flags & 0x02:  # REVERSEKEY: compare from the last byte
+            return key[::-1]
+        return key
+

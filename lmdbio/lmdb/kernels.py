@@ -1,0 +1,346 @@
+"""Compiled hot loops of the page engine (numba, cached on disk, imported lazily).
+
+Every kernel reads the memory mapping as a ``uint8`` array and bounds-checks every offset it
+derives from the file before using it, so a corrupt file ends in an error code, never a read
+outside the mapping. Kernels cannot raise exceptions with a message, so they return
+``(code, page)`` and :func:`error_message` turns a code into words.
+
+The layout parameter vector ``fmt`` comes from :meth:`PageLayout.as_array`:
+``[psize, header_size, flags_off, lower_off, upper_off, ptr_base, lower_base, pad_key,
+bigdata_size]``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+OK = 0
+E_PAGE_RANGE = 1
+E_PAGENO = 2
+E_PAGE_KIND = 3
+E_BOUNDS = 4
+E_NODE = 5
+E_DEPTH = 6
+E_CYCLE = 7
+E_OVERFLOW = 8
+E_DUPDATA = 9
+E_COUNT = 10
+E_OVERFLOW_HEADER = 11
+E_ORDER = 12
+
+_MESSAGES = {
+    E_PAGE_RANGE: "page number is past the last page of the snapshot or the end of the file",
+    E_PAGENO: "page header holds a different page number than its position",
+    E_PAGE_KIND: "page is not the kind the tree expects here (branch/leaf flags)",
+    E_BOUNDS: "mp_lower/mp_upper outside the page or crossing",
+    E_NODE: "node offset, key length or data length runs off the page",
+    E_DEPTH: "tree is deeper than md_depth says (or leaves at different depths)",
+    E_CYCLE: "page reached twice in one tree walk (cycle or shared subtree)",
+    E_OVERFLOW: "overflow run runs off the snapshot or the file",
+    E_DUPDATA: "node carries F_DUPDATA but the database is not DUPSORT",
+    E_COUNT: "tree holds a different number of records than the meta page says",
+    E_OVERFLOW_HEADER: "overflow page header is wrong (flag, page number or page count)",
+    E_ORDER: "branch page has no children",
+}
+
+
+def error_message(code: int) -> str:
+    """The words for a kernel error code."""
+    return _MESSAGES.get(int(code), f"unknown error code {code}")
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _u16(buf, off):
+    return np.int64(buf[off]) | (np.int64(buf[off + 1]) << 8)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _u32(buf, off):
+    return _u16(buf, off) | (_u16(buf, off + 2) << 16)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _u64(buf, off):
+    # page numbers above 2**63 are invalid anyway; keep the top bit so they compare large
+    lo = _u32(buf, off)
+    hi = _u32(buf, off + 4)
+    if hi >= 0x80000000:
+        return np.int64(0x7FFFFFFFFFFFFFFF)
+    return lo | (hi << 32)
+
+
+@njit(cache=True, nogil=True)
+def check_page(buf, fmt, pgno, last_pg):
+    """Validate the header of branch/leaf page ``pgno``; return (code, nkeys)."""
+    psize = fmt[0]
+    hdr = fmt[1]
+    if pgno < 2 or pgno > last_pg or (pgno + 1) * psize > buf.shape[0]:
+        return E_PAGE_RANGE, 0
+    base = pgno * psize
+    if _u64(buf, base) != pgno:
+        return E_PAGENO, 0
+    lower = _u16(buf, base + fmt[3])
+    upper = _u16(buf, base + fmt[4])
+    if lower < fmt[6]:
+        return E_BOUNDS, 0
+    nkeys = (lower - fmt[6]) >> 1
+    # the pointer array must fit before upper, upper inside the page
+    if hdr + 2 * nkeys > psize or upper + fmt[5] > psize or lower + fmt[5] > upper + fmt[5]:
+        return E_BOUNDS, 0
+    return OK, nkeys
+
+
+@njit(cache=True, nogil=True)
+def node_offset(buf, fmt, base, i):
+    """Offset (from the file start) of node ``i`` of the page at ``base``; -1 if invalid."""
+    psize = fmt[0]
+    ptr = _u16(buf, base + fmt[1] + 2 * i) + fmt[5]
+    if ptr < fmt[1] or ptr + 8 > psize:
+        return -1
+    return base + ptr
+
+
+@njit(cache=True, nogil=True)
+def branch_child(buf, fmt, base, i):
+    """Child page number of node ``i`` of a branch page; -1 if the node is invalid."""
+    node = node_offset(buf, fmt, base, i)
+    if node < 0:
+        return -1
+    ksize = _u16(buf, node + 6)
+    if node + 8 + ksize > base + fmt[0]:
+        return -1
+    return _u16(buf, node) | (_u16(buf, node + 2) << 16) | (_u16(buf, node + 4) << 32)
+
+
+@njit(cache=True, nogil=True)
+def walk_tree(buf, fmt, root, depth, last_pg, leaves, touched, account):
+    """Collect the leaf pages of the tree at ``root`` in key order.
+
+    Returns ``(code, page, nleaves, nbranches)``. ``leaves`` must hold ``last_pg + 1``
+    entries. Every page is visited once (a second visit is a cycle); leaves must all sit at
+    level ``depth - 1``. With ``account``, every page read is marked in ``touched``.
+    """
+    psize = fmt[0]
+    flags_off = fmt[2]
+    if depth < 1 or depth > 32:
+        return E_DEPTH, root, 0, 0
+    visited = np.zeros(last_pg + 1, np.uint8)
+    stack_pg = np.empty(33, np.int64)
+    stack_next = np.empty(33, np.int64)
+    stack_n = np.empty(33, np.int64)
+    nleaves = 0
+    nbranches = 0
+    top = 0
+    stack_pg[0] = root
+    stack_next[0] = -1
+    while top >= 0:
+        pg = stack_pg[top]
+        if stack_next[top] < 0:
+            # first visit of this page
+            code, nkeys = check_page(buf, fmt, pg, last_pg)
+            if code != OK:
+                return code, pg, nleaves, nbranches
+            if visited[pg]:
+                return E_CYCLE, pg, nleaves, nbranches
+            visited[pg] = 1
+            if account:
+                touched[pg] = 1
+            flags = _u16(buf, pg * psize + flags_off)
+            if flags & 0x02:  # leaf
+                if flags & 0x01 or top != depth - 1:
+                    return (E_DEPTH if top != depth - 1 else E_PAGE_KIND), pg, nleaves, nbranches
+                leaves[nleaves] = pg
+                nleaves += 1
+                top -= 1
+                continue
+            if not flags & 0x01:
+                return E_PAGE_KIND, pg, nleaves, nbranches
+            if top >= depth - 1:
+                return E_DEPTH, pg, nleaves, nbranches
+            if nkeys < 1:
+                return E_ORDER, pg, nleaves, nbranches
+            nbranches += 1
+            stack_next[top] = 0
+            stack_n[top] = nkeys
+        i = stack_next[top]
+        if i >= stack_n[top]:
+            top -= 1
+            continue
+        stack_next[top] = i + 1
+        child = branch_child(buf, fmt, pg * psize, i)
+        if child < 0:
+            return E_NODE, pg, nleaves, nbranches
+        top += 1
+        stack_pg[top] = child
+        stack_next[top] = -1
+    return OK, 0, nleaves, nbranches
+
+
+@njit(cache=True, nogil=True)
+def count_leaf_records(buf, fmt, leaves, counts, touched, account):
+    """Number of nodes on each leaf page (reads leaf headers only); returns (code, page)."""
+    psize = fmt[0]
+    for j in range(leaves.shape[0]):
+        pg = leaves[j]
+        if (pg + 1) * psize > buf.shape[0]:
+            return E_PAGE_RANGE, pg
+        lower = _u16(buf, pg * psize + fmt[3])
+        if lower < fmt[6] or fmt[1] + lower - fmt[6] > psize:
+            return E_BOUNDS, pg
+        counts[j] = (lower - fmt[6]) >> 1
+        if account:
+            touched[pg] = 1
+    return OK, 0
+
+
+@njit(cache=True, nogil=True)
+def leaf_node(buf, fmt, base, i, last_pg, dupsort):
+    """Decode node ``i`` of the leaf page at file offset ``base``.
+
+    Returns ``(code, key_off, key_len, val_off, val_len, ovf_pages, flags)`` where
+    ``val_off`` is the value's file offset (inside the leaf, or past the header of the first
+    overflow page) and ``ovf_pages`` the length of its overflow run (0 when inline).
+    """
+    psize = fmt[0]
+    hdr = fmt[1]
+    end = base + psize
+    node = node_offset(buf, fmt, base, i)
+    if node < 0:
+        return E_NODE, 0, 0, 0, 0, 0, 0
+    dsize = _u16(buf, node) | (_u16(buf, node + 2) << 16)
+    nflags = _u16(buf, node + 4)
+    ksize = _u16(buf, node + 6)
+    kstart = node + 8
+    dstart = kstart + ksize
+    if fmt[7] and (ksize & 1):
+        dstart += 1
+    if dstart > end:
+        return E_NODE, 0, 0, 0, 0, 0, 0
+    if nflags & 0x04 and not dupsort:
+        return E_DUPDATA, 0, 0, 0, 0, 0, 0
+    if nflags & 0x01:  # F_BIGDATA: the data is the first overflow page number
+        if dstart + fmt[8] > end:
+            return E_NODE, 0, 0, 0, 0, 0, 0
+        opg = _u64(buf, dstart)
+        npages = (hdr + dsize + psize - 1) // psize
+        if opg < 2 or opg + npages - 1 > last_pg or (opg + npages) * psize > buf.shape[0]:
+            return E_OVERFLOW, 0, 0, 0, 0, 0, 0
+        return OK, kstart, ksize, opg * psize + hdr, dsize, npages, nflags
+    if dstart + dsize > end:
+        return E_NODE, 0, 0, 0, 0, 0, 0
+    return OK, kstart, ksize, dstart, dsize, 0, nflags
+
+
+@njit(cache=True, nogil=True)
+def leaf_records(buf, fmt, leaves, last_pg, dupsort,
+                 leaf_pg, slot, key_off, key_len, val_off, val_len, ovf_pages, node_flags,
+                 touched, account):
+    """Fill the record table for the leaf pages ``leaves`` (in order).
+
+    Output arrays must hold every record of those leaves. Overflow headers are not read (a
+    walk touches branch and leaf pages only); each overflow run's extent is checked against
+    the snapshot and the file. Returns ``(code, page, nrecords)``.
+    """
+    psize = fmt[0]
+    k = 0
+    for j in range(leaves.shape[0]):
+        pg = leaves[j]
+        code, nkeys = check_page(buf, fmt, pg, last_pg)
+        if code != OK:
+            return code, pg, k
+        if k + nkeys > leaf_pg.shape[0]:
+            return E_COUNT, pg, k
+        base = pg * psize
+        if account:
+            touched[pg] = 1
+        for i in range(nkeys):
+            code, ko, kl, vo, vl, op, fl = leaf_node(buf, fmt, base, i, last_pg, dupsort)
+            if code != OK:
+                return code, pg, k
+            leaf_pg[k] = pg
+            slot[k] = i
+            key_off[k] = ko
+            key_len[k] = kl
+            val_off[k] = vo
+            val_len[k] = vl
+            ovf_pages[k] = op
+            node_flags[k] = fl
+            k += 1
+    return OK, 0, k
+
+
+@njit(cache=True, nogil=True)
+def check_overflow_headers(buf, fmt, val_off, ovf_pages, indices, touched, account):
+    """Check the first page header of the overflow runs of the records ``indices``.
+
+    Returns ``(code, page)``; marks the whole run as touched when accounting.
+    """
+    psize = fmt[0]
+    hdr = fmt[1]
+    for t in range(indices.shape[0]):
+        r = indices[t]
+        n = ovf_pages[r]
+        if n == 0:
+            continue
+        pg = (val_off[r] - hdr) // psize
+        base = pg * psize
+        if _u64(buf, base) != pg:
+            return E_OVERFLOW_HEADER, pg
+        flags = _u16(buf, base + fmt[2])
+        stored = _u32(buf, base + fmt[3])
+        if not flags & 0x04 or stored < n:
+            return E_OVERFLOW_HEADER, pg
+    return OK, 0
+
+
+@njit(cache=True, nogil=True)
+def gather(buf, fmt, val_off, val_len, indices, out, out_offsets, touched, account,
+           prefix_limit):
+    """Copy the values of records ``indices`` back to back into ``out``.
+
+    ``out_offsets`` (len(indices)+1) receives the start of each value in ``out``. With
+    ``prefix_limit >= 0`` only the first ``prefix_limit`` bytes of each value are copied
+    (a prefix read: later overflow pages are never touched). Returns the bytes written, or
+    ``-1 - t`` when ``out`` is too small for value ``t``.
+    """
+    psize = fmt[0]
+    pos = 0
+    out_offsets[0] = 0
+    for t in range(indices.shape[0]):
+        r = indices[t]
+        n = val_len[r]
+        if prefix_limit >= 0 and n > prefix_limit:
+            n = prefix_limit
+        s = val_off[r]
+        if pos + n > out.shape[0]:
+            return -1 - t
+        out[pos:pos + n] = buf[s:s + n]
+        if account and n > 0:
+            for p in range(s // psize, (s + n - 1) // psize + 1):
+                touched[p] = 1
+        pos += n
+        out_offsets[t + 1] = pos
+    return pos
+
+
+@njit(cache=True, nogil=True)
+def gather_lengths(val_len, indices, prefix_limit):
+    """Total bytes :func:`gather` will write for ``indices``."""
+    total = 0
+    for t in range(indices.shape[0]):
+        n = val_len[indices[t]]
+        if prefix_limit >= 0 and n > prefix_limit:
+            n = prefix_limit
+        total += n
+    return total
+
+
+@njit(cache=True, nogil=True)
+def mark_ranges(touched, psize, offsets, lengths):
+    """Mark the pages covered by byte ranges (``offsets[i]``, ``lengths[i]``) as touched."""
+    for i in range(offsets.shape[0]):
+        if lengths[i] <= 0:
+            continue
+        for p in range(offsets[i] // psize, (offsets[i] + lengths[i] - 1) // psize + 1):
+            touched[p] = 1
