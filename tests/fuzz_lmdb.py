@@ -1,0 +1,142 @@
+"""Fuzz the page engine with mutated LMDB files (run in a subprocess by test_lmdb_fuzz.py).
+
+Each example takes a real database (generated here with py-lmdb, v1 and v3), truncates it
+or overwrites bytes (biased towards page headers, node pointer arrays, node headers and
+meta fields), then opens and reads it fully: every record, cursors both ways, seeks,
+serialized cursors and gathers. The only acceptable outcomes are data or an
+``LmdbioError``; anything else (another exception, a crash, a hang) fails. The parent
+process sees crashes as a signal exit code and hangs as its timeout; before each example
+the mutation is written to stderr so a crash can be reproduced.
+"""
+
+from __future__ import annotations
+
+import argparse
+import struct
+import sys
+import tempfile
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import lmdbio  # noqa: E402
+from lmdbio.errors import LmdbioError  # noqa: E402
+from tests.lmdbgen import random_items, write_db  # noqa: E402
+
+OUTCOMES = {"ok": 0, "error": 0}
+
+
+def exercise(path: Path) -> None:
+    with lmdbio.open(path, pin_snapshot=False, accounting=True) as db:
+        n = 0
+        for _k, v in db.items():
+            bytes(v[:16])
+            n += 1
+        db.gather(range(len(db)))
+        cur = db.cursor()
+        ok = cur.last()
+        steps = 0
+        while ok and steps < 10_000:
+            ok = cur.prev()
+            steps += 1
+        if db.cursor().first():
+            c = db.cursor()
+            c.walk(len(db) // 2 + 1)
+            if not c.eof:
+                k = c.key()
+                c2 = db.cursor()
+                c2.set_range(k[:-1] if k else k)
+                db.cursor_from_bytes(c.to_bytes())
+        db.stat()
+        lmdbio.list_databases(path)
+
+
+def make_bases(root: Path) -> list[bytes]:
+    bases = []
+    for version in (1, 3):
+        d = root / f"base-v{version}"
+        d.mkdir()
+        items = random_items(300, (1, 4000), seed=version)
+        write_db(d, items, version=version, commit_every=40,
+                 subdbs={b"named": random_items(20, 30, seed=9)})
+        bases.append((d / "data.mdb").read_bytes())
+    return bases
+
+
+def mutation(bases: list[bytes]):
+    @st.composite
+    def draw(draw_fn):
+        base = draw_fn(st.sampled_from(range(len(bases))))
+        data = bytearray(bases[base])
+        npages = len(data) // 4096
+        kind = draw_fn(st.sampled_from(["truncate", "header", "ptrs", "node", "meta", "u64",
+                                        "random"]))
+        edits = []
+        if kind == "truncate":
+            cut = draw_fn(st.integers(0, len(data) - 1))
+            return base, kind, [(cut,)], bytes(data[:cut])
+        for _ in range(draw_fn(st.integers(1, 4))):
+            page = draw_fn(st.integers(0, npages - 1))
+            if kind == "header":
+                off = page * 4096 + draw_fn(st.integers(0, 23))
+            elif kind == "ptrs":
+                off = page * 4096 + draw_fn(st.integers(16, 80))
+            elif kind == "node":
+                off = page * 4096 + draw_fn(st.integers(3000, 4095))
+            elif kind == "meta":
+                off = draw_fn(st.sampled_from([0, 4096])) + draw_fn(st.integers(0, 180))
+            elif kind == "u64":
+                off = page * 4096 + draw_fn(st.integers(0, 4088))
+                val = draw_fn(st.sampled_from([0, 1, 2, npages - 1, npages, 2**32, 2**63,
+                                               2**64 - 1, page]))
+                data[off:off + 8] = struct.pack("<Q", val)
+                edits.append((off, val))
+                continue
+            else:
+                off = draw_fn(st.integers(0, len(data) - 1))
+            byte = draw_fn(st.integers(0, 255))
+            data[off] = byte
+            edits.append((off, byte))
+        return base, kind, edits, bytes(data)
+
+    return draw()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--examples", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        bases = make_bases(root)
+        target = root / "mutated" / "data.mdb"
+        target.parent.mkdir()
+
+        @settings(max_examples=args.examples, deadline=None, database=None,
+                  suppress_health_check=list(HealthCheck), derandomize=False)
+        @given(mutation(bases))
+        def run(case):
+            base, kind, edits, data = case
+            print(f"case base={base} kind={kind} edits={edits[:4]} len={len(data)}",
+                  file=sys.stderr, flush=True)
+            target.write_bytes(data)
+            try:
+                exercise(target)
+                OUTCOMES["ok"] += 1
+            except LmdbioError:
+                OUTCOMES["error"] += 1
+
+        import random
+
+        random.seed(args.seed)
+        run()
+    print(f"RESULT ok={OUTCOMES['ok']} error={OUTCOMES['error']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
