@@ -22,19 +22,17 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import lmdbio  # noqa: E402
-from lmdbio.errors import LmdbioError  # noqa: E402
-from tests.lmdbgen import random_items, write_db  # noqa: E402
+import lmdbio
+from lmdbio.errors import LmdbioError
+from tests.lmdbgen import random_items, write_db
 
 OUTCOMES = {"ok": 0, "error": 0}
 
 
 def exercise(path: Path) -> None:
     with lmdbio.open(path, pin_snapshot=False, accounting=True) as db:
-        n = 0
         for _k, v in db.items():
             bytes(v[:16])
-            n += 1
         db.gather(range(len(db)))
         cur = db.cursor()
         ok = cur.last()

@@ -145,7 +145,7 @@ def test_integerkey_and_reversekey_reported(tmp_path):
         got = [(k, bytes(v)) for k, v in db.items()]
         assert got == read_pylmdb(tmp_path, b"ints")
         cur = db.cursor()
-        for k, v in ints[::37]:
+        for k, _v in ints[::37]:
             assert cur.set_key(k) and cur.key() == k
         assert cur.set_range(np.uint64(1000).tobytes()) is False
     with lmdbio.open(tmp_path, subdb=b"rev") as db:
@@ -206,7 +206,7 @@ def test_record_table_ranges_and_gather(medium_db):
 
 
 def test_gather_into_small_buffer_is_an_error(medium_db):
-    path, items = medium_db
+    path, _items = medium_db
     with lmdbio.open(path) as db, pytest.raises(LmdbioError, match="output buffer"):
         db.gather(range(10), out=np.empty(10, np.uint8))
 
@@ -237,7 +237,7 @@ def test_cursor_seek_matches_pylmdb(medium_db):
     probes = [keys[0], keys[-1], b"", b"\xff" * 9] + [
         keys[int(i)][:int(j)] + bytes([int(b)]) for i, j, b in
         zip(rng.integers(0, len(keys), 200), rng.integers(0, 9, 200),
-            rng.integers(0, 256, 200))]
+            rng.integers(0, 256, 200), strict=False)]
     with env.begin() as txn, lmdbio.open(path) as db:
         ref = txn.cursor()
         cur = db.cursor()

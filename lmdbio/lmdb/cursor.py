@@ -14,17 +14,23 @@ import struct
 from typing import TYPE_CHECKING
 
 from lmdbio.errors import LmdbFormatError, LmdbioError
-from lmdbio.lmdb import kernels as k
 
 if TYPE_CHECKING:
     from lmdbio.lmdb.database import Database
 
-_HEAD = struct.Struct("<4sBBBBQQQQ")  # magic, version, format, flags, depth, txnid, root, size, base
+# magic, version, format, flags, depth, txnid, root, file size, mapping base address
+_HEAD = struct.Struct("<4sBBBBQQQQ")
 _LEVEL = struct.Struct("<QI")
 _MAGIC = b"LMCR"
 _F_INIT = 1
 _F_EOF = 2
 _F_ADDR = 4
+
+
+def _kernels():
+    from lmdbio.lmdb import kernels
+
+    return kernels
 
 
 class Cursor:
@@ -42,7 +48,7 @@ class Cursor:
 
     # ----------------------------------------------------------------- pages
     def _nkeys(self, pg: int) -> int:
-        code, n = k.check_page(self.db.buf, self.db.fmt, pg, self.db.meta.last_pg)
+        code, n = _kernels().check_page(self.db.buf, self.db.fmt, pg, self.db.meta.last_pg)
         if code:
             self.db._raise(code, pg)
         if self.db.accounting.enabled:
@@ -50,22 +56,22 @@ class Cursor:
         return int(n)
 
     def _child(self, pg: int, i: int) -> int:
-        child = k.branch_child(self.db.buf, self.db.fmt, pg * self.db.psize, i)
+        child = _kernels().branch_child(self.db.buf, self.db.fmt, pg * self.db.psize, i)
         if child < 0:
-            self.db._raise(k.E_NODE, pg)
+            self.db._raise(_kernels().E_NODE, pg)
         return int(child)
 
     def _node_key(self, pg: int, i: int) -> bytes:
-        node = k.node_offset(self.db.buf, self.db.fmt, pg * self.db.psize, i)
+        node = _kernels().node_offset(self.db.buf, self.db.fmt, pg * self.db.psize, i)
         if node < 0:
-            self.db._raise(k.E_NODE, pg)
+            self.db._raise(_kernels().E_NODE, pg)
         ksize = int(self.db.buf[node + 6]) | (int(self.db.buf[node + 7]) << 8)
         if node + 8 + ksize > (pg + 1) * self.db.psize:
-            self.db._raise(k.E_NODE, pg)
+            self.db._raise(_kernels().E_NODE, pg)
         return bytes(self.db.mv[node + 8:node + 8 + ksize])
 
     def _leaf(self, pg: int, i: int) -> tuple[int, int, int, int]:
-        code, ko, kl, vo, vl, _, _ = k.leaf_node(
+        code, ko, kl, vo, vl, _, _ = _kernels().leaf_node(
             self.db.buf, self.db.fmt, pg * self.db.psize, i, self.db.meta.last_pg, False)
         if code:
             self.db._raise(code, pg)

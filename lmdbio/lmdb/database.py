@@ -9,6 +9,7 @@ out as zero-copy ``memoryview`` slices of the mapping.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import struct
@@ -137,9 +138,10 @@ class Database:
                     self.path, f"meta page {self.meta.page} says the last page is "
                     f"{self.meta.last_pg} but the file holds {self.file_size // self.psize} "
                     "pages (truncated file?)")
+            self.accounting = PageAccounting(self.file_size // self.psize, enabled=accounting)
             self.subdb_name = subdb.encode() if isinstance(subdb, str) else subdb
             self.db = self._resolve_db(self.subdb_name)
-            self.accounting = PageAccounting(self.file_size // self.psize, enabled=accounting)
+            self.accounting.reset()  # resolving a named database read the main tree
             if pin_snapshot:
                 self._pin()
             self._finalizer.detach()
@@ -248,10 +250,9 @@ class Database:
         if pin is not None:
             pin.close()
         if mm is not None:
-            try:
+            # with views still exported the mapping goes away with the last of them
+            with contextlib.suppress(BufferError):
                 mm.close()
-            except BufferError:
-                pass  # views still exported; the mapping goes away with them
 
     def close(self) -> None:
         """Release the snapshot pin and the mapping (views handed out keep it alive)."""
@@ -309,7 +310,7 @@ class Database:
                 self._raise(code, page)
             nrecords = int(counts.sum())
         t = RecordTable.empty(nrecords)
-        code, page, n = k.leaf_records(
+        code, page, _n = k.leaf_records(
             self.buf, self.fmt, leaves, self.meta.last_pg, bool(db.flags & MDB_DUPSORT),
             t.leaf_pg, t.slot, t.key_off, t.key_len, t.val_off, t.val_len, t.ovf_pages,
             t.node_flags, self.accounting.touched, self.accounting.enabled)

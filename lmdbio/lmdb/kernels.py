@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from lmdbio.compiled import copy_bytes
+
 OK = 0
 E_PAGE_RANGE = 1
 E_PAGENO = 2
@@ -315,7 +317,7 @@ def gather(buf, fmt, val_off, val_len, indices, out, out_offsets, touched, accou
         s = val_off[r]
         if pos + n > out.shape[0]:
             return -1 - t
-        out[pos:pos + n] = buf[s:s + n]
+        copy_bytes(out, pos, buf, s, n)
         if account and n > 0:
             for p in range(s // psize, (s + n - 1) // psize + 1):
                 touched[p] = 1

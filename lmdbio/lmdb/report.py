@@ -41,7 +41,7 @@ def free_pages(db: Database) -> dict[str, int]:
         return {"records": 0, "pages": 0}
     table = db._build_table(free)
     total = 0
-    for off, length in zip(table.val_off.tolist(), table.val_len.tolist()):
+    for off, length in zip(table.val_off.tolist(), table.val_len.tolist(), strict=False):
         if length >= 8:
             total += int.from_bytes(db.mv[off:off + 8], "little")
     return {"records": len(table), "pages": total}
