@@ -23,7 +23,7 @@ __all__ = [
 ]
 
 
-def open(path, subdb=None, **kwargs):  # noqa: A001 - the public name the design promises
+def open(path, subdb=None, **kwargs):
     """Open an LMDB database read-only through lmdbio's page engine.
 
     ``path`` is an LMDB directory or a ``data.mdb`` file; ``subdb`` names a sub-database

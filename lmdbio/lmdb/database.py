@@ -163,6 +163,9 @@ class Database:
             raise LmdbFormatError(self.path, "not an LMDB data file: meta page 0 has no "
                                   "0xBEEFC0DE magic with data format version 1 or 3", page=0)
         layout = fmt_mod.LAYOUTS[version]
+        if len(head) < layout.header_size + 160:
+            raise LmdbFormatError(self.path, f"file is {self.file_size} bytes, too short to "
+                                  "hold a meta page", page=0)
         psize = struct.unpack_from("<I", head, layout.header_size + 24)[0]
         if psize < 512 or psize > 65536 or psize & (psize - 1):
             raise LmdbFormatError(self.path, f"page size {psize} in meta page 0 is not a power "
@@ -191,6 +194,13 @@ class Database:
                                   f"snapshot (pages 2..{self.meta.last_pg})", page=self.meta.page)
         if db.depth < 1 or db.depth > fmt_mod.MAX_DEPTH:
             raise LmdbFormatError(self.path, f"{what}: depth {db.depth} (expected 1..32)",
+                                  page=self.meta.page)
+        most = (self.meta.last_pg + 1) * (self.psize // 2)
+        if db.entries > most or max(db.branch_pages, db.leaf_pages,
+                                    db.overflow_pages) > self.meta.last_pg:
+            raise LmdbFormatError(self.path, f"{what}: {db.entries} entries / page counts "
+                                  f"({db.branch_pages}, {db.leaf_pages}, {db.overflow_pages}) "
+                                  f"cannot fit in {self.meta.last_pg + 1} pages",
                                   page=self.meta.page)
         if db.flags & MDB_DUPSORT:
             raise LmdbioError(f"{self.path}: {what} is a DUPSORT database "
