@@ -1,0 +1,75 @@
+"""Epoch plans: exactly-once coverage, equal batch counts, determinism."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmdbio.plan import plan_epoch
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(0, 500), consumers=st.integers(1, 9), batch=st.integers(1, 40),
+       last=st.sampled_from(["pad", "drop", "partial"]),
+       shuffle=st.sampled_from(["none", "global", "block"]), seed=st.integers(0, 3),
+       epoch=st.integers(0, 3))
+def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, epoch):
+    leaf_counts = np.random.default_rng(n).integers(1, 7, size=max(n, 1))
+    first = np.concatenate([[0], np.cumsum(leaf_counts)])
+    first = first[first <= n]
+    if first[-1] != n:
+        first = np.append(first, n)
+    plan = plan_epoch(n, consumers, batch, last, shuffle, seed, epoch, leaf_first=first,
+                      block_leaves=2, window=16)
+    assert sorted(plan.order.tolist()) == list(range(n))
+    per = [plan.consumer_records(c) for c in range(consumers)]
+    pads = [np.concatenate([plan.padding(i, c) for i in range(plan.iterations)] or
+                           [np.empty(0, bool)]) for c in range(consumers)]
+    delivered = np.concatenate(per) if per else np.empty(0)
+    real = np.concatenate([p[~m] for p, m in zip(per, pads, strict=True)])
+    counts = np.bincount(real.astype(np.int64), minlength=n) if n else np.empty(0)
+    if last == "drop":
+        assert set(real.tolist()).isdisjoint(plan.dropped.tolist())
+        assert (counts <= 1).all() and real.size + plan.dropped.size == n
+        assert all(p.size == plan.iterations * batch for p in per)
+    elif last == "pad":
+        assert (counts == 1).all()
+        assert all(p.size == plan.iterations * batch for p in per)
+        assert delivered.size == plan.iterations * batch * consumers
+    else:
+        assert (counts == 1).all() and delivered.size == n
+        sizes = [[plan.records(i, c).size for c in range(consumers)]
+                 for i in range(plan.iterations)]
+        for row in sizes:
+            assert max(row) - min(row) <= 1 and max(row) <= batch
+    # the node's consumers form one contiguous range of positions
+    for i in range(plan.iterations):
+        lo, hi = plan.group_range(i, 0, consumers)
+        got = np.concatenate([plan.records(i, c) for c in range(consumers)])
+        assert got.size == hi - lo
+
+
+def test_deterministic_and_epoch_dependent():
+    a = plan_epoch(1000, 4, 16, "pad", "global", seed=7, epoch=1)
+    b = plan_epoch(1000, 4, 16, "pad", "global", seed=7, epoch=1)
+    c = plan_epoch(1000, 4, 16, "pad", "global", seed=7, epoch=2)
+    np.testing.assert_array_equal(a.order, b.order)
+    assert not np.array_equal(a.order, c.order)
+
+
+def test_block_order_keeps_locality():
+    first = np.arange(0, 10_001, 10)  # 1000 leaves of 10 records
+    plan = plan_epoch(10_000, 2, 50, "drop", "block", seed=1, leaf_first=first,
+                      block_leaves=8, window=64)
+    jumps = np.abs(np.diff(plan.order))
+    assert np.median(jumps) < 80  # mostly within a block of 80 records
+    assert not np.array_equal(plan.order, np.arange(10_000))
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="last must be"):
+        plan_epoch(10, 1, 1, last="wrap")
+    with pytest.raises(ValueError, match="leaf directory"):
+        plan_epoch(10, 1, 1, shuffle="block")
