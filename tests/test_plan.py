@@ -14,15 +14,15 @@ from lmdbio.plan import plan_epoch
 @given(n=st.integers(0, 500), consumers=st.integers(1, 9), batch=st.integers(1, 40),
        last=st.sampled_from(["pad", "drop", "partial"]),
        shuffle=st.sampled_from(["none", "global", "block"]), seed=st.integers(0, 3),
-       epoch=st.integers(0, 3))
-def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, epoch):
+       epoch=st.integers(0, 3), scheme=st.sampled_from(["blocked", "stride", "shard"]))
+def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, epoch, scheme):
     leaf_counts = np.random.default_rng(n).integers(1, 7, size=max(n, 1))
     first = np.concatenate([[0], np.cumsum(leaf_counts)])
     first = first[first <= n]
     if first[-1] != n:
         first = np.append(first, n)
     plan = plan_epoch(n, consumers, batch, last, shuffle, seed, epoch, leaf_first=first,
-                      block_leaves=2, window=16)
+                      block_leaves=2, window=16, scheme=scheme)
     assert sorted(plan.order.tolist()) == list(range(n))
     per = [plan.consumer_records(c) for c in range(consumers)]
     pads = [np.concatenate([plan.padding(i, c) for i in range(plan.iterations)] or
@@ -40,15 +40,20 @@ def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, ep
         assert delivered.size == plan.iterations * batch * consumers
     else:
         assert (counts == 1).all() and delivered.size == n
-        sizes = [[plan.records(i, c).size for c in range(consumers)]
-                 for i in range(plan.iterations)]
-        for row in sizes:
-            assert max(row) - min(row) <= 1 and max(row) <= batch
-    # the node's consumers form one contiguous range of positions
-    for i in range(plan.iterations):
-        lo, hi = plan.group_range(i, 0, consumers)
-        got = np.concatenate([plan.records(i, c) for c in range(consumers)])
-        assert got.size == hi - lo
+        for i in range(plan.iterations):
+            row = [plan.records(i, c).size for c in range(consumers)]
+            assert max(row) <= batch
+            if scheme == "blocked":
+                assert max(row) - min(row) <= 1
+    if scheme == "blocked" and shuffle == "none" and n:
+        # a node's consumers read one contiguous range of records (mod n for padding)
+        for i in range(plan.iterations):
+            got = plan.group_records(i, 0, consumers)
+            assert ((np.diff(got) - 1) % n == 0).all()
+    if scheme == "stride" and shuffle == "none" and last != "drop":
+        for c in range(consumers):
+            own = plan.consumer_records(c)[~pads[c]]
+            assert (own % consumers == c).all()
 
 
 def test_deterministic_and_epoch_dependent():

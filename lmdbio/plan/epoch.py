@@ -31,61 +31,47 @@ SHUFFLE_MODES = ("none", "global", "block")
 class EpochPlan:
     """The delivery order of one epoch.
 
+    ``table[i, c, :sizes[i, c]]`` are the global record indices consumer ``c`` gets in
+    iteration ``i``; ``pad[i, c, k]`` flags entries that repeat a record as padding.
     ``order`` is the epoch's permutation of record indices (identity when not shuffled).
-    ``batches[i][c]`` is the array of global record indices consumer ``c`` gets in
-    iteration ``i``; ``padding[i][c]`` flags the ones that repeat a record as padding.
     """
 
     n_records: int
     consumers: int
     batch: int
     last: str
+    scheme: str
     order: np.ndarray
-    iterations: int
+    table: np.ndarray
+    sizes: np.ndarray
+    pad: np.ndarray
     dropped: np.ndarray
 
-    def slice_bounds(self, iteration: int) -> tuple[int, int]:
-        """``[lo, hi)`` positions of iteration ``iteration`` in the (padded) order."""
-        g = self.batch * self.consumers
-        lo = iteration * g
-        if self.last == "partial":
-            return lo, min(lo + g, self.n_records)
-        return lo, lo + g
-
-    def positions(self, iteration: int, consumer: int) -> tuple[int, int]:
-        """``[lo, hi)`` positions in the (padded) order for one consumer and iteration."""
-        lo, hi = self.slice_bounds(iteration)
-        if self.last != "partial" or hi - lo == self.batch * self.consumers:
-            start = lo + consumer * self.batch
-            return start, start + self.batch
-        # partial last batch: split the remainder as evenly as possible, in order
-        n = hi - lo
-        base, extra = divmod(n, self.consumers)
-        start = lo + consumer * base + min(consumer, extra)
-        return start, start + base + (1 if consumer < extra else 0)
+    @property
+    def iterations(self) -> int:
+        return int(self.table.shape[0])
 
     def records(self, iteration: int, consumer: int) -> np.ndarray:
         """Global record indices for one consumer in one iteration (padding included)."""
-        lo, hi = self.positions(iteration, consumer)
-        return self.order[np.arange(lo, hi) % max(self.n_records, 1)] if self.n_records \
-            else np.empty(0, np.int64)
+        return self.table[iteration, consumer, :self.sizes[iteration, consumer]]
 
     def padding(self, iteration: int, consumer: int) -> np.ndarray:
         """True for the entries of :meth:`records` that are padding (wrapped around)."""
-        lo, hi = self.positions(iteration, consumer)
-        return np.arange(lo, hi) >= self.n_records
+        return self.pad[iteration, consumer, :self.sizes[iteration, consumer]]
 
     def consumer_records(self, consumer: int) -> np.ndarray:
         """Everything one consumer gets this epoch, in delivery order."""
         parts = [self.records(i, consumer) for i in range(self.iterations)]
         return np.concatenate(parts) if parts else np.empty(0, np.int64)
 
-    def group_range(self, iteration: int, first: int, count: int) -> tuple[int, int]:
-        """Positions ``[lo, hi)`` covered by consumers ``first .. first+count-1``
-        (a node's workers) in one iteration: contiguous by construction."""
-        lo = self.positions(iteration, first)[0]
-        hi = self.positions(iteration, first + count - 1)[1]
-        return lo, hi
+    def group_records(self, iteration: int, first: int, count: int) -> np.ndarray:
+        """Records of consumers ``first .. first+count-1`` (a node's workers) in one
+        iteration, consumer after consumer."""
+        parts = [self.records(iteration, c) for c in range(first, first + count)]
+        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+
+    def group_sizes(self, iteration: int, first: int, count: int) -> np.ndarray:
+        return self.sizes[iteration, first:first + count].copy()
 
 
 def iterations_per_epoch(n_records: int, consumers: int, batch: int, last: str) -> int:
@@ -124,6 +110,48 @@ def block_order(leaf_first: np.ndarray, seed: int, epoch: int, block_leaves: int
     return order.astype(np.int64)
 
 
+SCHEMES = ("blocked", "stride", "shard")
+
+
+def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: str,
+               iters: int) -> tuple[np.ndarray, np.ndarray]:
+    """Positions in the epoch order for every (iteration, consumer, slot), and the sizes.
+
+    ``blocked``: iteration ``i`` takes positions ``[i*G, (i+1)*G)`` and consumer ``c`` the
+    ``c``-th run of ``batch`` of them (a node's consumers are contiguous: one range per
+    node). ``stride``: consumer ``c`` takes positions ``c, c+C, c+2C, ...`` (BVLC Caffe /
+    Caffe-MPI). ``shard``: consumer ``c`` takes a contiguous shard of ``ceil(N/C)``
+    positions (DALI's ``shard_id``); shards are padded at their own end.
+    """
+    g = batch * consumers
+    i = np.arange(iters)[:, None, None]
+    c = np.arange(consumers)[None, :, None]
+    k = np.arange(batch)[None, None, :]
+    sizes = np.full((iters, consumers), batch, np.int64)
+    if scheme == "blocked":
+        pos = i * g + c * batch + k
+        if last == "partial" and iters and n_records < iters * g:
+            rem = n_records - (iters - 1) * g
+            base, extra = divmod(rem, consumers)
+            cc = np.arange(consumers)
+            start = (iters - 1) * g + cc * base + np.minimum(cc, extra)
+            sizes[-1] = base + (cc < extra)
+            pos[-1] = start[:, None] + np.arange(batch)[None, :]
+    elif scheme == "stride":
+        pos = (i * batch + k) * consumers + c
+        if last == "partial" and iters:
+            count = np.maximum(0, -(-(n_records - c[0, :, 0]) // consumers))  # per consumer
+            sizes[-1] = np.clip(count - (iters - 1) * batch, 0, batch)
+    else:  # shard
+        shard = -(-n_records // consumers) if n_records else 0
+        pos = c * shard + i * batch + k
+        if last == "partial" and iters:
+            ends = np.minimum((np.arange(consumers) + 1) * shard, n_records)
+            own = np.maximum(ends - np.arange(consumers) * shard, 0)
+            sizes[-1] = np.clip(own - (iters - 1) * batch, 0, batch)
+    return pos.astype(np.int64), sizes
+
+
 def plan_epoch(
     n_records: int,
     consumers: int,
@@ -135,12 +163,15 @@ def plan_epoch(
     leaf_first: np.ndarray | None = None,
     block_leaves: int = 8,
     window: int = 1024,
+    scheme: str = "blocked",
 ) -> EpochPlan:
     """The plan of one epoch (see the module docstring for the semantics)."""
     if consumers < 1 or batch < 1:
         raise ValueError("consumers and batch must be >= 1")
     if last not in LAST_POLICIES:
         raise ValueError(f"last must be one of {LAST_POLICIES}, not {last!r}")
+    if scheme not in SCHEMES:
+        raise ValueError(f"scheme must be one of {SCHEMES}, not {scheme!r}")
     if shuffle == "none":
         order = np.arange(n_records, dtype=np.int64)
     elif shuffle == "global":
@@ -151,7 +182,37 @@ def plan_epoch(
         order = block_order(leaf_first, seed, epoch, block_leaves, window)
     else:
         raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, not {shuffle!r}")
-    iters = iterations_per_epoch(n_records, consumers, batch, last)
-    g = batch * consumers
-    dropped = order[iters * g:] if last == "drop" else np.empty(0, np.int64)
-    return EpochPlan(n_records, consumers, batch, last, order, iters, dropped)
+    if scheme == "blocked":
+        iters = iterations_per_epoch(n_records, consumers, batch, last)
+    else:
+        per = -(-n_records // consumers) if last != "drop" else n_records // consumers
+        iters = -(-per // batch) if last != "drop" else per // batch
+    pos, sizes = _positions(n_records, consumers, batch, last, scheme, iters)
+    if n_records == 0:
+        table = np.zeros(pos.shape, np.int64)
+        pad = np.zeros(pos.shape, bool)
+        sizes[:] = 0
+    else:
+        if scheme == "shard":
+            shard = -(-n_records // consumers)
+            c = np.arange(consumers)[None, :, None]
+            beyond = (pos >= np.minimum((c + 1) * shard, n_records)) | (pos >= n_records)
+        else:
+            beyond = pos >= n_records
+        pad = beyond.copy()
+        table = order[pos % n_records]
+        if scheme == "shard" and beyond.any():
+            # a shard pads by wrapping around to its own start, as DALI's readers do
+            c = np.broadcast_to(np.arange(consumers)[None, :, None], pos.shape)
+            start = c * shard
+            length = np.maximum(np.minimum((c + 1) * shard, n_records) - start, 1)
+            table = np.where(beyond, order[np.minimum(start + (pos - start) % length,
+                                                      n_records - 1)], table)
+    delivered = np.zeros(n_records, bool)
+    for it in range(iters):
+        for cc in range(consumers):
+            s = sizes[it, cc]
+            delivered[table[it, cc, :s][~pad[it, cc, :s]]] = True
+    dropped = order[~delivered[order]] if last == "drop" else np.empty(0, np.int64)
+    return EpochPlan(n_records, consumers, batch, last, scheme, order, table, sizes, pad,
+                     dropped)
