@@ -346,3 +346,29 @@ def test_snapshot_pin(tmp_path):
     with lmdbio.open(tmp_path) as db:
         st = db.stat()
         assert not st["snapshot_pinned"] and "no lock file" in st["snapshot_pin"]
+
+
+def test_walk_collect_and_locate_match_the_record_table(medium_db):
+    path, items = medium_db
+    with lmdbio.open(path) as db:
+        t = db.record_table()
+        cur = db.cursor()
+        cur.seek_index(100)
+        refs, wraps, at_end = db.walk_collect(cur, 500)
+        np.testing.assert_array_equal(refs.val_off, t.val_off[100:600])
+        assert cur.index() == 600 and wraps == 0 and not at_end
+        # past the end: wraps to the start when asked
+        cur.seek_index(len(items) - 3)
+        refs, wraps, _ = db.walk_collect(cur, 10, wrap=True)
+        expect = np.r_[t.val_off[-3:], t.val_off[:7]]
+        np.testing.assert_array_equal(refs.val_off, expect)
+        assert wraps == 1 and cur.index() == 7
+        cur.seek_index(len(items) - 3)
+        refs, wraps, at_end = db.walk_collect(cur, 10, wrap=False)
+        assert len(refs) == 3 and at_end
+        idx = np.array([2999, 0, 5, 1500, 5])
+        loc = db.locate(idx)
+        np.testing.assert_array_equal(loc.val_off, t.val_off[idx])
+        buf, off = db.gather_refs(loc)
+        for j, i in enumerate(idx):
+            assert bytes(buf[off[j]:off[j + 1]]) == items[i][1]

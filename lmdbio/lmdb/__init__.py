@@ -9,6 +9,6 @@ Python.
 
 from lmdbio.lmdb.accounting import PageAccounting
 from lmdbio.lmdb.cursor import Cursor
-from lmdbio.lmdb.database import Database, RecordTable, SnapshotId
+from lmdbio.lmdb.database import Database, RecordRefs, RecordTable, SnapshotId
 
-__all__ = ["Cursor", "Database", "PageAccounting", "RecordTable", "SnapshotId"]
+__all__ = ["Cursor", "Database", "PageAccounting", "RecordRefs", "RecordTable", "SnapshotId"]

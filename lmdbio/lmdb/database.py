@@ -75,6 +75,40 @@ class RecordTable:
                 self.val_len, self.ovf_pages, self.node_flags)))
 
 
+@dataclass
+class RecordRefs:
+    """Where some records' values live: file offset, length, leaf page, overflow run length."""
+
+    val_off: np.ndarray
+    val_len: np.ndarray
+    leaf_pg: np.ndarray
+    ovf_pages: np.ndarray
+
+    @classmethod
+    def empty(cls, n: int) -> RecordRefs:
+        return cls(np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
+                   np.empty(n, np.int64))
+
+    def __len__(self) -> int:
+        return int(self.val_off.shape[0])
+
+    def head(self, n: int) -> RecordRefs:
+        return RecordRefs(self.val_off[:n], self.val_len[:n], self.leaf_pg[:n],
+                          self.ovf_pages[:n])
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.val_len.sum())
+
+    def pages(self, psize: int) -> np.ndarray:
+        """Distinct pages holding these records: their leaf pages and every value page."""
+        first = self.val_off // psize
+        last = (self.val_off + np.maximum(self.val_len, 1) - 1) // psize
+        spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())
+                 ] if len(self) and (last - first).max() > 0 else [first]
+        return np.unique(np.concatenate([self.leaf_pg, *spans]))
+
+
 def _resolve_file(path: str | os.PathLike) -> Path:
     p = Path(path)
     if p.is_dir():
@@ -488,6 +522,80 @@ class Database:
         if idx.size and (idx.min() < 0 or idx.max() >= n):
             raise IndexError(f"record index out of range 0..{n - 1}")
         return idx
+
+    # ----------------------------------------------------------------- record references
+    def walk_collect(self, cursor, n: int, wrap: bool = False) -> tuple[RecordRefs, int, bool]:
+        """Advance ``cursor`` over ``n`` records (compiled), collecting where their values are.
+
+        Reads branch and leaf pages only. Returns ``(refs, wraps, at_end)``: ``wraps`` counts
+        how often the walk wrapped around to the first record (``wrap=True``), ``at_end`` is
+        set when it stopped at the end of the tree instead.
+        """
+        from lmdbio.lmdb import kernels as k
+
+        if not cursor.initialized and not cursor.first():
+            return RecordRefs.empty(0), 0, True
+        if cursor.eof:
+            if not wrap or not cursor.first():
+                return RecordRefs.empty(0), 0, True
+        depth = self.db.depth
+        stack_pg = np.array([p for p, _ in cursor.stack], np.int64)
+        stack_slot = np.array([s for _, s in cursor.stack], np.int64)
+        refs = RecordRefs.empty(n)
+        code, page, got, wraps, at_end = k.walk_collect(
+            self.buf, self.fmt, stack_pg, stack_slot, depth, self.meta.last_pg, n, wrap,
+            self.db.root, refs.val_off, refs.val_len, refs.leaf_pg, refs.ovf_pages,
+            self.accounting.touched, self.accounting.enabled)
+        if code:
+            self._raise(code, page)
+        cursor.stack = [[int(p), int(s)] for p, s in zip(stack_pg, stack_slot)]
+        if at_end:
+            cursor.eof = True
+        return refs.head(got), int(wraps), bool(at_end)
+
+    def set_leaf_directory(self, leaves: np.ndarray, first: np.ndarray) -> None:
+        """Adopt a leaf directory built elsewhere (collectively, or loaded from a sidecar)."""
+        if first.shape[0] != leaves.shape[0] + 1 or int(first[-1]) != len(self):
+            raise LmdbioError(f"{self.path}: leaf directory does not match this snapshot "
+                              f"({leaves.shape[0]} leaves, {int(first[-1])} records; the "
+                              f"database has {len(self)} records)")
+        self._leaves = np.ascontiguousarray(leaves, np.int64)
+        self._leaf_first = np.ascontiguousarray(first, np.int64)
+
+    def locate(self, indices: np.ndarray) -> RecordRefs:
+        """Where records ``indices`` are, through the leaf directory (one leaf read each)."""
+        from lmdbio.lmdb import kernels as k
+
+        idx = self._indices(indices)
+        refs = RecordRefs.empty(idx.shape[0])
+        code, page = k.locate(self.buf, self.fmt, self.leaves(), self.leaf_directory(),
+                              self.meta.last_pg, idx, refs.val_off, refs.val_len, refs.leaf_pg,
+                              refs.ovf_pages, self.accounting.touched, self.accounting.enabled)
+        if code:
+            self._raise(code, page)
+        return refs
+
+    def gather_refs(self, refs: RecordRefs, out: np.ndarray | None = None
+                    ) -> tuple[np.ndarray, np.ndarray]:
+        """Copy the values ``refs`` point at back to back into one buffer (see :meth:`gather`).
+        """
+        from lmdbio.lmdb import kernels as k
+
+        every = np.arange(len(refs), dtype=np.int64)
+        code, page = k.check_overflow_headers(self.buf, self.fmt, refs.val_off, refs.ovf_pages,
+                                              every, self.accounting.touched, False)
+        if code:
+            self._raise(code, page)
+        need = refs.nbytes
+        if out is None:
+            out = np.empty(need, np.uint8)
+        elif out.shape[0] < need:
+            raise LmdbioError(f"gather: output buffer holds {out.shape[0]} bytes, "
+                              f"{need} needed for {len(refs)} records")
+        offsets = np.empty(len(refs) + 1, np.int64)
+        k.gather_ranges(self.buf, refs.val_off, refs.val_len, out, offsets, self.psize,
+                        self.accounting.touched, self.accounting.enabled)
+        return out, offsets
 
     # ----------------------------------------------------------------- reporting
     def subdatabases(self) -> list[bytes]:

@@ -346,3 +346,145 @@ def mark_ranges(touched, psize, offsets, lengths):
             continue
         for p in range(offsets[i] // psize, (offsets[i] + lengths[i] - 1) // psize + 1):
             touched[p] = 1
+
+
+@njit(cache=True, nogil=True)
+def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
+                 val_off, val_len, leaf_pg, ovf_pages, touched, account):
+    """Advance a cursor ``n`` records from its position, collecting each record passed.
+
+    The cursor is ``stack_pg``/``stack_slot`` (root to leaf, updated in place) and must sit
+    on a record; the record under it is the first one collected. Moving to the next leaf
+    climbs the stack and descends leftmost, so only branch and leaf pages are read (values
+    are located, never read). At the end of the tree the walk wraps around to the first
+    record when ``wrap``, else stops. Returns ``(code, page, collected, wrapped, at_end)``;
+    after the call the cursor sits on the record following the last one collected (or, at
+    the end without ``wrap``, on the last record with ``at_end`` set).
+    """
+    psize = fmt[0]
+    got = 0
+    wrapped = 0
+    leaf_level = depth - 1
+    while got < n:
+        pg = stack_pg[leaf_level]
+        code, nkeys = check_page(buf, fmt, pg, last_pg)
+        if code != OK:
+            return code, pg, got, wrapped, 0
+        if account:
+            touched[pg] = 1
+        slot = stack_slot[leaf_level]
+        base = pg * psize
+        while slot < nkeys and got < n:
+            code, ko, kl, vo, vl, op, fl = leaf_node(buf, fmt, base, slot, last_pg, False)
+            if code != OK:
+                return code, pg, got, wrapped, 0
+            val_off[got] = vo
+            val_len[got] = vl
+            leaf_pg[got] = pg
+            ovf_pages[got] = op
+            got += 1
+            slot += 1
+        if slot < nkeys:
+            stack_slot[leaf_level] = slot
+            return OK, 0, got, wrapped, 0
+        # past this leaf: climb to the first level that has a next child
+        level = leaf_level - 1
+        while level >= 0:
+            bpg = stack_pg[level]
+            code, bkeys = check_page(buf, fmt, bpg, last_pg)
+            if code != OK:
+                return code, bpg, got, wrapped, 0
+            if stack_slot[level] + 1 < bkeys:
+                break
+            level -= 1
+        if level < 0:
+            if not wrap:
+                stack_slot[leaf_level] = nkeys - 1
+                return OK, 0, got, wrapped, 1
+            wrapped += 1
+            level = 0
+            stack_pg[0] = root
+            stack_slot[0] = 0
+            if leaf_level == 0:
+                continue
+            child = branch_child(buf, fmt, root * psize, 0)
+        else:
+            stack_slot[level] += 1
+            child = branch_child(buf, fmt, stack_pg[level] * psize, stack_slot[level])
+        if child < 0:
+            return E_NODE, stack_pg[level], got, wrapped, 0
+        # descend leftmost
+        for lv in range(level + 1, depth):
+            stack_pg[lv] = child
+            stack_slot[lv] = 0
+            code, ck = check_page(buf, fmt, child, last_pg)
+            if code != OK:
+                return code, child, got, wrapped, 0
+            if account:
+                touched[child] = 1
+            if lv < leaf_level:
+                child = branch_child(buf, fmt, child * psize, 0)
+                if child < 0:
+                    return E_NODE, stack_pg[lv], got, wrapped, 0
+    return OK, 0, got, wrapped, 0
+
+
+@njit(cache=True, nogil=True)
+def locate(buf, fmt, leaves, leaf_first, last_pg, indices, val_off, val_len, leaf_pg,
+           ovf_pages, touched, account):
+    """Value offset and length of records ``indices`` through the leaf directory.
+
+    ``leaf_first[j]`` is the index of the first record on leaf ``leaves[j]``. Each lookup
+    is a binary search plus one leaf node read: exactly the leaf pages holding the records
+    are touched. Returns ``(code, page)``.
+    """
+    psize = fmt[0]
+    nleaves = leaves.shape[0]
+    for t in range(indices.shape[0]):
+        r = indices[t]
+        lo = 0
+        hi = nleaves
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if leaf_first[mid] <= r:
+                lo = mid
+            else:
+                hi = mid
+        pg = leaves[lo]
+        code, nkeys = check_page(buf, fmt, pg, last_pg)
+        if code != OK:
+            return code, pg
+        slot = r - leaf_first[lo]
+        if slot < 0 or slot >= nkeys:
+            return E_COUNT, pg
+        code, ko, kl, vo, vl, op, fl = leaf_node(buf, fmt, pg * psize, slot, last_pg, False)
+        if code != OK:
+            return code, pg
+        if account:
+            touched[pg] = 1
+        val_off[t] = vo
+        val_len[t] = vl
+        leaf_pg[t] = pg
+        ovf_pages[t] = op
+    return OK, 0
+
+
+@njit(cache=True, nogil=True)
+def gather_ranges(buf, val_off, val_len, out, out_offsets, psize, touched, account):
+    """Copy byte ranges (``val_off[t]``, ``val_len[t]``) back to back into ``out``.
+
+    Callers check that ``out`` is large enough (``val_len.sum()``) and that every range
+    lies inside ``buf`` (ranges come from the validating kernels above).
+    """
+    pos = 0
+    out_offsets[0] = 0
+    for t in range(val_off.shape[0]):
+        n = val_len[t]
+        s = val_off[t]
+        copy_bytes(out, pos, buf, s, n)
+        if account and n > 0:
+            for p in range(s // psize, (s + n - 1) // psize + 1):
+                touched[p] = 1
+        pos += n
+        out_offsets[t + 1] = pos
+    return pos
