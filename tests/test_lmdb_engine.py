@@ -372,3 +372,16 @@ def test_walk_collect_and_locate_match_the_record_table(medium_db):
         buf, off = db.gather_refs(loc)
         for j, i in enumerate(idx):
             assert bytes(buf[off[j]:off[j + 1]]) == items[i][1]
+
+
+def test_located_records_carry_their_keys(medium_db):
+    path, items = medium_db
+    with lmdbio.open(path) as db:
+        cur = db.cursor()
+        cur.seek_index(10)
+        refs, _, _ = db.walk_collect(cur, 20)
+        koffs, kdata = db.keys_of(refs)
+        assert [bytes(kdata[koffs[i]:koffs[i + 1]]) for i in range(20)] == \
+            [k for k, _ in items[10:30]]
+        koffs, kdata = db.keys_of(db.locate(np.array([7, 3])))
+        assert bytes(kdata[koffs[0]:koffs[1]]) == items[7][0]

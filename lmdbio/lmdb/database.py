@@ -77,24 +77,33 @@ class RecordTable:
 
 @dataclass
 class RecordRefs:
-    """Where some records' values live: file offset, length, leaf page, overflow run length."""
+    """Where some records live: value offset and length, leaf page, overflow run length,
+    key offset and length (offsets are file offsets)."""
 
     val_off: np.ndarray
     val_len: np.ndarray
     leaf_pg: np.ndarray
     ovf_pages: np.ndarray
+    key_off: np.ndarray
+    key_len: np.ndarray
 
     @classmethod
     def empty(cls, n: int) -> RecordRefs:
-        return cls(np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64),
-                   np.empty(n, np.int64))
+        return cls(*(np.empty(n, np.int64) for _ in range(6)))
+
+    @classmethod
+    def concat(cls, parts: list[RecordRefs]) -> RecordRefs:
+        if not parts:
+            return cls.empty(0)
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
+            "val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len")))
 
     def __len__(self) -> int:
         return int(self.val_off.shape[0])
 
     def head(self, n: int) -> RecordRefs:
         return RecordRefs(self.val_off[:n], self.val_len[:n], self.leaf_pg[:n],
-                          self.ovf_pages[:n])
+                          self.ovf_pages[:n], self.key_off[:n], self.key_len[:n])
 
     @property
     def nbytes(self) -> int:
@@ -102,11 +111,17 @@ class RecordRefs:
 
     def pages(self, psize: int) -> np.ndarray:
         """Distinct pages holding these records: their leaf pages and every value page."""
+        return np.union1d(self.leaf_pg, self.value_pages(psize))
+
+    def value_pages(self, psize: int) -> np.ndarray:
+        """Distinct pages covered by the values' bytes."""
+        if not len(self):
+            return np.empty(0, np.int64)
         first = self.val_off // psize
-        last = (self.val_off + np.maximum(self.val_len, 1) - 1) // psize
-        spans = [np.arange(a, b + 1) for a, b in zip(first.tolist(), last.tolist())
-                 ] if len(self) and (last - first).max() > 0 else [first]
-        return np.unique(np.concatenate([self.leaf_pg, *spans]))
+        counts = (self.val_off + np.maximum(self.val_len, 1) - 1) // psize - first + 1
+        # every page of every value without a Python loop: ramps restarting at each value
+        ramp = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+        return np.unique(np.repeat(first, counts) + ramp)
 
 
 def _resolve_file(path: str | os.PathLike) -> Path:
@@ -535,9 +550,8 @@ class Database:
 
         if not cursor.initialized and not cursor.first():
             return RecordRefs.empty(0), 0, True
-        if cursor.eof:
-            if not wrap or not cursor.first():
-                return RecordRefs.empty(0), 0, True
+        if cursor.eof and (not wrap or not cursor.first()):
+            return RecordRefs.empty(0), 0, True
         depth = self.db.depth
         stack_pg = np.array([p for p, _ in cursor.stack], np.int64)
         stack_slot = np.array([s for _, s in cursor.stack], np.int64)
@@ -545,10 +559,10 @@ class Database:
         code, page, got, wraps, at_end = k.walk_collect(
             self.buf, self.fmt, stack_pg, stack_slot, depth, self.meta.last_pg, n, wrap,
             self.db.root, refs.val_off, refs.val_len, refs.leaf_pg, refs.ovf_pages,
-            self.accounting.touched, self.accounting.enabled)
+            refs.key_off, refs.key_len, self.accounting.touched, self.accounting.enabled)
         if code:
             self._raise(code, page)
-        cursor.stack = [[int(p), int(s)] for p, s in zip(stack_pg, stack_slot)]
+        cursor.stack = [[int(p), int(s)] for p, s in zip(stack_pg, stack_slot, strict=False)]
         if at_end:
             cursor.eof = True
         return refs.head(got), int(wraps), bool(at_end)
@@ -570,7 +584,8 @@ class Database:
         refs = RecordRefs.empty(idx.shape[0])
         code, page = k.locate(self.buf, self.fmt, self.leaves(), self.leaf_directory(),
                               self.meta.last_pg, idx, refs.val_off, refs.val_len, refs.leaf_pg,
-                              refs.ovf_pages, self.accounting.touched, self.accounting.enabled)
+                              refs.ovf_pages, refs.key_off, refs.key_len,
+                              self.accounting.touched, self.accounting.enabled)
         if code:
             self._raise(code, page)
         return refs
@@ -596,6 +611,16 @@ class Database:
         k.gather_ranges(self.buf, refs.val_off, refs.val_len, out, offsets, self.psize,
                         self.accounting.touched, self.accounting.enabled)
         return out, offsets
+
+    def keys_of(self, refs: RecordRefs) -> tuple[np.ndarray, np.ndarray]:
+        """The keys of ``refs`` packed as ``(offsets, bytes)`` (the slot format)."""
+        from lmdbio.lmdb import kernels as k
+
+        out = np.empty(int(refs.key_len.sum()), np.uint8)
+        offsets = np.empty(len(refs) + 1, np.int64)
+        k.gather_ranges(self.buf, refs.key_off, refs.key_len, out, offsets, self.psize,
+                        self.accounting.touched, False)
+        return offsets, out
 
     # ----------------------------------------------------------------- reporting
     def subdatabases(self) -> list[bytes]:

@@ -350,7 +350,7 @@ def mark_ranges(touched, psize, offsets, lengths):
 
 @njit(cache=True, nogil=True)
 def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
-                 val_off, val_len, leaf_pg, ovf_pages, touched, account):
+                 val_off, val_len, leaf_pg, ovf_pages, key_off, key_len, touched, account):
     """Advance a cursor ``n`` records from its position, collecting each record passed.
 
     The cursor is ``stack_pg``/``stack_slot`` (root to leaf, updated in place) and must sit
@@ -375,9 +375,11 @@ def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
         slot = stack_slot[leaf_level]
         base = pg * psize
         while slot < nkeys and got < n:
-            code, ko, kl, vo, vl, op, fl = leaf_node(buf, fmt, base, slot, last_pg, False)
+            code, ko, kl, vo, vl, op, _fl = leaf_node(buf, fmt, base, slot, last_pg, False)
             if code != OK:
                 return code, pg, got, wrapped, 0
+            key_off[got] = ko
+            key_len[got] = kl
             val_off[got] = vo
             val_len[got] = vl
             leaf_pg[got] = pg
@@ -417,7 +419,7 @@ def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
         for lv in range(level + 1, depth):
             stack_pg[lv] = child
             stack_slot[lv] = 0
-            code, ck = check_page(buf, fmt, child, last_pg)
+            code, _ck = check_page(buf, fmt, child, last_pg)
             if code != OK:
                 return code, child, got, wrapped, 0
             if account:
@@ -431,7 +433,7 @@ def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
 
 @njit(cache=True, nogil=True)
 def locate(buf, fmt, leaves, leaf_first, last_pg, indices, val_off, val_len, leaf_pg,
-           ovf_pages, touched, account):
+           ovf_pages, key_off, key_len, touched, account):
     """Value offset and length of records ``indices`` through the leaf directory.
 
     ``leaf_first[j]`` is the index of the first record on leaf ``leaves[j]``. Each lookup
@@ -457,11 +459,13 @@ def locate(buf, fmt, leaves, leaf_first, last_pg, indices, val_off, val_len, lea
         slot = r - leaf_first[lo]
         if slot < 0 or slot >= nkeys:
             return E_COUNT, pg
-        code, ko, kl, vo, vl, op, fl = leaf_node(buf, fmt, pg * psize, slot, last_pg, False)
+        code, ko, kl, vo, vl, op, _fl = leaf_node(buf, fmt, pg * psize, slot, last_pg, False)
         if code != OK:
             return code, pg
         if account:
             touched[pg] = 1
+        key_off[t] = ko
+        key_len[t] = kl
         val_off[t] = vo
         val_len[t] = vl
         leaf_pg[t] = pg

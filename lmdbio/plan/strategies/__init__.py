@@ -1,0 +1,52 @@
+"""Read strategies, one module each, and the registry that names them.
+
+| name | who reads | how it finds its records |
+|---|---|---|
+| ``naive-stride`` | every rank | walks every record, keeps ``i % ranks == rank`` (Caffe) |
+| ``naive-contig`` | every rank | contiguous shard, reached by walking from the start (DALI) |
+| ``lmm`` | one reader per node | walks past the other readers' records (LMDBIO-LMM) |
+| ``dm-serial`` | one reader per node | cursor handed along the chain of readers (LMDBIO-DM) |
+| ``dm-spec`` | one reader per node | dm-serial + speculative prefetch of its page range |
+| ``indexed`` | one reader per node | leaf directory: exact positions, shuffles |
+"""
+
+from __future__ import annotations
+
+from lmdbio.errors import ConfigError
+from lmdbio.plan.strategies.base import IterationStats, ReaderContext, ReadStrategy, Timer
+from lmdbio.plan.strategies.dm import DmSerial, DmSpec, PageRangeEstimator
+from lmdbio.plan.strategies.indexed import Indexed, build_leaf_directory, sidecar_path
+from lmdbio.plan.strategies.lmm import Lmm
+from lmdbio.plan.strategies.naive import NaiveContig, NaiveStride
+
+STRATEGIES: dict[str, type[ReadStrategy]] = {
+    cls.name: cls for cls in (NaiveStride, NaiveContig, Lmm, DmSerial, DmSpec, Indexed)
+}
+
+
+def strategy_class(name: str) -> type[ReadStrategy]:
+    """The strategy registered as ``name``."""
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise ConfigError(f"readers.strategy: unknown strategy {name!r}; known: "
+                          f"{', '.join(STRATEGIES)}") from None
+
+
+__all__ = [
+    "STRATEGIES",
+    "DmSerial",
+    "DmSpec",
+    "Indexed",
+    "IterationStats",
+    "Lmm",
+    "NaiveContig",
+    "NaiveStride",
+    "PageRangeEstimator",
+    "ReadStrategy",
+    "ReaderContext",
+    "Timer",
+    "build_leaf_directory",
+    "sidecar_path",
+    "strategy_class",
+]

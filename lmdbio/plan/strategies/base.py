@@ -1,0 +1,105 @@
+"""The interface every read strategy implements, and what a reader reports per iteration.
+
+A strategy decides which records a reader reads in each iteration and how it finds them
+(walking, a cursor handed along a chain, a leaf directory). It returns
+:class:`~lmdbio.lmdb.RecordRefs` - where the values are - and the caller gathers them,
+usually straight into a shared-memory batch slot. Every reader calls :meth:`fetch` for
+every iteration, in the same order: strategies that communicate (the DM chain) rely on it.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.plan.epoch import EpochPlan
+
+
+@dataclass
+class IterationStats:
+    """One reader's accounting for one iteration."""
+
+    iteration: int
+    records: int = 0
+    bytes: int = 0
+    pages_touched: int = 0
+    own_pages: int = 0
+    extra_pages: int = 0
+    prefetched_pages: int = 0
+    missed_pages: int = 0
+    redundant_pages: int = 0
+    seconds: dict[str, float] = field(default_factory=lambda: {
+        "prefetch": 0.0, "wait_cursor": 0.0, "walk": 0.0, "copy": 0.0})
+
+
+class Timer:
+    """Adds the time spent in a ``with`` block to ``stats.seconds[name]``."""
+
+    def __init__(self, stats: IterationStats, name: str) -> None:
+        self.stats, self.name = stats, name
+
+    def __enter__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stats.seconds[self.name] += time.perf_counter() - self.t0
+
+
+@dataclass
+class ReaderContext:
+    """What a strategy knows about its place in the job.
+
+    ``readers`` is the communicator of all readers (``None`` for strategies where every rank
+    reads for itself), ``reader_index``/``n_readers`` its rank and size.
+    """
+
+    db: Database
+    readers: Any
+    reader_index: int
+    n_readers: int
+    timeout: float = 60.0
+
+
+class ReadStrategy(ABC):
+    """Base class of the read strategies (see :mod:`lmdbio.plan.strategies`)."""
+
+    name: ClassVar[str]
+    #: plan scheme: ``blocked`` (a node's records are contiguous), ``stride`` or ``shard``
+    scheme: ClassVar[str] = "blocked"
+    #: one reader per node sharing with the node's workers (True), or every rank reads its own
+    shared: ClassVar[bool] = True
+    #: can follow a shuffled epoch order (needs random access: the leaf directory)
+    shuffles: ClassVar[bool] = False
+
+    def __init__(self, ctx: ReaderContext) -> None:
+        self.ctx = ctx
+        self.db = ctx.db
+
+    def setup(self) -> None:  # noqa: B027 - optional hook
+        """Collective over the readers, once before the first epoch."""
+
+    def begin_epoch(self, plan: EpochPlan) -> None:  # noqa: B027 - optional hook
+        """Called by every reader at the start of each epoch."""
+
+    @abstractmethod
+    def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
+              stats: IterationStats) -> RecordRefs:
+        """Locate records ``ids`` (this reader's records for ``iteration``, in order)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the strategy holds (collective where setup was)."""
+
+    # helpers shared by the walking strategies -------------------------------------------
+    def walk_to(self, cursor, index: int, current: int) -> int:
+        """Walk ``cursor`` forward from record ``current`` to record ``index`` (mod N),
+        record by record as an LMDB cursor does; returns the new position."""
+        n = len(self.db)
+        steps = (index - current) % n
+        if steps:
+            self.db.walk_collect(cursor, steps, wrap=True)
+        return index

@@ -1,0 +1,125 @@
+"""``indexed``: exact record positions from a leaf directory built once, collectively.
+
+The leaf directory holds the index of the first record of every leaf page. Reader 0 walks
+the branch pages to list the leaves (branch pages only) and broadcasts the list; each reader
+reads the headers of its share of the leaves (each leaf read by exactly one rank); an
+allgather assembles the counts. The directory is saved as a sidecar keyed by the snapshot
+identity (format, txnid, root, file size) and reused by later runs; a changed database has
+another identity, so its directory is rebuilt. With it, any record is one binary search and
+one leaf read away: O(1) seeks, exact page ranges, shuffled epochs, zero extra pages.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.plan.epoch import EpochPlan
+from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
+
+log = logging.getLogger(__name__)
+
+
+def sidecar_path(db: Database) -> Path:
+    """Where the leaf directory of this snapshot is kept: beside ``data.mdb`` when that
+    folder is writable, else under ``$XDG_CACHE_HOME/lmdbio`` (``~/.cache/lmdbio``)."""
+    s = db.snapshot
+    name = f"lmdbio-index-v{s.format_version}-t{s.txnid}-r{s.root}-s{s.file_size}.npz"
+    if db.subdb_name:
+        name = name.replace(".npz", f"-db{db.subdb_name.hex()}.npz")
+    folder = db.path.parent
+    if not os.access(folder, os.W_OK):
+        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lmdbio"
+        folder = base / hashlib.sha256(str(db.path.resolve()).encode()).hexdigest()[:16]
+    return folder / name
+
+
+def load_sidecar(db: Database) -> tuple[np.ndarray, np.ndarray] | None:
+    path = sidecar_path(db)
+    try:
+        with np.load(path) as z:
+            leaves, first = z["leaves"], z["first"]
+    except (OSError, KeyError, ValueError):
+        return None
+    if first.shape != (leaves.shape[0] + 1,) or int(first[-1]) != len(db):
+        log.warning("%s: leaf directory does not match the database; rebuilding", path)
+        return None
+    return leaves.astype(np.int64), first.astype(np.int64)
+
+
+def save_sidecar(db: Database, leaves: np.ndarray, first: np.ndarray) -> Path | None:
+    path = sidecar_path(db)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, leaves=leaves, first=first)
+        os.replace(tmp, path)
+        return path
+    except OSError as exc:
+        log.warning("could not save the leaf directory to %s: %s", path, exc)
+        return None
+
+
+def build_leaf_directory(db: Database, comm, rank: int, size: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """Collective over ``comm``: leaves from rank 0's branch walk, counts split by leaf."""
+    from lmdbio.lmdb import kernels as k
+    from lmdbio.mpiutil import agree
+
+    leaves, error = None, None
+    if rank == 0:
+        try:
+            leaves = db.leaves()
+        except Exception as exc:  # agreed on below, so no rank is left waiting
+            error = str(exc)
+    if comm is not None:
+        agree(comm, error is None, error or "", "listing the leaf pages")
+        leaves = comm.bcast(leaves, root=0)
+    elif error:
+        raise RuntimeError(error)
+    lo = leaves.shape[0] * rank // size
+    hi = leaves.shape[0] * (rank + 1) // size
+    counts = np.empty(hi - lo, np.int64)
+    code, page = k.count_leaf_records(db.buf, db.fmt, leaves[lo:hi], counts,
+                                      db.accounting.touched, db.accounting.enabled)
+    msg = "" if code == 0 else f"{db.path}, page {page}: {k.error_message(code)}"
+    if comm is not None:
+        agree(comm, code == 0, msg, "counting leaf records")
+        counts = np.concatenate(comm.allgather(counts))
+    elif code:
+        db._raise(code, page)
+    first = np.zeros(leaves.shape[0] + 1, np.int64)
+    np.cumsum(counts, out=first[1:])
+    return leaves, first
+
+
+class Indexed(ReadStrategy):
+    """Reads located through the leaf directory: exact, random access, shuffle-capable."""
+
+    name = "indexed"
+    shuffles = True
+
+    def setup(self) -> None:
+        comm = self.ctx.readers
+        cached = load_sidecar(self.db) if self.ctx.reader_index == 0 else None
+        have = comm.bcast(cached is not None, root=0) if comm is not None else cached is not None
+        if have:
+            leaves, first = comm.bcast(cached, root=0) if comm is not None else cached
+            self.source = "sidecar"
+        else:
+            leaves, first = build_leaf_directory(self.db, comm, self.ctx.reader_index,
+                                                 self.ctx.n_readers)
+            self.source = "built"
+            if self.ctx.reader_index == 0:
+                save_sidecar(self.db, leaves, first)
+        self.db.set_leaf_directory(leaves, first)
+
+    def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
+              stats: IterationStats) -> RecordRefs:
+        with Timer(stats, "walk"):
+            return self.db.locate(ids)

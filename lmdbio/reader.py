@@ -1,0 +1,294 @@
+"""The reading side of a job: a strategy run on a reader rank, feeding the node's ring.
+
+:class:`ReadSession` opens the database for a rank (on a symmetric mapping among the
+readers when the strategy hands cursors around), runs the strategy's setup, sizes the batch
+slots from the real record sizes, and then, iteration by iteration, locates the node's
+records, gathers them straight into a shared-memory slot (no intermediate copy) and
+publishes it. Strategies in which every rank reads for itself (the naive ones) gather into
+a private buffer instead. Everything it does is accounted per iteration.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.plan.epoch import EpochPlan, plan_epoch
+from lmdbio.plan.strategies import (
+    IterationStats,
+    ReaderContext,
+    ReadStrategy,
+    Timer,
+    strategy_class,
+)
+from lmdbio.topology import Topology
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadOptions:
+    """What a read session needs from a job configuration."""
+
+    strategy: str = "dm-spec"
+    batch_size: int = 64
+    last: str = "pad"
+    shuffle: str = "none"
+    seed: int = 0
+    prefetch_depth: int = 4
+    subdb: str | None = None
+    timeout: float = 120.0
+    symmetric: bool = True
+
+
+@dataclass
+class Delivered:
+    """A batch as a consumer receives it: record ids, keys, values (one buffer + offsets)."""
+
+    epoch: int
+    iteration: int
+    ids: np.ndarray
+    padding: np.ndarray
+    payload: np.ndarray
+    offsets: np.ndarray
+    key_offsets: np.ndarray
+    key_data: np.ndarray
+    view: Any = None  # the ring slot view to release, when shared
+
+    def keys(self) -> list[bytes]:
+        ko, kd = self.key_offsets, self.key_data
+        return [bytes(kd[ko[i]:ko[i + 1]]) for i in range(len(ko) - 1)]
+
+    def release(self) -> None:
+        if self.view is not None:
+            self.view.release()
+            self.view = None
+
+
+@dataclass
+class ReaderTotals:
+    """Accumulated accounting of one rank."""
+
+    pages_touched: set = field(default_factory=set)
+    own_pages: set = field(default_factory=set)
+    iterations: list[dict] = field(default_factory=list)
+    setup_seconds: float = 0.0
+    symmetric_attempts: int = 0
+    symmetric: bool = False
+
+
+def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions
+                   ) -> tuple[Database, Any, ReaderTotals]:
+    """Open the database for this rank; readers that hand cursors map it symmetrically."""
+    totals = ReaderTotals()
+    mapping = None
+    if shared_cursors and topo.is_reader and opts.symmetric:
+        from lmdbio.io.symmap import map_symmetric
+        from lmdbio.lmdb.database import _resolve_file
+
+        mapping = map_symmetric(topo.readers, _resolve_file(path))
+        totals.symmetric_attempts = mapping.attempts
+        totals.symmetric = bool(mapping.symmetric)
+        db = Database(path, subdb=opts.subdb, buffer=mapping.array,
+                      address=mapping.address if mapping.symmetric else None)
+    else:
+        db = Database(path, subdb=opts.subdb)
+    return db, mapping, totals
+
+
+def batch_capacity(db: Database, comm: Any, rank: int, size: int, batch: int) -> int:
+    """Bytes a slot needs so that any ``batch`` records fit: the sum of the ``batch``
+    largest values. Collective over ``comm``: each rank reads its share of the leaves."""
+    from lmdbio.mpiutil import agree
+
+    leaves, err = None, None
+    if rank == 0:
+        try:
+            leaves = db.leaves()
+        except Exception as exc:  # agreed on below
+            err = str(exc)
+    if comm is not None:
+        agree(comm, err is None, err or "", "listing leaf pages")
+        leaves = comm.bcast(leaves, root=0)
+    lo, hi = leaves.shape[0] * rank // size, leaves.shape[0] * (rank + 1) // size
+    sizes = db._build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
+    top = np.sort(sizes)[-batch:]
+    if comm is not None:
+        top = np.concatenate(comm.allgather(top))
+    return int(np.sort(top)[-batch:].sum()) if top.size else 0
+
+
+class ReadSession:
+    """One rank's part of reading: a strategy, the epoch plans, and (if shared) the ring.
+
+    Collective over the world communicator: construct on every rank.
+    """
+
+    def __init__(self, path: str, topo: Topology, opts: ReadOptions) -> None:
+        self.topo, self.opts = topo, opts
+        cls = strategy_class(opts.strategy)
+        self.cls = cls
+        if opts.shuffle != "none" and not cls.shuffles:
+            from lmdbio.errors import ConfigError
+
+            raise ConfigError(f"shuffle.mode {opts.shuffle!r} needs random access: use "
+                              f"readers.strategy indexed (not {opts.strategy!r})")
+        self.shared = cls.shared
+        self.reads = topo.is_reader if self.shared else True
+        t0 = time.perf_counter()
+        self.db, self.mapping, self.totals = _open_database(
+            path, topo, cls.name.startswith("dm"), opts)
+        self.db.accounting.enable()
+        if self.shared:
+            comm = topo.readers if topo.is_reader else None
+            ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers, opts.timeout)
+            self.consumers = topo.n_workers
+            wr = topo.worker_rank if topo.is_worker else 1 << 30
+            firsts = topo.node.allgather(wr)
+            self.first_consumer = min(firsts)
+            self.node_consumers = sum(1 for w in firsts if w != 1 << 30)
+        else:
+            ctx = ReaderContext(self.db, None, topo.rank, topo.size, opts.timeout)
+            self.consumers = topo.size
+            self.first_consumer, self.node_consumers = topo.rank, 1
+        self.strategy: ReadStrategy = cls(ctx)
+        if self.reads:
+            self.strategy.setup()
+        self.ring = None
+        if self.shared:
+            self._create_ring()
+        self.totals.setup_seconds = time.perf_counter() - t0
+        self.db.accounting.reset()
+        self.epoch = -1
+        self.plan: EpochPlan | None = None
+
+    # ----------------------------------------------------------------- setup
+    def _create_ring(self) -> None:
+        from lmdbio.shm import BatchRing
+
+        topo = self.topo
+        node_batch = self.opts.batch_size * self.node_consumers
+        cap = None
+        if topo.is_reader:
+            cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
+                                 node_batch)
+            keys = max(64, int(self._max_key())) * node_batch
+        self.ring = BatchRing.create(
+            topo.node, 0, slots=self.opts.prefetch_depth,
+            payload_bytes=max(cap, 1) if cap is not None else None,
+            max_records=node_batch if topo.is_reader else None,
+            key_bytes=keys if topo.is_reader else None,
+            colocated=topo.mode == "colocated", timeout=self.opts.timeout)
+
+    def _max_key(self) -> int:
+        return 511  # LMDB's default maximum key size
+
+    def plan_for(self, epoch: int) -> EpochPlan:
+        leaf_first = self.db.leaf_directory() if self.cls.shuffles and self.reads else None
+        if self.opts.shuffle == "block" and leaf_first is None:
+            # workers plan too (for padding flags): the order comes with the slot instead
+            leaf_first = None
+        return plan_epoch(len(self.db), self.consumers, self.opts.batch_size, self.opts.last,
+                          self.opts.shuffle if self.reads or self.opts.shuffle != "block"
+                          else "none", self.opts.seed, epoch, leaf_first,
+                          scheme=self.cls.scheme)
+
+    def begin_epoch(self, epoch: int) -> EpochPlan:
+        self.epoch = epoch
+        self.plan = self.plan_for(epoch)
+        if self.reads:
+            self.strategy.begin_epoch(self.plan)
+        return self.plan
+
+    # ----------------------------------------------------------------- reading
+    def read_iteration(self, iteration: int) -> IterationStats:
+        """Reader side of one iteration: locate, gather into a slot (or privately), publish."""
+        plan = self.plan
+        assert plan is not None
+        stats = IterationStats(iteration)
+        acc = self.db.accounting
+        acc.reset()
+        if self.shared:
+            ids = plan.group_records(iteration, self.first_consumer, self.node_consumers)
+            sizes = plan.group_sizes(iteration, self.first_consumer, self.node_consumers)
+            pad = np.concatenate([plan.padding(iteration, c) for c in range(
+                self.first_consumer, self.first_consumer + self.node_consumers)])
+        else:
+            ids = plan.records(iteration, self.topo.rank)
+            sizes = np.array([ids.size])
+            pad = plan.padding(iteration, self.topo.rank)
+        refs = self.strategy.fetch(plan, iteration, ids, stats)
+        if len(refs) != ids.size:
+            raise RuntimeError(f"strategy {self.cls.name} located {len(refs)} records for "
+                               f"{ids.size} ids in iteration {iteration}")
+        if self.shared:
+            assert self.ring is not None
+            w = self.ring.acquire_slot(self.epoch, iteration)
+            with Timer(stats, "copy"):
+                self.db.gather_refs(refs, out=w.payload(refs.nbytes))
+                offsets = np.zeros(len(refs) + 1, np.int64)
+                np.cumsum(refs.val_len, out=offsets[1:])
+                koffs, kdata = self.db.keys_of(refs)
+                # the record ids travel as labels; padding is marked by a negative id - 1
+                w.set_records(offsets, np.where(pad, -ids - 1, ids), keys=(koffs, kdata))
+                w.set_parts(sizes)
+            w.publish()
+            self.last_private = None
+        else:
+            with Timer(stats, "copy"):
+                buf, offsets = self.db.gather_refs(refs)
+                koffs, kdata = self.db.keys_of(refs)
+            self.last_private = Delivered(self.epoch, iteration, ids, pad, buf, offsets,
+                                          koffs, kdata)
+        self._account(stats, refs)
+        return stats
+
+    def _account(self, stats: IterationStats, refs: RecordRefs) -> None:
+        acc = self.db.accounting
+        touched = acc.pages()
+        own = refs.pages(self.db.psize) if len(refs) else np.empty(0, np.int64)
+        stats.records = len(refs)
+        stats.bytes = refs.nbytes
+        stats.pages_touched = int(touched.size)
+        stats.own_pages = int(own.size)
+        stats.extra_pages = int(np.setdiff1d(touched, own, assume_unique=True).size)
+        self.totals.pages_touched.update(touched.tolist())
+        self.totals.own_pages.update(own.tolist())
+        self.totals.iterations.append(asdict(stats))
+
+    def receive(self, timeout: float | None = None) -> Delivered | None:
+        """Consumer side: the next batch for this rank (None when the reader stopped)."""
+        if not self.shared:
+            out, self.last_private = self.last_private, None
+            return out
+        assert self.ring is not None
+        view = self.ring.next_slot(timeout=timeout)
+        if view is None:
+            return None
+        labels = np.asarray(view.labels)
+        pad = labels < 0
+        ids = np.where(pad, -labels - 1, labels)
+        return Delivered(view.epoch, view.iteration, ids, pad, view.payload, view.offsets,
+                         view.key_offsets, view.key_data, view)
+
+    def stop(self) -> None:
+        """Reader: tell the node's workers that no more batches come."""
+        if self.shared and self.topo.is_reader and self.ring is not None:
+            self.ring.stop()
+
+    def close(self) -> None:
+        """Collective: free the ring, the strategy and the mapping."""
+        if self.reads:
+            self.strategy.close()
+        if self.ring is not None:
+            self.ring.close()
+            self.ring = None
+        self.db.close()
+        if self.mapping is not None:
+            self.mapping.close()
+            self.mapping = None
