@@ -1,0 +1,506 @@
+"""Bring file pages into memory ahead of use, drop them, and measure what is resident.
+
+Ways to prefetch, for the situations of the readers (LMDBIO-DM step 2):
+
+* :func:`prefetch` / :func:`prefetch_pages` - the default: advise the kernel
+  (``MADV_WILLNEED``, large asynchronous reads) and then touch, so the pages are resident
+  *and* mapped when it returns;
+* :func:`touch` / :func:`touch_pages` / :func:`touch_page_ranges` - fault pages of a mapping
+  in synchronously by reading one byte per OS page (compiled loop, GIL released): after it
+  returns, the pages are both in the page cache and mapped in this process, so the serial
+  cursor walk that follows never blocks on I/O.
+* :func:`advise` (``madvise(MADV_WILLNEED)``) and :func:`fadvise_willneed`
+  (``posix_fadvise(POSIX_FADV_WILLNEED)``) - ask the kernel to start reading asynchronously
+  and return at once.
+* :func:`pread_prefetch` - read ranges with ``pread`` into a scratch buffer (page cache only,
+  nothing mapped; works on any file system).
+
+Measuring and resetting the page cache: :func:`resident_pages` (``mincore``) returns one bool
+per OS page; :func:`drop_cache` evicts a file's clean pages (``POSIX_FADV_DONTNEED``) so a
+benchmark starts cold. :class:`DirectReader` reads with ``O_DIRECT``, bypassing the page
+cache - the way to emulate, on one host, nodes that do not share a page cache.
+
+Ranges are byte offsets into the file unless a function says pages; ``page_size`` there is
+the *database* page size (LMDB's psize), not the OS page size.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import mmap as _mmap
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from lmdbio.errors import LmdbioError
+from lmdbio.io import _libc
+from lmdbio.io.symmap import Mapping, map_file
+
+__all__ = [
+    "MADV_DONTNEED",
+    "MADV_NORMAL",
+    "MADV_RANDOM",
+    "MADV_SEQUENTIAL",
+    "MADV_WILLNEED",
+    "OS_PAGE_SIZE",
+    "DirectReader",
+    "advise",
+    "drop_cache",
+    "fadvise_willneed",
+    "pread_prefetch",
+    "prefetch",
+    "prefetch_pages",
+    "resident_count",
+    "resident_pages",
+    "touch",
+    "touch_page_ranges",
+    "touch_pages",
+]
+
+log = logging.getLogger(__name__)
+
+OS_PAGE_SIZE = _libc.OS_PAGE_SIZE
+MADV_NORMAL: int = getattr(_mmap, "MADV_NORMAL", 0)
+MADV_RANDOM: int = getattr(_mmap, "MADV_RANDOM", 1)
+MADV_SEQUENTIAL: int = getattr(_mmap, "MADV_SEQUENTIAL", 2)
+MADV_WILLNEED: int = getattr(_mmap, "MADV_WILLNEED", 3)
+MADV_DONTNEED: int = getattr(_mmap, "MADV_DONTNEED", 4)
+
+PathOrMapping = Mapping | str | os.PathLike
+
+
+def _as_array(target: Mapping | np.ndarray) -> np.ndarray:
+    if isinstance(target, Mapping):
+        return target.array
+    arr = np.asarray(target)
+    if arr.dtype != np.uint8 or arr.ndim != 1 or not arr.flags.c_contiguous:
+        raise LmdbioError(
+            f"touch needs a Mapping or a 1-D contiguous uint8 array, got {arr.dtype} "
+            f"with shape {arr.shape}"
+        )
+    return arr
+
+
+def _byte_range(total: int, offset: int, length: int | None, what: str) -> tuple[int, int]:
+    if length is None:
+        length = total - offset
+    if offset < 0 or length < 0 or offset + length > total:
+        raise LmdbioError(
+            f"{what}: byte range [{offset}, {offset + length}) is outside [0, {total})"
+        )
+    return offset, offset + length
+
+
+# --------------------------------------------------------------------------- touching
+
+
+def touch(target: Mapping | np.ndarray, offset: int = 0, length: int | None = None) -> int:
+    """Fault in every OS page of ``[offset, offset+length)``; returns a checksum of the bytes
+    read (one per page), meaningless except that computing it forces the reads."""
+    from lmdbio.io._touch import touch_range
+
+    arr = _as_array(target)
+    start, stop = _byte_range(arr.shape[0], offset, length, "touch")
+    return int(touch_range(arr, start, stop, OS_PAGE_SIZE))
+
+
+def touch_pages(
+    target: Mapping | np.ndarray, first_page: int, n_pages: int, page_size: int
+) -> int:
+    """:func:`touch` of database pages ``[first_page, first_page+n_pages)`` of ``page_size``."""
+    if page_size <= 0:
+        raise LmdbioError(f"page_size must be positive, got {page_size}")
+    return touch(target, first_page * page_size, n_pages * page_size)
+
+
+def touch_page_ranges(
+    target: Mapping | np.ndarray,
+    starts: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray,
+    page_size: int,
+) -> int:
+    """Touch many database page ranges in one compiled call (``starts[i]``, ``counts[i]``).
+
+    All ranges are validated up front (whole-array checks) and a bad one raises
+    :class:`~lmdbio.errors.LmdbioError` naming it, before anything is read.
+    """
+    from lmdbio.io._touch import touch_ranges
+
+    arr = _as_array(target)
+    s = np.asarray(starts, dtype=np.int64).ravel()
+    c = np.asarray(counts, dtype=np.int64).ravel()
+    if s.shape != c.shape:
+        raise LmdbioError(f"touch_page_ranges: {s.size} starts but {c.size} counts")
+    if page_size <= 0:
+        raise LmdbioError(f"page_size must be positive, got {page_size}")
+    byte_start = s * page_size
+    byte_stop = (s + c) * page_size
+    bad = (s < 0) | (c < 0) | (byte_stop > arr.shape[0])
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LmdbioError(
+            f"touch_page_ranges: range {i} (pages {s[i]}..{s[i] + c[i]} of {page_size} "
+            f"bytes) is outside the {arr.shape[0]}-byte mapping"
+        )
+    return int(touch_ranges(arr, byte_start, byte_stop, OS_PAGE_SIZE))
+
+
+# --------------------------------------------------------------------------- advice
+
+
+def _aligned(mapping: Mapping, offset: int, length: int | None) -> tuple[int, int]:
+    """(address, length) of the OS pages covering the byte range, inside the mapping."""
+    start, stop = _byte_range(mapping.length, offset, length, f"{mapping.path}")
+    a0 = (start // OS_PAGE_SIZE) * OS_PAGE_SIZE
+    return mapping.address + a0, stop - a0
+
+
+def advise(
+    mapping: Mapping, offset: int = 0, length: int | None = None, advice: int = MADV_WILLNEED
+) -> None:
+    """``madvise`` the OS pages covering ``[offset, offset+length)`` of ``mapping``.
+
+    ``MADV_WILLNEED`` starts asynchronous read-ahead and returns before the pages arrive;
+    ``MADV_RANDOM`` turns off the kernel's own read-ahead (what LMDB does); ``MADV_DONTNEED``
+    drops this process's page-table entries (the page cache keeps the data).
+    """
+    if mapping.closed:
+        raise LmdbioError(f"{mapping.path}: the mapping is closed")
+    addr, n = _aligned(mapping, offset, length)
+    if n:
+        try:
+            _libc.madvise(addr, n, advice)
+        except OSError as exc:
+            raise LmdbioError(f"{mapping.path}: madvise({advice}) failed: {exc}") from exc
+
+
+def _merge_ranges(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted union of byte ranges ``[starts[i], stops[i])`` (whole-array, no Python loop)."""
+    keep = stops > starts
+    starts, stops = starts[keep], stops[keep]
+    if starts.size == 0:
+        return starts, stops
+    order = np.argsort(starts, kind="stable")
+    starts, stops = starts[order], np.maximum.accumulate(stops[order])
+    # a new run begins where a range starts after everything before it ended
+    new_run = np.ones(starts.size, dtype=bool)
+    new_run[1:] = starts[1:] > stops[:-1]
+    first = np.flatnonzero(new_run)
+    last = np.append(first[1:] - 1, starts.size - 1)
+    return starts[first], stops[last]
+
+
+def prefetch(mapping: Mapping, offset: int = 0, length: int | None = None) -> int:
+    """Bring a byte range of a mapping into memory: ``MADV_WILLNEED``, then :func:`touch`.
+
+    The advice lets the kernel read the whole range with large asynchronous requests; the
+    touch then waits for it and maps every page in this process. On a cold file this is
+    several times faster than touching alone, which faults one read-ahead window at a time
+    (see docs/mpi.md for measurements). Returns the touch checksum.
+    """
+    advise(mapping, offset, length, MADV_WILLNEED)
+    return touch(mapping, offset, length)
+
+
+def prefetch_pages(
+    mapping: Mapping,
+    starts: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray,
+    page_size: int,
+) -> int:
+    """:func:`prefetch` of many database page ranges: the ranges are merged, each merged run
+    is advised (one ``madvise`` per run, not per page), then all are touched in one compiled
+    call. Bad ranges raise before anything is read. Returns the touch checksum."""
+    s = np.asarray(starts, dtype=np.int64).ravel()
+    c = np.asarray(counts, dtype=np.int64).ravel()
+    if s.shape != c.shape:
+        raise LmdbioError(f"prefetch_pages: {s.size} starts but {c.size} counts")
+    if page_size <= 0:
+        raise LmdbioError(f"page_size must be positive, got {page_size}")
+    bad = (s < 0) | (c < 0) | ((s + c) * page_size > mapping.length)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LmdbioError(
+            f"prefetch_pages: range {i} (pages {s[i]}..{s[i] + c[i]} of {page_size} bytes) "
+            f"is outside the {mapping.length}-byte mapping {mapping.path}"
+        )
+    run_starts, run_stops = _merge_ranges(s * page_size, (s + c) * page_size)
+    for a, b in zip(run_starts.tolist(), run_stops.tolist(), strict=True):
+        advise(mapping, a, b - a, MADV_WILLNEED)
+    return touch_page_ranges(mapping, s, c, page_size)
+
+
+def _file_path(target: PathOrMapping) -> str:
+    if isinstance(target, Mapping):
+        return target.path
+    p = Path(target)
+    if p.is_dir() and (p / "data.mdb").exists():
+        p = p / "data.mdb"
+    return str(p)
+
+
+def _open_ro(path: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise LmdbioError(f"{path}: cannot open for reading: {exc.strerror}") from exc
+
+
+def fadvise_willneed(target: PathOrMapping, offset: int = 0, length: int = 0) -> None:
+    """``posix_fadvise(POSIX_FADV_WILLNEED)``: asynchronous read-ahead of a byte range of the
+    file (``length=0``: to the end), without mapping anything."""
+    path = _file_path(target)
+    fd = _open_ro(path)
+    try:
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_WILLNEED)
+    finally:
+        os.close(fd)
+
+
+def pread_prefetch(
+    target: PathOrMapping,
+    offsets: Sequence[int] | np.ndarray,
+    lengths: Sequence[int] | np.ndarray,
+    chunk: int = 1 << 20,
+) -> int:
+    """Read byte ranges with ``pread`` into a reused scratch buffer; returns bytes read.
+
+    Brings the ranges into the page cache synchronously without mapping them (the touch
+    variant also maps them in this process). Ranges past the end of the file raise.
+    """
+    path = _file_path(target)
+    offs = np.asarray(offsets, dtype=np.int64).ravel()
+    lens = np.asarray(lengths, dtype=np.int64).ravel()
+    if offs.shape != lens.shape:
+        raise LmdbioError(f"pread_prefetch: {offs.size} offsets but {lens.size} lengths")
+    fd = _open_ro(path)
+    try:
+        size = os.fstat(fd).st_size
+        bad = (offs < 0) | (lens < 0) | (offs + lens > size)
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise LmdbioError(
+                f"{path}: prefetch range {i} [{offs[i]}, {offs[i] + lens[i]}) is outside the "
+                f"{size}-byte file"
+            )
+        buf = memoryview(bytearray(max(OS_PAGE_SIZE, min(chunk, int(lens.max(initial=0))))))
+        total = 0
+        # One iteration per range chunk (MiB granularity), not per record.
+        for off, n in zip(offs.tolist(), lens.tolist(), strict=True):
+            end = off + n
+            while off < end:
+                got = os.preadv(fd, [buf[: min(len(buf), end - off)]], off)
+                if got <= 0:
+                    raise LmdbioError(f"{path}: unexpected end of file at offset {off}")
+                off += got
+                total += got
+        return total
+    finally:
+        os.close(fd)
+
+
+# --------------------------------------------------------------------------- page cache
+
+
+def drop_cache(target: PathOrMapping) -> None:
+    """Evict the file's pages from the page cache (``POSIX_FADV_DONTNEED``).
+
+    Dirty pages are written back first (``fdatasync``), since the kernel only evicts clean
+    ones. On tmpfs the page cache *is* the file, so nothing is evicted there.
+
+    Pages still mapped by some process are not evicted by the kernel; for a :class:`Mapping`
+    this process's page-table entries are dropped first (``MADV_DONTNEED``, harmless on a
+    read-only file mapping: the next access faults the page in again). Other processes'
+    mappings (other ranks) keep their pages resident until they do the same.
+    """
+    if isinstance(target, Mapping) and not target.closed:
+        advise(target, 0, None, MADV_DONTNEED)
+    path = _file_path(target)
+    fd = _open_ro(path)
+    try:
+        # Dirty pages (a file just written) are not evicted: write them back first.
+        # fdatasync on a read-only descriptor is allowed on Linux.
+        try:
+            os.fdatasync(fd)
+        except OSError as exc:  # e.g. EINVAL on special files: nothing to write back
+            log.debug("%s: fdatasync before eviction failed: %s", path, exc)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def resident_pages(
+    target: PathOrMapping, offset: int = 0, length: int | None = None
+) -> np.ndarray:
+    """One bool per OS page of the byte range: is it in the page cache (``mincore``)?
+
+    ``target`` is a :class:`Mapping` (queried in place) or a path (mapped for the query and
+    unmapped). For a file mapping ``mincore`` reports page-cache residency, whether or not
+    this process touched the page - but since Linux 5.2 only for files the caller owns or
+    may write to (root may); otherwise only the pages mapped in this process are reported.
+    """
+    if isinstance(target, Mapping):
+        if target.closed:
+            raise LmdbioError(f"{target.path}: the mapping is closed")
+        start, stop = _byte_range(target.length, offset, length, target.path)
+        a0 = (start // OS_PAGE_SIZE) * OS_PAGE_SIZE
+        vec = _libc.mincore(target.address + a0, stop - a0)
+        return vec
+    path = _file_path(target)
+    if os.path.getsize(path) == 0:
+        return np.zeros(0, dtype=bool)
+    m = map_file(path)
+    try:
+        return resident_pages(m, offset, length)
+    finally:
+        m.close()
+
+
+def resident_count(target: PathOrMapping, offset: int = 0, length: int | None = None) -> int:
+    """Number of resident OS pages of the range (see :func:`resident_pages`)."""
+    return int(np.count_nonzero(resident_pages(target, offset, length)))
+
+
+# --------------------------------------------------------------------------- O_DIRECT
+
+
+def _open_direct(path: str) -> int:
+    """``open(O_RDONLY | O_DIRECT)`` (a separate function so tests can make it refuse)."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
+
+
+class DirectReader:
+    """Read byte or page ranges of a file with ``O_DIRECT``, bypassing the page cache.
+
+    Every read goes to storage, as on a node that has never seen the file: with one reader
+    per simulated node this emulates nodes that do not share a page cache. Reads are done in
+    ``alignment``-sized blocks (default: the OS page size, which satisfies the logical block
+    size of practically every device) into a page-aligned buffer, and the requested bytes are
+    copied out. ``bytes_read`` counts what the device delivered, padding included.
+
+    Where the file system refuses ``O_DIRECT`` (EINVAL at open or at the first read), and
+    ``fallback`` is true, the reader says so in a warning and uses buffered reads, each
+    followed by ``POSIX_FADV_DONTNEED`` on the range: close to cold-cache behaviour, but the
+    data does pass through the cache. ``direct`` tells which mode is in use. With
+    ``fallback=False`` it raises :class:`~lmdbio.errors.LmdbioError` instead.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        alignment: int = OS_PAGE_SIZE,
+        fallback: bool = True,
+    ) -> None:
+        self.path = _file_path(path)
+        if alignment <= 0 or alignment & (alignment - 1):
+            raise LmdbioError(f"O_DIRECT alignment must be a power of two, got {alignment}")
+        self.alignment = alignment
+        self.fallback = fallback
+        self.bytes_read = 0
+        self.reads = 0
+        self._buf: _mmap.mmap | None = None
+        self.direct = True
+        try:
+            self._fd = _open_direct(self.path)
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
+                raise LmdbioError(f"{self.path}: cannot open: {exc.strerror}") from exc
+            self._fd = self._refuse(exc)
+        self.size = os.fstat(self._fd).st_size
+
+    def _refuse(self, exc: OSError) -> int:
+        msg = f"{self.path}: the file system refuses O_DIRECT ({exc.strerror})"
+        if not self.fallback:
+            raise LmdbioError(msg) from exc
+        log.warning(
+            "%s; falling back to buffered reads followed by POSIX_FADV_DONTNEED "
+            "(data passes through the page cache)",
+            msg,
+        )
+        self.direct = False
+        return _open_ro(self.path)
+
+    def _buffer(self, n: int) -> memoryview:
+        if self._buf is None or len(self._buf) < n:
+            if self._buf is not None:
+                self._buf.close()
+            size = -(-n // OS_PAGE_SIZE) * OS_PAGE_SIZE
+            self._buf = _mmap.mmap(-1, size)  # anonymous memory is page aligned
+        return memoryview(self._buf)
+
+    def read(self, offset: int, length: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Bytes ``[offset, offset+length)`` as a new ``uint8`` array (or into ``out``)."""
+        if self._fd < 0:
+            raise LmdbioError(f"{self.path}: the reader is closed")
+        if offset < 0 or length < 0 or offset + length > self.size:
+            raise LmdbioError(
+                f"{self.path}: read [{offset}, {offset + length}) is outside the "
+                f"{self.size}-byte file"
+            )
+        if out is None:
+            out = np.empty(length, dtype=np.uint8)
+        elif out.dtype != np.uint8 or out.ndim != 1 or out.shape[0] < length:
+            raise LmdbioError(f"out must be a 1-D uint8 array of >= {length} bytes")
+        if length == 0:
+            return out[:0]
+        a = self.alignment
+        astart = offset // a * a
+        aend = -(-(offset + length) // a) * a
+        mv = self._buffer(aend - astart)
+        pos = 0
+        want = offset + length - astart  # bytes needed from astart on
+        while pos < want:
+            try:
+                got = os.preadv(self._fd, [mv[pos : aend - astart]], astart + pos)
+            except OSError as exc:
+                if self.direct and pos == 0 and exc.errno == errno.EINVAL:
+                    os.close(self._fd)
+                    self._fd = self._refuse(exc)
+                    return self.read(offset, length, out)
+                raise LmdbioError(
+                    f"{self.path}: read at offset {astart + pos} failed: {exc.strerror}"
+                ) from exc
+            if got <= 0:
+                raise LmdbioError(f"{self.path}: unexpected end of file at {astart + pos}")
+            pos += got
+        self.bytes_read += pos
+        self.reads += 1
+        if not self.direct:
+            os.posix_fadvise(self._fd, astart, pos, os.POSIX_FADV_DONTNEED)
+        out[:length] = np.frombuffer(mv, dtype=np.uint8, count=length, offset=offset - astart)
+        del mv
+        return out[:length]
+
+    def read_pages(
+        self, first_page: int, n_pages: int, page_size: int, out: np.ndarray | None = None
+    ) -> np.ndarray:
+        """Database pages ``[first_page, first_page+n_pages)`` of ``page_size`` bytes."""
+        if page_size <= 0 or first_page < 0 or n_pages < 0:
+            raise LmdbioError(
+                f"{self.path}: bad page range first={first_page} n={n_pages} size={page_size}"
+            )
+        return self.read(first_page * page_size, n_pages * page_size, out)
+
+    def close(self) -> None:
+        """Close the file and free the buffer (safe to call twice)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+
+    def __enter__(self) -> DirectReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        fd = getattr(self, "_fd", -1)
+        if fd >= 0:
+            os.close(fd)

@@ -1,0 +1,317 @@
+"""Failure handling for MPI code: agree on errors, abort instead of hanging, time out, clean up.
+
+The worst failure of an MPI job is a hang: one rank raises, the others wait forever in the
+next collective, and the job burns its allocation. This module gives every lmdbio component
+the same four tools against that:
+
+* :func:`agree` / :func:`agreed` - a collective check: every rank says whether its local step
+  worked; if any failed, *every* rank raises :class:`AgreementError` naming the failing ranks
+  and their messages. Use it after any local step (open a file, map it, allocate) that the
+  next collective depends on.
+* :class:`abort_on_error` - a context manager / decorator for a rank's main function: an
+  uncaught exception prints the traceback with the rank and calls ``comm.Abort(1)``, so the
+  whole job ends promptly instead of hanging.
+* :func:`wait_with_timeout` / :func:`barrier_with_timeout` - wait for a non-blocking request
+  by polling ``test()`` with a short, growing sleep (yielding the CPU to the other ranks that
+  share the core), and raise :class:`MPITimeoutError` after a deadline.
+* :func:`on_shutdown` - a registry of cleanup callbacks run once, at interpreter exit, on
+  SIGTERM/SIGINT, and before an abort (e.g. the shared-memory ring frees its windows).
+
+``mpi4py`` is imported lazily, only by the functions that need it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from lmdbio.errors import LmdbioError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mpi4py import MPI
+
+__all__ = [
+    "AgreementError",
+    "MPITimeoutError",
+    "abort_on_error",
+    "agree",
+    "agreed",
+    "barrier_with_timeout",
+    "on_shutdown",
+    "rank_prefix",
+    "remove_shutdown",
+    "run_shutdown",
+    "wait_with_timeout",
+]
+
+log = logging.getLogger(__name__)
+
+
+class AgreementError(LmdbioError):
+    """Raised on every rank when at least one rank of a collective check failed.
+
+    ``failures`` maps the rank (in the communicator of the check) to its message.
+    """
+
+    def __init__(self, what: str, failures: dict[int, str], size: int) -> None:
+        self.what = what
+        self.failures = dict(failures)
+        self.size = size
+        detail = "; ".join(f"rank {r}: {m}" for r, m in sorted(self.failures.items()))
+        super().__init__(
+            f"{what}: failed on {len(self.failures)} of {size} ranks "
+            f"({sorted(self.failures)}): {detail}"
+        )
+
+
+class MPITimeoutError(LmdbioError):
+    """A non-blocking MPI operation did not complete before its deadline.
+
+    ``request`` is the still-pending request (or sequence), so the caller can keep waiting,
+    ``Cancel`` it, or abort.
+    """
+
+    def __init__(self, message: str, request: Any = None) -> None:
+        super().__init__(message)
+        self.request = request
+
+
+def _world() -> MPI.Comm:
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def rank_prefix(comm: MPI.Comm | None = None) -> str:
+    """``"[rank R/N host]"`` for log and error lines (world communicator by default)."""
+    comm = _world() if comm is None else comm
+    return f"[rank {comm.Get_rank()}/{comm.Get_size()} {socket.gethostname()}]"
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def agree(comm: MPI.Comm, ok: bool, message: str = "", what: str = "collective check") -> None:
+    """Collective: return on every rank if ``ok`` is true everywhere, else raise everywhere.
+
+    Costs one ``allreduce`` of an int when everything worked; the messages are gathered
+    (``allgather``) only when something failed, so that every rank's error names all
+    failing ranks and what each said. Every rank of ``comm`` must call it.
+    """
+    from mpi4py import MPI
+
+    if comm == MPI.COMM_NULL:
+        raise LmdbioError(f"{what}: agree() called with MPI.COMM_NULL")
+    n_failed = comm.allreduce(0 if ok else 1, op=MPI.SUM)
+    if n_failed == 0:
+        return
+    messages = comm.allgather(None if ok else (message or "failed"))
+    failures = {r: m for r, m in enumerate(messages) if m is not None}
+    raise AgreementError(what, failures, comm.Get_size())
+
+
+@contextlib.contextmanager
+def agreed(comm: MPI.Comm, what: str) -> Iterator[None]:
+    """Run a local step and agree on its outcome (collective on exit of the block).
+
+    An exception inside the block is caught and reported to :func:`agree`; then every rank
+    raises :class:`AgreementError` (chained to the local exception on the rank that had it)::
+
+        with agreed(readers, "open data.mdb"):
+            db = lmdbio.open(path)
+    """
+    try:
+        yield
+    except Exception as exc:
+        try:
+            agree(comm, False, f"{type(exc).__name__}: {exc}", what)
+        except AgreementError as err:
+            raise err from exc
+    else:
+        agree(comm, True, "", what)
+
+
+# --------------------------------------------------------------------------- abort
+
+
+class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a decorator name
+    """End the whole MPI job when this rank raises, instead of letting the others hang.
+
+    As a context manager or a decorator around a rank's main code. On an uncaught exception
+    (including ``KeyboardInterrupt``; ``SystemExit(0)`` passes through) it prints the
+    traceback, every line prefixed with the rank and host, runs the :func:`on_shutdown`
+    callbacks with reason ``"abort"``, and calls ``comm.Abort(exit_code)``. With a
+    communicator of size 1 nothing can hang, so the exception propagates normally.
+    """
+
+    def __init__(self, comm: MPI.Comm | None = None, exit_code: int = 1) -> None:
+        self.comm = comm
+        self.exit_code = int(exit_code)
+
+    def __enter__(self) -> abort_on_error:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc_type is None:
+            return False
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return False
+        comm = _world() if self.comm is None else self.comm
+        if comm.Get_size() == 1:
+            return False
+        prefix = rank_prefix(comm)
+        lines = "".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n").split("\n")
+        text = "\n".join(f"{prefix} {line}" for line in lines)
+        try:
+            sys.stderr.write(f"{text}\n{prefix} aborting the MPI job (exit code "
+                             f"{self.exit_code})\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        except Exception:  # a closed stream must not stop the abort
+            pass
+        run_shutdown("abort")
+        comm.Abort(self.exit_code)
+        os._exit(self.exit_code)  # Abort does not return; be sure anyway
+
+
+# --------------------------------------------------------------------------- timeouts
+
+
+def wait_with_timeout(
+    request: Any,
+    seconds: float,
+    what: str = "MPI request",
+    *,
+    max_sleep: float = 0.01,
+) -> Any:
+    """Wait for one request (or a sequence of requests) to complete, at most ``seconds``.
+
+    Polls ``request.test()`` (``Request.Testall`` for a sequence) with a sleep that starts at
+    50 microseconds and doubles up to ``max_sleep``, so a waiting rank yields its core to the
+    ranks it waits for (``Wait`` in most MPI libraries spins at 100% CPU). Returns what
+    ``test()`` returns for a completed request: the received object for a pickle-based
+    ``irecv``, ``None`` for a buffer request; a list of those for a sequence.
+
+    Raises :class:`MPITimeoutError` on timeout; the request is left pending and travels in
+    the exception's ``request`` (the caller may ``Cancel`` it or keep waiting).
+    """
+    from mpi4py import MPI
+
+    deadline = time.monotonic() + float(seconds)
+    sleep = 5e-5
+    many = isinstance(request, Sequence)
+    while True:
+        if many:
+            done, results = MPI.Request.testall(list(request))
+            if done:
+                return results
+        else:
+            done, result = request.test()
+            if done:
+                return result
+        now = time.monotonic()
+        if now >= deadline:
+            raise MPITimeoutError(f"{what}: not complete after {seconds:g} s", request)
+        time.sleep(min(sleep, deadline - now))
+        sleep = min(sleep * 2, max_sleep)
+
+
+def barrier_with_timeout(comm: MPI.Comm, seconds: float, what: str = "barrier") -> None:
+    """``Ibarrier`` + :func:`wait_with_timeout`: a barrier that raises instead of hanging."""
+    wait_with_timeout(comm.Ibarrier(), seconds, what)
+
+
+# --------------------------------------------------------------------------- shutdown
+
+ShutdownCallback = Callable[[str], object]
+
+_lock = threading.RLock()
+_callbacks: list[ShutdownCallback] = []
+_installed = False
+_previous_handlers: dict[int, Any] = {}
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+def on_shutdown(callback: ShutdownCallback) -> ShutdownCallback:
+    """Register ``callback(reason)`` to run once at shutdown; returns it (usable as decorator).
+
+    ``reason`` is ``"exit"`` (normal interpreter exit, before mpi4py finalizes MPI),
+    ``"signal:SIGTERM"`` / ``"signal:SIGINT"``, or ``"abort"`` (from :class:`abort_on_error`).
+    Callbacks run last-registered first, each at most once; an exception in one is logged and
+    does not stop the others. Only with reason ``"exit"`` are all ranks known to be alive and
+    in step, so a callback must not call MPI collectives (e.g. ``Win.Free``) for other
+    reasons: it should do local cleanup only (unlink files, unmap memory) and return quickly.
+
+    The first registration installs the atexit hook and, from the main thread, handlers for
+    SIGTERM and SIGINT that run the callbacks and then defer to the handler that was there
+    before (default SIGINT -> ``KeyboardInterrupt``, default SIGTERM -> terminate).
+    """
+    if not callable(callback):
+        raise TypeError(f"on_shutdown needs a callable, got {type(callback).__name__}")
+    with _lock:
+        _callbacks.append(callback)
+        _install()
+    return callback
+
+
+def remove_shutdown(callback: ShutdownCallback) -> bool:
+    """Unregister a callback (e.g. after the resource was released normally)."""
+    with _lock:
+        for i in range(len(_callbacks) - 1, -1, -1):
+            if _callbacks[i] is callback:
+                del _callbacks[i]
+                return True
+    return False
+
+
+def run_shutdown(reason: str = "exit") -> int:
+    """Run and forget every registered callback (newest first); returns how many ran."""
+    with _lock:
+        pending = _callbacks[::-1]
+        _callbacks.clear()
+    for cb in pending:
+        try:
+            cb(reason)
+        except Exception:
+            log.exception("shutdown callback %r failed (reason %s)", cb, reason)
+    return len(pending)
+
+
+def _install() -> None:
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    atexit.register(run_shutdown, "exit")
+    if threading.current_thread() is not threading.main_thread():
+        log.debug("on_shutdown registered outside the main thread: no signal handlers")
+        return
+    for signum in _SIGNALS:
+        try:
+            _previous_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, _handle_signal)
+        except (ValueError, OSError):  # pragma: no cover - exotic embedding
+            log.debug("cannot install a handler for %s", signum)
+
+
+def _handle_signal(signum: int, frame: Any) -> None:
+    name = signal.Signals(signum).name
+    run_shutdown(f"signal:{name}")
+    previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if callable(previous) and previous is not _handle_signal:
+        previous(signum, frame)
+    elif previous == signal.SIG_IGN:
+        return
+    else:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)

@@ -1,0 +1,342 @@
+"""Who is who in an lmdbio job: nodes, readers, workers and their communicators.
+
+:meth:`Topology.build` is collective over a communicator (``COMM_WORLD`` by default) and
+derives, for every rank:
+
+* ``node`` - the ranks that share memory with it: ``Split_type(COMM_TYPE_SHARED)``, or with
+  ``simulate_nodes=K`` the world cut into K groups of consecutive ranks, so that the
+  multi-node code paths (one reader per node, cursor hand-off between nodes) run on one
+  host. A simulated node must still lie inside one shared-memory domain, which is checked.
+* ``node_index`` - nodes numbered 0..n_nodes-1 in the order of their lowest world rank.
+* readers - the first ``readers_per_node`` local ranks of every node. ``readers`` is the
+  communicator of all readers across nodes ordered by world rank (``MPI.COMM_NULL`` on other
+  ranks); with one reader per node its rank equals the node index.
+* workers - the ranks that train. ``"dedicated"`` mode: the reader does not train, workers
+  are the other local ranks; a node where every rank would be a reader (e.g. a node with a
+  single rank) falls back to ``"colocated"`` with a logged warning. ``"colocated"`` mode:
+  every rank is a worker and the readers also read. ``workers`` is the communicator of all
+  workers ordered by world rank (the trainer's data-parallel group).
+
+``device_index`` (this worker's index among its node's workers) is what picks the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import operator
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from launch.detect import LauncherInfo, detect_launcher
+from lmdbio.errors import ConfigError, LmdbioError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mpi4py import MPI
+
+__all__ = ["MODES", "LauncherInfo", "Topology", "detect_launcher", "simulated_node_bounds"]
+
+log = logging.getLogger(__name__)
+
+#: the role layouts a node can run in
+MODES = ("dedicated", "colocated")
+
+#: environment variable ``lmdbio launch --simulate-nodes K`` exports to the ranks
+SIMULATE_NODES_ENV = "LMDBIO_SIMULATE_NODES"
+
+
+def simulated_node_bounds(world_size: int, n_nodes: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` world-rank ranges of ``n_nodes`` simulated nodes.
+
+    Consecutive ranks, sizes as even as possible: the first ``world_size % n_nodes`` nodes get
+    one rank more. Raises :class:`~lmdbio.errors.ConfigError` if ``n_nodes`` is not in
+    ``1..world_size``.
+    """
+    if n_nodes < 1:
+        raise ConfigError(f"simulate_nodes must be >= 1 to simulate nodes, got {n_nodes}")
+    if n_nodes > world_size:
+        raise ConfigError(
+            f"simulate_nodes={n_nodes} is more than the {world_size} ranks of the job; "
+            "every simulated node needs at least one rank"
+        )
+    base, extra = divmod(world_size, n_nodes)
+    bounds = []
+    start = 0
+    for i in range(n_nodes):
+        stop = start + base + (1 if i < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+def _as_int(name: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise ConfigError(f"{name} must be an integer, got {value!r}") from None
+
+
+def _check_params(
+    simulate_nodes: int | None, readers_per_node: int, mode: str, world_size: int
+) -> tuple[int, int, str]:
+    """Normalized ``(simulate_nodes, readers_per_node, mode)``; ConfigError when invalid."""
+    if mode not in MODES:
+        raise ConfigError(f"topology mode must be one of {MODES}, got {mode!r}")
+    if simulate_nodes is None:
+        raw = os.environ.get(SIMULATE_NODES_ENV, "").strip() or "0"
+        try:
+            simulate_nodes = int(raw)
+        except ValueError:
+            raise ConfigError(f"{SIMULATE_NODES_ENV}={raw!r} is not an integer") from None
+    simulate_nodes = _as_int("simulate_nodes", simulate_nodes)
+    readers_per_node = _as_int("readers_per_node", readers_per_node)
+    if simulate_nodes < 0:
+        raise ConfigError(f"simulate_nodes must be >= 0, got {simulate_nodes}")
+    if simulate_nodes:
+        simulated_node_bounds(world_size, simulate_nodes)  # raises when > world size
+    if readers_per_node < 1:
+        raise ConfigError(f"readers_per_node must be >= 1, got {readers_per_node}")
+    return simulate_nodes, readers_per_node, mode
+
+
+def _free(comm: Any) -> None:
+    from mpi4py import MPI
+
+    if comm is not None and comm != MPI.COMM_NULL:
+        comm.Free()
+
+
+@dataclass(eq=False)
+class Topology:
+    """This rank's place in the job; built by the collective :meth:`build`.
+
+    Communicators (``node``, ``readers``, ``workers``) are owned by the object: free them
+    with :meth:`close` (collective over the world communicator, like every ``Comm.Free``).
+    Fields about the whole node (``node_world_ranks``, ``node_readers``, ``node_workers``)
+    are the same on every rank of a node; ``node_readers`` / ``node_workers`` are local ranks.
+    """
+
+    world: MPI.Comm
+    node: MPI.Comm
+    readers: MPI.Comm
+    workers: MPI.Comm
+    requested_mode: str
+    mode: str
+    rank: int
+    size: int
+    node_index: int
+    n_nodes: int
+    local_rank: int
+    local_size: int
+    is_reader: bool
+    is_worker: bool
+    reader_rank: int
+    n_readers: int
+    worker_rank: int
+    n_workers: int
+    readers_per_node: int
+    simulated: bool
+    hostname: str
+    node_world_ranks: tuple[int, ...]
+    node_readers: tuple[int, ...]
+    node_workers: tuple[int, ...]
+    launcher: LauncherInfo | None = None
+    _closed: bool = field(default=False, repr=False)
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def build(
+        cls,
+        comm: MPI.Comm | None = None,
+        simulate_nodes: int | None = 0,
+        readers_per_node: int = 1,
+        mode: str = "dedicated",
+    ) -> Topology:
+        """Collective over ``comm`` (default ``MPI.COMM_WORLD``): split it into nodes and roles.
+
+        ``simulate_nodes``: 0 = real nodes (shared-memory domains); K > 0 = K simulated nodes
+        of consecutive ranks; ``None`` = read ``LMDBIO_SIMULATE_NODES`` (exported by
+        ``lmdbio launch --simulate-nodes``), 0 when unset. ``readers_per_node`` (>= 1) is
+        clamped to the node size. Every argument must be the same on every rank; a wrong
+        value raises :class:`~lmdbio.errors.ConfigError` on every rank.
+        """
+        from mpi4py import MPI
+
+        from lmdbio.mpiutil import agree
+
+        world = MPI.COMM_WORLD if comm is None else comm
+        if world == MPI.COMM_NULL:
+            raise LmdbioError("Topology.build needs a communicator, got MPI.COMM_NULL")
+        rank, size = world.Get_rank(), world.Get_size()
+        # Validate locally, then exchange: a rank with a bad or different value must make
+        # every rank raise, not leave the others waiting in the next collective.
+        try:
+            params: tuple[int, int, str] | str = _check_params(simulate_nodes, readers_per_node,
+                                                               mode, size)
+        except ConfigError as exc:
+            params = str(exc)
+        all_params = world.allgather(params)
+        errors = sorted({p for p in all_params if isinstance(p, str)})
+        if errors:
+            raise ConfigError("; ".join(errors))
+        if any(p != all_params[0] for p in all_params):
+            raise ConfigError(
+                "Topology.build got different arguments on different ranks "
+                f"(simulate_nodes, readers_per_node, mode): {sorted(set(all_params))}"
+            )
+        simulate_nodes, readers_per_node, mode = all_params[0]
+
+        if simulate_nodes:
+            bounds = simulated_node_bounds(size, simulate_nodes)
+            node_index = next(i for i, (lo, hi) in enumerate(bounds) if lo <= rank < hi)
+            node = world.Split(color=node_index, key=rank)
+            # A simulated node must fit in one shared-memory domain (the batch ring lives in
+            # an MPI shared window); check before anyone allocates one.
+            shared = node.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            inside = shared.Get_size() == node.Get_size()
+            shared.Free()
+            try:
+                agree(
+                    world,
+                    inside,
+                    f"simulated node {node_index} spans more than one shared-memory domain",
+                    "simulate_nodes",
+                )
+            except LmdbioError:
+                node.Free()
+                raise
+            n_nodes = simulate_nodes
+        else:
+            node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            # Number nodes by their lowest world rank (node rank 0, since key=rank).
+            leader = node.bcast(rank if node.Get_rank() == 0 else None, root=0)
+            leaders = sorted(set(world.allgather(leader)))
+            node_index = leaders.index(leader)
+            n_nodes = len(leaders)
+
+        local_rank, local_size = node.Get_rank(), node.Get_size()
+        node_world_ranks = tuple(node.allgather(rank))
+        n_local_readers = min(readers_per_node, local_size)
+        node_mode = mode
+        if mode == "dedicated" and local_size <= n_local_readers:
+            node_mode = "colocated"
+            if local_rank == 0:
+                log.warning(
+                    "node %d has %d rank(s) and %d reader(s) per node: no rank would be left "
+                    "to train, so this node runs in colocated mode (its reader also trains)",
+                    node_index,
+                    local_size,
+                    n_local_readers,
+                )
+        is_reader = local_rank < n_local_readers
+        is_worker = node_mode == "colocated" or not is_reader
+        node_readers = tuple(range(n_local_readers))
+        node_workers = (
+            tuple(range(local_size))
+            if node_mode == "colocated"
+            else tuple(range(n_local_readers, local_size))
+        )
+
+        readers = world.Split(color=0 if is_reader else MPI.UNDEFINED, key=rank)
+        workers = world.Split(color=0 if is_worker else MPI.UNDEFINED, key=rank)
+        n_readers = world.allreduce(1 if is_reader else 0, op=MPI.SUM)
+        n_workers = world.allreduce(1 if is_worker else 0, op=MPI.SUM)
+        try:
+            launcher = detect_launcher()
+        except LmdbioError as exc:  # malformed launcher variables: log, do not fail
+            log.warning("ignoring launcher environment: %s", exc)
+            launcher = None
+
+        return cls(
+            world=world,
+            node=node,
+            readers=readers,
+            workers=workers,
+            requested_mode=mode,
+            mode=node_mode,
+            rank=rank,
+            size=size,
+            node_index=node_index,
+            n_nodes=n_nodes,
+            local_rank=local_rank,
+            local_size=local_size,
+            is_reader=is_reader,
+            is_worker=is_worker,
+            reader_rank=readers.Get_rank() if is_reader else -1,
+            n_readers=n_readers,
+            worker_rank=workers.Get_rank() if is_worker else -1,
+            n_workers=n_workers,
+            readers_per_node=n_local_readers,
+            simulated=bool(simulate_nodes),
+            hostname=socket.gethostname(),
+            node_world_ranks=node_world_ranks,
+            node_readers=node_readers,
+            node_workers=node_workers,
+            launcher=launcher,
+        )
+
+    # ------------------------------------------------------------------ queries
+    @property
+    def device_index(self) -> int:
+        """This worker's index among its node's workers (picks the GPU); -1 for non-workers.
+
+        In dedicated mode the reader holds no GPU, so the first worker gets device 0.
+        """
+        if not self.is_worker:
+            return -1
+        return self.node_workers.index(self.local_rank)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-able summary (no communicators) for logs, tests and ``lmdbio run``."""
+        return {
+            "rank": self.rank,
+            "size": self.size,
+            "hostname": self.hostname,
+            "node_index": self.node_index,
+            "n_nodes": self.n_nodes,
+            "simulated": self.simulated,
+            "local_rank": self.local_rank,
+            "local_size": self.local_size,
+            "requested_mode": self.requested_mode,
+            "mode": self.mode,
+            "readers_per_node": self.readers_per_node,
+            "is_reader": self.is_reader,
+            "is_worker": self.is_worker,
+            "reader_rank": self.reader_rank,
+            "n_readers": self.n_readers,
+            "worker_rank": self.worker_rank,
+            "n_workers": self.n_workers,
+            "device_index": self.device_index,
+            "node_world_ranks": list(self.node_world_ranks),
+            "node_readers": list(self.node_readers),
+            "node_workers": list(self.node_workers),
+            "launcher": None if self.launcher is None else self.launcher.to_dict(),
+        }
+
+    # ------------------------------------------------------------------ teardown
+    def close(self) -> None:
+        """Free the node, readers and workers communicators (collective; safe to repeat).
+
+        The world communicator is the caller's and is left alone.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        for comm in (self.workers, self.readers, self.node):
+            _free(comm)
+        from mpi4py import MPI
+
+        self.node = self.readers = self.workers = MPI.COMM_NULL
+
+    def __enter__(self) -> Topology:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,259 @@
+"""lmdbio.io.prefetch: touch, madvise, fadvise, pread prefetch, mincore and O_DIRECT reads.
+
+Page-cache tests work on a real file in pytest's tmp directory. Where that directory is on a
+file system without an evictable page cache (tmpfs: the cache *is* the file), the tests that
+need eviction are skipped, because nothing there can become non-resident.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from lmdbio.errors import LmdbioError
+from lmdbio.io import prefetch as pf
+from lmdbio.io.symmap import map_file
+
+PAGE = pf.OS_PAGE_SIZE
+N_PAGES = 600
+
+
+def _fs_type(path: Path) -> str:
+    best, fstype = "", ""
+    with open("/proc/self/mounts") as f:
+        for line in f:
+            _, mnt, typ, *_ = line.split()
+            if str(path).startswith(mnt) and len(mnt) > len(best):
+                best, fstype = mnt, typ
+    return fstype
+
+
+def _eventually(check, timeout: float = 15.0) -> bool:
+    """Poll ``check()`` until true or ``timeout``: read-ahead advice is asynchronous."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, np.ndarray]:
+    """A generated file of N_PAGES OS pages plus 100 bytes of random data."""
+    path = tmp_path_factory.mktemp("prefetch") / "generated.bin"
+    arr = np.random.default_rng(11).integers(0, 256, N_PAGES * PAGE + 100, dtype=np.uint8)
+    arr.tofile(path)
+    return path, arr
+
+
+@pytest.fixture()
+def cold(data) -> tuple[Path, np.ndarray]:
+    """The data file evicted from the page cache (skip where eviction is impossible)."""
+    path, arr = data
+    pf.drop_cache(path)
+    if pf.resident_count(path) != 0:
+        pytest.skip(f"{_fs_type(path) or 'this file system'} keeps the file resident")
+    return path, arr
+
+
+def test_touch_checksum_is_one_byte_per_page(data) -> None:
+    path, arr = data
+    with map_file(path) as m:
+        expected = int(arr[::PAGE].astype(np.uint64).sum())
+        assert pf.touch(m) == expected
+        # an unaligned range: its first byte, then the first byte of every later page
+        start, stop = 1000, 5 * PAGE + 17
+        idx = [start, *range(PAGE, stop, PAGE)]
+        assert pf.touch(m, start, stop - start) == int(arr[idx].astype(np.uint64).sum())
+        assert pf.touch(m, 10, 0) == 0
+        # works on any contiguous uint8 array too
+        assert pf.touch(arr) == expected
+        with pytest.raises(LmdbioError, match="outside"):
+            pf.touch(m, len(arr) - 1, 2)
+        with pytest.raises(LmdbioError, match="uint8"):
+            pf.touch(np.zeros(10, dtype=np.int32))
+
+
+def test_touch_faults_pages_in(cold) -> None:
+    path, _ = cold
+    with map_file(path) as m:
+        pf.touch_pages(m, 10, 20, PAGE)
+        resident = pf.resident_pages(m)
+        assert resident.shape == (N_PAGES + 1,)
+        assert resident[10:30].all() and resident.sum() >= 20
+        # the query through a path sees the same page cache
+        assert pf.resident_pages(path)[10:30].all()
+
+
+def test_touch_page_ranges(data) -> None:
+    path, arr = data
+    psize = 2 * PAGE  # a database page size larger than the OS page
+    with map_file(path) as m:
+        starts, counts = [0, 100, 50], [2, 3, 0]
+        pages = [0, 1, 2, 3, 200, 201, 202, 203, 204, 205]  # OS pages covered
+        want = int(arr[[p * PAGE for p in pages]].astype(np.uint64).sum())
+        assert pf.touch_page_ranges(m, starts, counts, psize) == want
+        with pytest.raises(LmdbioError, match="range 1"):
+            pf.touch_page_ranges(m, [0, N_PAGES], [1, 1], psize)
+        with pytest.raises(LmdbioError, match="range 0"):
+            pf.touch_page_ranges(m, [-1], [1], psize)
+        with pytest.raises(LmdbioError, match="2 starts but 1 counts"):
+            pf.touch_page_ranges(m, [0, 1], [1], psize)
+
+
+def test_madvise_willneed_and_dontneed(cold) -> None:
+    path, _ = cold
+    with map_file(path) as m:
+        pf.advise(m, 100 * PAGE + 5, 40 * PAGE)  # unaligned start: rounded down
+        # WILLNEED starts read-ahead and returns; the pages arrive asynchronously
+        assert _eventually(lambda: pf.resident_pages(m, 100 * PAGE, 40 * PAGE).all())
+        pf.advise(m, advice=pf.MADV_RANDOM)
+        with pytest.raises(LmdbioError, match="outside"):
+            pf.advise(m, 0, len(m) + 1)
+
+
+def test_prefetch_makes_ranges_resident(cold) -> None:
+    path, arr = cold
+    with map_file(path) as m:
+        # returns only when the pages are there (the touch waits for the advised reads)
+        assert pf.prefetch(m, 7 * PAGE, 9 * PAGE) == int(
+            arr[7 * PAGE : 16 * PAGE : PAGE].astype(np.uint64).sum()
+        )
+        res = pf.resident_pages(m)
+        assert res[7:16].all()
+        psize = 2 * PAGE
+        starts, counts = [200, 201, 100, 150], [3, 1, 2, 0]  # overlapping, unsorted, empty
+        want = pf.touch_page_ranges(arr, starts, counts, psize)
+        assert pf.prefetch_pages(m, starts, counts, psize) == want
+        res = pf.resident_pages(m)
+        assert res[400:406].all() and res[200:204].all()
+        with pytest.raises(LmdbioError, match="range 1"):
+            pf.prefetch_pages(m, [0, N_PAGES], [1, 1], PAGE)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)), max_size=12))
+def test_merge_ranges_is_the_union(ranges: list[tuple[int, int]]) -> None:
+    starts = np.array([a for a, _ in ranges], dtype=np.int64)
+    stops = np.array([a + n for a, n in ranges], dtype=np.int64)
+    ms, me = pf._merge_ranges(starts, stops)
+    covered = set()
+    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+        covered.update(range(a, b))
+    merged = set()
+    for a, b in zip(ms.tolist(), me.tolist(), strict=True):
+        assert a < b
+        merged.update(range(a, b))
+    assert merged == covered
+    assert (ms[1:] > me[:-1]).all()  # disjoint, sorted, not even touching
+
+
+def test_fadvise_and_pread_prefetch(cold) -> None:
+    path, arr = cold
+    pf.fadvise_willneed(path, 0, 8 * PAGE)
+    assert _eventually(lambda: pf.resident_pages(path)[:8].all())
+    pf.drop_cache(path)
+    n = pf.pread_prefetch(path, [300 * PAGE, 400 * PAGE + 7], [10 * PAGE, 3 * PAGE], chunk=PAGE)
+    assert n == 13 * PAGE
+    res = pf.resident_pages(path)  # pread is synchronous: resident on return
+    assert res[300:310].all() and res[400:404].all()
+    with pytest.raises(LmdbioError, match="outside"):
+        pf.pread_prefetch(path, [len(arr) - 10], [11])
+
+
+def test_drop_cache_evicts_mapped_file(cold) -> None:
+    path, _ = cold
+    with map_file(path) as m:
+        pf.touch(m)
+        assert pf.resident_count(m) == N_PAGES + 1
+        pf.drop_cache(m)  # drops this process's mappings first, then the cache
+        assert pf.resident_count(m) == 0
+
+
+def test_resident_pages_of_empty_and_missing(tmp_path: Path) -> None:
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert pf.resident_pages(empty).shape == (0,)
+    with pytest.raises(LmdbioError):
+        pf.drop_cache(tmp_path / "missing")
+
+
+# --------------------------------------------------------------------------- O_DIRECT
+
+
+@settings(max_examples=40, deadline=None)
+@given(offset=st.integers(0, N_PAGES * PAGE + 99), length=st.integers(0, 3 * PAGE + 1))
+def test_direct_reader_reads_exact_bytes(data, offset: int, length: int) -> None:
+    path, arr = data
+    length = min(length, len(arr) - offset)
+    with pf.DirectReader(path) as r:
+        got = r.read(offset, length)
+        assert np.array_equal(got, arr[offset : offset + length])
+        if length and r.direct:  # whole aligned blocks were read from the device
+            first = offset // PAGE * PAGE
+            last = min(-(-(offset + length) // PAGE) * PAGE, len(arr))
+            assert r.bytes_read == last - first
+
+
+def test_direct_reader_bypasses_page_cache(cold) -> None:
+    path, arr = cold
+    with pf.DirectReader(path) as r:
+        if not r.direct:
+            pytest.skip("the file system refuses O_DIRECT")
+        got = r.read_pages(50, 30, PAGE)
+        assert np.array_equal(got, arr[50 * PAGE : 80 * PAGE])
+        assert r.bytes_read == 30 * PAGE
+        assert pf.resident_count(path) == 0  # nothing went through the page cache
+
+
+def test_direct_reader_bounds_and_out(data) -> None:
+    path, arr = data
+    with pf.DirectReader(path) as r:
+        tail = r.read(len(arr) - 100, 100)  # the unaligned end of the file
+        assert np.array_equal(tail, arr[-100:])
+        out = np.zeros(5000, dtype=np.uint8)
+        view = r.read(3, 4000, out=out)
+        assert view.base is out or view is out or np.shares_memory(view, out)
+        assert np.array_equal(out[:4000], arr[3:4003])
+        assert r.read(7, 0).shape == (0,)
+        with pytest.raises(LmdbioError, match="outside"):
+            r.read(len(arr) - 10, 11)
+        with pytest.raises(LmdbioError, match="bad page range"):
+            r.read_pages(-1, 1, PAGE)
+    with pytest.raises(LmdbioError, match="closed"):
+        r.read(0, 1)
+    r.close()  # twice is fine
+    with pytest.raises(LmdbioError, match="power of two"):
+        pf.DirectReader(path, alignment=3000)
+
+
+def test_direct_reader_fallback_when_refused(
+    data, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    path, arr = data
+
+    def refuse(p: str) -> int:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(pf, "_open_direct", refuse)
+    with caplog.at_level(logging.WARNING, logger="lmdbio.io.prefetch"):
+        r = pf.DirectReader(path)
+    assert r.direct is False
+    assert "refuses O_DIRECT" in caplog.text and "falling back" in caplog.text
+    assert np.array_equal(r.read(12345, 20000), arr[12345:32345])
+    r.close()
+    with pytest.raises(LmdbioError, match="refuses O_DIRECT"):
+        pf.DirectReader(path, fallback=False)
+
+
+def test_direct_reader_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(LmdbioError, match="cannot open"):
+        pf.DirectReader(tmp_path / "missing")
