@@ -198,11 +198,17 @@ class ReadSession:
                           else "none", self.opts.seed, epoch, leaf_first,
                           scheme=self.cls.scheme)
 
-    def begin_epoch(self, epoch: int) -> EpochPlan:
+    def begin_epoch(self, epoch: int, start_iteration: int = 0) -> EpochPlan:
+        """Plan epoch ``epoch``; with ``start_iteration`` > 0 the strategy is positioned to
+        start there (exact mid-epoch resume, no replay of earlier batches)."""
         self.epoch = epoch
         self.plan = self.plan_for(epoch)
         if self.reads:
             self.strategy.begin_epoch(self.plan)
+            if start_iteration and start_iteration < self.plan.iterations:
+                first = self.plan.records(start_iteration, 0)
+                self.strategy.resume(self.plan, start_iteration,
+                                     int(first[0]) if first.size else 0)
         return self.plan
 
     # ----------------------------------------------------------------- reading

@@ -86,6 +86,13 @@ class ReadStrategy(ABC):
     def begin_epoch(self, plan: EpochPlan) -> None:  # noqa: B027 - optional hook
         """Called by every reader at the start of each epoch."""
 
+    def resume(self, plan: EpochPlan, iteration: int, first_id: int) -> None:  # noqa: B027
+        """Prepare to start the current epoch at ``iteration`` instead of 0 (exact resume).
+
+        ``first_id`` is the first record the chain's first reader reads in that iteration.
+        Strategies that locate records from their ids need nothing.
+        """
+
     @abstractmethod
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:

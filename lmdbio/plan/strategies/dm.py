@@ -35,13 +35,23 @@ class DmSerial(ReadStrategy):
         if self.ctx.reader_index == 0:
             self.cursor.first()
         self.iterations = plan.iterations
+        self.first_iteration = 0
         self._pending = []
+
+    def resume(self, plan: EpochPlan, iteration: int, first_id: int) -> None:
+        """Reader 0 positions the chain's cursor on ``first_id`` (the other readers get
+        theirs along the chain as usual)."""
+        self.first_iteration = iteration
+        if self.ctx.reader_index != 0 or first_id == 0:
+            return
+        self.cursor.first()
+        self.db.walk_collect(self.cursor, int(first_id), wrap=True)
 
     def _receive(self, iteration: int, stats: IterationStats) -> None:
         from lmdbio.mpiutil import wait_with_timeout
 
         r, n = self.ctx.reader_index, self.ctx.n_readers
-        if n == 1 or (r == 0 and iteration == 0):
+        if n == 1 or (r == 0 and iteration == self.first_iteration):
             return
         src = r - 1 if r > 0 else n - 1
         with Timer(stats, "wait_cursor"):

@@ -1,0 +1,321 @@
+"""``loaders.open(config)``: the trainer's iterator over batches.
+
+Collective over the world communicator: every rank of the job opens the loader with the
+same configuration. In dedicated mode (the default) one rank per node is the reader: its
+``for batch in loader`` loop reads the node's records into node shared memory and yields
+nothing; the other ranks are workers and get batches. In colocated mode every rank is a
+worker and the first rank of each node also reads, up to ``readers.prefetch_depth``
+batches ahead. Every worker gets the same number of batches per epoch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbio.errors import ConfigError, LmdbioError
+
+log = logging.getLogger("lmdbio.loader")
+
+
+@dataclass
+class Batch:
+    """One worker's batch.
+
+    ``data`` is ``(N, C, h, w)`` float32 for Caffe Datums (after Caffe's transform),
+    ``(N, *shape)`` for tensor records, a :class:`~lmdbio.codecs.toc.TocMatrix` for TOC;
+    numpy on CPU hosts, cupy on GPU workers. ``keys`` are the LMDB keys (traceability),
+    ``ids`` the records' positions in key order, ``padding`` flags records repeated to fill
+    the epoch's last batch (policy ``pad``).
+    """
+
+    data: Any
+    label: Any
+    keys: list[bytes]
+    ids: np.ndarray
+    padding: np.ndarray
+    epoch: int
+    iteration: int
+
+    def __len__(self) -> int:
+        return int(self.ids.shape[0])
+
+
+@dataclass
+class LoaderMetrics:
+    """What a worker measured: batches, samples, bytes, time waiting for data."""
+
+    batches: int = 0
+    samples: int = 0
+    bytes: int = 0
+    wait_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    skipped: int = 0
+    substituted: int = 0
+    started: float = field(default_factory=time.perf_counter)
+
+    def as_dict(self) -> dict[str, float]:
+        elapsed = time.perf_counter() - self.started
+        return {
+            "batches": self.batches, "samples": self.samples, "bytes": self.bytes,
+            "seconds": elapsed, "wait_seconds": self.wait_seconds,
+            "decode_seconds": self.decode_seconds,
+            "samples_per_second": self.samples / elapsed if elapsed else 0.0,
+            "megabytes_per_second": self.bytes / elapsed / 1e6 if elapsed else 0.0,
+            "stall_fraction": self.wait_seconds / elapsed if elapsed else 0.0,
+            "skipped_records": self.skipped, "substituted_records": self.substituted,
+        }
+
+
+def _device(cfg: Any, topo: Any) -> Any:
+    """numpy, or cupy with the device picked from the worker's local index."""
+    want = cfg.workers.device
+    if want == "cpu":
+        return np
+    try:
+        import cupy
+
+        n = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:  # no cupy, no driver, no device
+        if want == "cuda":
+            raise LmdbioError(f"workers.device is cuda but no GPU is usable here ({exc})") \
+                from None
+        return np
+    if n == 0:
+        if want == "cuda":
+            raise LmdbioError("workers.device is cuda but cupy finds no device")
+        return np
+    cupy.cuda.Device(max(topo.device_index, 0) % n).use()
+    return cupy
+
+
+class Loader:
+    """The iterable of batches (see the module docstring). Use :func:`open`."""
+
+    def __init__(self, cfg: Any, comm: Any = None) -> None:
+        from lmdbio.reader import ReadOptions, ReadSession
+        from lmdbio.topology import Topology
+        from loaders.decode import make_decoder
+        from loaders.transform import DataTransformer
+
+        self.cfg = cfg
+        self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
+                                   readers_per_node=cfg.readers.per_node,
+                                   mode=cfg.readers.mode)
+        from lmdbio.plan.strategies import strategy_class
+
+        shared = strategy_class(cfg.readers.strategy).shared
+        consumers = self.topo.n_workers if shared else self.topo.size
+        if cfg.batch.size < consumers:
+            raise ConfigError(f"batch.size {cfg.batch.size} is smaller than the number of "
+                              f"consuming ranks ({consumers}); every rank needs a record")
+        per_worker = cfg.batch.size // consumers
+        if per_worker * consumers != cfg.batch.size and self.topo.rank == 0:
+            log.warning("batch.size %d is not a multiple of the %d consuming ranks: the global "
+                        "batch is %d", cfg.batch.size, consumers, per_worker * consumers)
+        self.per_worker = per_worker
+        self.opts = ReadOptions(
+            strategy=cfg.readers.strategy, batch_size=per_worker, last=cfg.batch.last,
+            shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
+            prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb)
+        self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
+        self.is_worker = self.topo.is_worker if shared else True
+        self.decode = make_decoder(cfg)
+        self.transform = DataTransformer.from_config(cfg.transform) \
+            if cfg.dataset.layout == "caffe-datum" else None
+        self.xp = _device(cfg, self.topo) if self.is_worker else np
+        self.epoch = 0
+        self.start_iteration = 0
+        self.position = 0  # batches consumed in the current epoch
+        self.metrics = LoaderMetrics()
+        self._last_good: tuple[Any, int] | None = None
+        self._closed = False
+
+    # ----------------------------------------------------------------- properties
+    @property
+    def comm(self) -> Any:
+        """The workers' communicator (for gradient allreduce); COMM_NULL on dedicated readers.
+        """
+        return self.topo.workers
+
+    def __len__(self) -> int:
+        """Batches every worker gets per epoch."""
+        return self.session.plan_for(self.epoch).iterations
+
+    # ----------------------------------------------------------------- epochs and state
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch the next ``for`` loop delivers (seeds the shuffle)."""
+        self.epoch = int(epoch)
+        self.start_iteration = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the workers are: resume with :meth:`load_state_dict` on every rank.
+
+        Holds the epoch and the batches consumed in it (no replay needed to resume), plus
+        what must not change between the two runs.
+        """
+        snap = self.session.db.snapshot
+        return {
+            "epoch": self.epoch, "iteration": self.position,
+            "seed": self.opts.seed, "shuffle": self.opts.shuffle,
+            "batch_size": self.cfg.batch.size, "last": self.opts.last,
+            "consumers": self.session.consumers, "strategy": self.opts.strategy,
+            "snapshot": [snap.format_version, snap.txnid, snap.root, snap.file_size],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue exactly where ``state`` was taken: the next loop starts at its batch."""
+        mine = self.state_dict()
+        for key in ("seed", "shuffle", "batch_size", "last", "consumers", "snapshot"):
+            if list(np.atleast_1d(state.get(key))) != list(np.atleast_1d(mine[key])):
+                raise ConfigError(f"load_state_dict: {key} was {state.get(key)!r} when the "
+                                  f"state was saved but is {mine[key]!r} now; an exact "
+                                  "resume needs the same data, order and world")
+        self.epoch = int(state["epoch"])
+        self.start_iteration = int(state["iteration"])
+
+    # ----------------------------------------------------------------- iteration
+    def __iter__(self) -> Iterator[Batch]:
+        if self._closed:
+            raise LmdbioError("the loader is closed")
+        s = self.session
+        start = self.start_iteration
+        plan = s.begin_epoch(self.epoch, start)
+        self.start_iteration = 0
+        self.position = start
+        end = plan.iterations
+        depth = self.opts.prefetch_depth
+        if s.shared and s.reads and not self.is_worker:  # dedicated reader
+            for it in range(start, end):
+                s.read_iteration(it)
+            self._end_epoch()
+            return
+        published = start
+        for it in range(start, end):
+            if s.reads:  # colocated reader, or a naive strategy: read ahead, then consume
+                while published < min(end, it + (depth if s.shared else 1)):
+                    s.read_iteration(published)
+                    published += 1
+            t0 = time.perf_counter()
+            got = s.receive(timeout=self.opts.timeout)
+            self.metrics.wait_seconds += time.perf_counter() - t0
+            if got is None:
+                raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
+            try:
+                batch = self._make_batch(got, it)
+            finally:
+                got.release()
+            self.position = it + 1
+            self._report(it)
+            yield batch
+        self._end_epoch()
+
+    def _end_epoch(self) -> None:
+        self.epoch += 1
+        self.position = 0
+
+    def _make_batch(self, got: Any, iteration: int) -> Batch:
+        t0 = time.perf_counter()
+        keys = got.keys()
+        offsets = np.asarray(got.offsets, np.int64)
+        data, labels, valid, errors = self.decode(np.asarray(got.payload), offsets, keys)
+        ids, padding = got.ids.copy(), got.padding.copy()
+        if not valid.all():
+            data, labels, keys, ids, padding = self._apply_policy(
+                data, labels, valid, errors, keys, ids, padding)
+        if self.transform is not None and not isinstance(data, list):
+            from loaders.transform import transform_rng
+
+            rng = transform_rng(self.opts.seed, self.epoch, iteration, self.topo.rank)
+            data = self.transform(data, rng=rng) if data.shape[0] else \
+                data.astype(np.float32)
+        if self.xp is not np and isinstance(data, np.ndarray):
+            data, labels = self.xp.asarray(data), self.xp.asarray(labels)
+        self.metrics.decode_seconds += time.perf_counter() - t0
+        self.metrics.batches += 1
+        self.metrics.samples += len(ids)
+        self.metrics.bytes += int(offsets[-1])
+        return Batch(data, labels, keys, ids, padding, self.epoch, iteration)
+
+    def _apply_policy(self, data, labels, valid, errors, keys, ids, padding):
+        policy = self.cfg.on_error
+        for err in errors:
+            log.warning("rank %d: %s (%s)", self.topo.rank, err, policy)
+        bad = np.flatnonzero(~valid)
+        if policy == "skip":
+            self.metrics.skipped += bad.size
+            keep = np.flatnonzero(valid)
+            return (data[keep], labels[keep], [keys[i] for i in keep], ids[keep],
+                    padding[keep])
+        # substitute: the previous good record of this worker takes the bad one's place
+        good = np.flatnonzero(valid)
+        for i in bad.tolist():
+            prev = good[good < i]
+            if prev.size:
+                src_data, src_label = data[prev[-1]], labels[prev[-1]]
+            elif self._last_good is not None:
+                src_data, src_label = self._last_good
+            else:
+                raise LmdbioError(f"on_error substitute: record {keys[i]!r} failed and no good "
+                                  "record came before it to stand in") from None
+            data[i], labels[i] = src_data, src_label
+            self.metrics.substituted += 1
+        if good.size:
+            self._last_good = (data[good[-1]].copy(), labels[good[-1]])
+        return data, labels, keys, ids, padding
+
+    def _report(self, iteration: int) -> None:
+        every = self.cfg.metrics.every
+        if every and self.topo.worker_rank == 0 and (iteration + 1) % every == 0:
+            m = self.metrics.as_dict()
+            print(f"[lmdbio] epoch {self.epoch} iteration {iteration + 1}: "
+                  f"{m['samples_per_second']:.0f} samples/s, "
+                  f"{m['megabytes_per_second']:.1f} MB/s, "
+                  f"stall {100 * m['stall_fraction']:.1f}%", flush=True)
+
+    # ----------------------------------------------------------------- lifecycle
+    def summary(self) -> dict[str, Any]:
+        """This rank's metrics and role, JSON-able."""
+        return {"rank": self.topo.rank, "node": self.topo.node_index,
+                "worker": self.is_worker, "reader": self.session.reads,
+                **self.metrics.as_dict()}
+
+    def close(self) -> None:
+        """Collective: stop the readers, free shared memory and communicators."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.session.stop()
+            self.session.close()
+        finally:
+            self.topo.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def open(config: Any, overrides: list[str] | tuple[str, ...] = (), comm: Any = None
+         ) -> Loader:
+    """Open a loader from a config path, a dict or a :class:`lmdbio.config.JobConfig`.
+
+    Collective: call it on every rank of the job.
+    """
+    from lmdbio.config import load_config
+
+    cfg = load_config(config, overrides)
+    return Loader(cfg, comm)
+
+
+def write_json(path: str | Path, obj: Any) -> None:
+    Path(path).write_text(json.dumps(obj, indent=2, default=str) + "\n")
