@@ -10,6 +10,8 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export PRTE_MCA_rmaps_default_mapping_policy := :oversubscribe
 export OMPI_MCA_rmaps_base_oversubscribe := 1
+# no InfiniBand here: skip Open MPI's UCX one-sided component (it only prints errors)
+export OMPI_MCA_osc ?= ^ucx
 # numba's on-disk cache of compiled kernels, kept out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(BUILD)/numba-cache
 

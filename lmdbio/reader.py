@@ -72,10 +72,11 @@ class Delivered:
 
 @dataclass
 class ReaderTotals:
-    """Accumulated accounting of one rank."""
+    """Accumulated accounting of one rank: bitmaps of pages touched and pages holding the
+    rank's own records (one byte per file page), and the per-iteration statistics."""
 
-    pages_touched: set = field(default_factory=set)
-    own_pages: set = field(default_factory=set)
+    touched: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
+    own: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     iterations: list[dict] = field(default_factory=list)
     setup_seconds: float = 0.0
     symmetric_attempts: int = 0
@@ -263,9 +264,13 @@ class ReadSession:
         stats.pages_touched = int(touched.size)
         stats.own_pages = int(own.size)
         stats.extra_pages = int(np.setdiff1d(touched, own, assume_unique=True).size)
-        self.totals.pages_touched.update(touched.tolist())
-        self.totals.own_pages.update(own.tolist())
-        self.totals.iterations.append(asdict(stats))
+        t = self.totals
+        if t.touched.shape != acc.touched.shape:
+            t.touched = np.zeros_like(acc.touched)
+            t.own = np.zeros_like(acc.touched)
+        t.touched |= acc.touched
+        t.own[own] = 1
+        t.iterations.append(asdict(stats))
 
     def receive(self, timeout: float | None = None) -> Delivered | None:
         """Consumer side: the next batch for this rank (None when the reader stopped)."""

@@ -38,14 +38,21 @@ class Batch:
 
     data: Any
     label: Any
-    keys: list[bytes]
     ids: np.ndarray
     padding: np.ndarray
     epoch: int
     iteration: int
+    key_offsets: np.ndarray
+    key_data: np.ndarray
 
     def __len__(self) -> int:
         return int(self.ids.shape[0])
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The LMDB keys of the batch's records (built on demand: not on the hot path)."""
+        ko, kd = self.key_offsets, self.key_data
+        return [bytes(kd[ko[i]:ko[i + 1]]) for i in range(ko.shape[0] - 1)]
 
 
 @dataclass
@@ -223,13 +230,26 @@ class Loader:
 
     def _make_batch(self, got: Any, iteration: int) -> Batch:
         t0 = time.perf_counter()
-        keys = got.keys()
+        ko = np.array(got.key_offsets, np.int64)
+        kd = np.array(got.key_data, np.uint8)
+
+        def key(i: int) -> bytes:
+            return bytes(kd[ko[i]:ko[i + 1]])
+
         offsets = np.asarray(got.offsets, np.int64)
-        data, labels, valid, errors = self.decode(np.asarray(got.payload), offsets, keys)
+        data, labels, valid, errors = self.decode(np.asarray(got.payload), offsets, key)
         ids, padding = got.ids.copy(), got.padding.copy()
         if not valid.all():
-            data, labels, keys, ids, padding = self._apply_policy(
-                data, labels, valid, errors, keys, ids, padding)
+            keep = self._apply_policy(data, labels, valid, errors, key)
+            if keep is not None:
+                data, labels, ids, padding = data[keep], labels[keep], ids[keep], padding[keep]
+                lens = np.diff(ko)[keep]
+                starts = ko[:-1][keep]
+                kd = np.concatenate([kd[a:a + n] for a, n in zip(starts.tolist(),
+                                                                 lens.tolist(), strict=True)]
+                                    or [np.empty(0, np.uint8)])
+                ko = np.zeros(keep.size + 1, np.int64)
+                np.cumsum(lens, out=ko[1:])
         if self.transform is not None and not isinstance(data, list):
             from loaders.transform import transform_rng
 
@@ -242,18 +262,18 @@ class Loader:
         self.metrics.batches += 1
         self.metrics.samples += len(ids)
         self.metrics.bytes += int(offsets[-1])
-        return Batch(data, labels, keys, ids, padding, self.epoch, iteration)
+        return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd)
 
-    def _apply_policy(self, data, labels, valid, errors, keys, ids, padding):
+    def _apply_policy(self, data, labels, valid, errors, key) -> np.ndarray | None:
+        """Apply ``on_error`` to the records that failed: ``skip`` returns the indices to
+        keep; ``substitute`` overwrites them in place and returns None."""
         policy = self.cfg.on_error
         for err in errors:
             log.warning("rank %d: %s (%s)", self.topo.rank, err, policy)
         bad = np.flatnonzero(~valid)
         if policy == "skip":
             self.metrics.skipped += bad.size
-            keep = np.flatnonzero(valid)
-            return (data[keep], labels[keep], [keys[i] for i in keep], ids[keep],
-                    padding[keep])
+            return np.flatnonzero(valid)
         # substitute: the previous good record of this worker takes the bad one's place
         good = np.flatnonzero(valid)
         for i in bad.tolist():
@@ -263,13 +283,13 @@ class Loader:
             elif self._last_good is not None:
                 src_data, src_label = self._last_good
             else:
-                raise LmdbioError(f"on_error substitute: record {keys[i]!r} failed and no good "
+                raise LmdbioError(f"on_error substitute: record {key(i)!r} failed and no good "
                                   "record came before it to stand in") from None
             data[i], labels[i] = src_data, src_label
             self.metrics.substituted += 1
         if good.size:
             self._last_good = (data[good[-1]].copy(), labels[good[-1]])
-        return data, labels, keys, ids, padding
+        return None
 
     def _report(self, iteration: int) -> None:
         every = self.cfg.metrics.every

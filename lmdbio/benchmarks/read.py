@@ -123,9 +123,9 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "worker": consumes,
             "records": records,
             "padding": padding,
-            "pages_touched": len(totals.pages_touched),
-            "own_pages": len(totals.own_pages),
-            "extra_pages": len(totals.pages_touched - totals.own_pages),
+            "pages_touched": int(np.count_nonzero(totals.touched)),
+            "own_pages": int(np.count_nonzero(totals.own)),
+            "extra_pages": int(np.count_nonzero(totals.touched & ~totals.own.astype(bool))),
             "bytes_delivered": delivered_bytes,
             "bytes_read": int(sum(s["bytes"] for s in totals.iterations)),
             "seconds": {
