@@ -18,6 +18,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "ibp": ("lmdbio.benchmarks.ibp", "IBP compression ratio and decompression throughput"),
     "pcr": ("lmdbio.benchmarks.pcr", "PCR bytes, pages and quality per scan group"),
     "btable": ("lmdbio.benchmarks.btable", "BTable vs CSV and .npz: size and speed"),
+    "decode": ("lmdbio.benchmarks.decode", "Datum/tensor batch decoding and the transform"),
 }
 
 

@@ -1,0 +1,329 @@
+"""Compiled (numba) hot loops of the record codecs: Caffe Datum parsing and batch gathers.
+
+Kept apart from :mod:`lmdbio.codecs.datum` and :mod:`lmdbio.codecs.tensor` so that importing
+those modules (and decoding single records) does not import numba; the batch decoders import
+this module on first use. Every kernel checks every offset against the buffer it reads and
+reports a problem as an error code plus the failing record's index, never reading outside
+its input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from lmdbio.compiled import copy_bytes
+
+# Column layout of the Datum header table filled by parse_datums (one int64 row per record).
+COL_CHANNELS = 0
+COL_HEIGHT = 1
+COL_WIDTH = 2
+COL_LABEL = 3
+COL_DATA_OFF = 4  # absolute offset of the `data` bytes in the buffer, -1 when absent
+COL_DATA_LEN = 5
+COL_FLOAT_OFF = 6  # absolute offset of the first float_data value, -1 when absent
+COL_FLOAT_COUNT = 7  # total number of float_data values over all runs
+COL_FLOAT_PACKED = 8  # 1 packed, 0 unpacked, -1 absent
+COL_ENCODED = 9
+COL_PRESENT = 10  # bit f set when field number f (1..7) was present
+COL_ERROR = 11  # 0 or one of the ERR_* codes
+COL_ERROR_AT = 12  # byte offset, inside the record, of the problem
+NCOLS = 13
+
+ERR_NONE = 0
+ERR_BOUNDS = 1
+ERR_VARINT_TRUNCATED = 2
+ERR_VARINT_TOO_LONG = 3
+ERR_LENGTH = 4
+ERR_FIXED = 5
+ERR_WIRE_TYPE = 6
+ERR_FIELD_ZERO = 7
+ERR_PACKED_FLOATS = 8
+
+ERROR_TEXT = {
+    ERR_BOUNDS: "record offset/length lies outside the buffer",
+    ERR_VARINT_TRUNCATED: "truncated varint",
+    ERR_VARINT_TOO_LONG: "varint longer than 10 bytes",
+    ERR_LENGTH: "length-delimited field runs past the end of the record",
+    ERR_FIXED: "fixed-width field runs past the end of the record",
+    ERR_WIRE_TYPE: "unsupported protobuf wire type (groups 3/4 or 6/7)",
+    ERR_FIELD_ZERO: "field number 0 (not a protobuf message)",
+    ERR_PACKED_FLOATS: "packed float_data length is not a multiple of 4",
+}
+
+
+@njit(cache=True, nogil=True)
+def _varint(buf, pos, end):
+    """Read a varint at ``pos`` (< ``end``); returns (value as int64, new pos, error)."""
+    result = np.int64(0)
+    shift = 0
+    while True:
+        if pos >= end:
+            return result, pos, ERR_VARINT_TRUNCATED
+        if shift >= 70:
+            return result, pos, ERR_VARINT_TOO_LONG
+        b = np.int64(buf[pos])
+        pos += 1
+        if shift < 64:
+            result |= (b & 0x7F) << shift
+        shift += 7
+        if b < 0x80:
+            return result, pos, ERR_NONE
+
+
+@njit(cache=True, nogil=True)
+def _int32(v):
+    low = v & 0xFFFFFFFF
+    if low >= 0x80000000:
+        low -= 0x100000000
+    return low
+
+
+@njit(cache=True, nogil=True)
+def parse_datums(buf, offsets, lengths, out):
+    """Parse the Datum records ``buf[offsets[i] : offsets[i] + lengths[i]]`` into ``out``
+    (an ``(N, NCOLS)`` int64 table). Unknown fields and known fields with an unexpected wire
+    type are skipped, as protobuf does. Returns the number of records with an error."""
+    n = offsets.shape[0]
+    size = buf.shape[0]
+    nbad = 0
+    for i in range(n):
+        row = out[i]
+        for c in range(NCOLS):
+            row[c] = 0
+        row[COL_DATA_OFF] = -1
+        row[COL_FLOAT_OFF] = -1
+        row[COL_FLOAT_PACKED] = -1
+        start = offsets[i]
+        length = lengths[i]
+        if start < 0 or length < 0 or start > size or length > size - start:
+            row[COL_ERROR] = ERR_BOUNDS
+            nbad += 1
+            continue
+        end = start + length
+        pos = start
+        err = ERR_NONE
+        while pos < end:
+            tag_at = pos
+            key, pos, err = _varint(buf, pos, end)
+            if err:
+                row[COL_ERROR_AT] = tag_at - start
+                break
+            field = key >> 3
+            wire = key & 7
+            if field == 0:
+                err = ERR_FIELD_ZERO
+                row[COL_ERROR_AT] = tag_at - start
+                break
+            if wire == 0:
+                v, pos, err = _varint(buf, pos, end)
+                if err:
+                    row[COL_ERROR_AT] = tag_at - start
+                    break
+                if field == 1:
+                    row[COL_CHANNELS] = _int32(v)
+                elif field == 2:
+                    row[COL_HEIGHT] = _int32(v)
+                elif field == 3:
+                    row[COL_WIDTH] = _int32(v)
+                elif field == 5:
+                    row[COL_LABEL] = _int32(v)
+                elif field == 7:
+                    row[COL_ENCODED] = 1 if v != 0 else 0
+                else:
+                    continue
+                row[COL_PRESENT] |= np.int64(1) << field
+            elif wire == 2:
+                ln, pos, err = _varint(buf, pos, end)
+                if err:
+                    row[COL_ERROR_AT] = tag_at - start
+                    break
+                if ln < 0 or ln > end - pos:
+                    err = ERR_LENGTH
+                    row[COL_ERROR_AT] = tag_at - start
+                    break
+                if field == 4:
+                    row[COL_DATA_OFF] = pos
+                    row[COL_DATA_LEN] = ln
+                    row[COL_PRESENT] |= np.int64(1) << 4
+                elif field == 6:
+                    if ln % 4 != 0:
+                        err = ERR_PACKED_FLOATS
+                        row[COL_ERROR_AT] = tag_at - start
+                        break
+                    if row[COL_FLOAT_OFF] < 0:
+                        row[COL_FLOAT_OFF] = pos
+                        row[COL_FLOAT_PACKED] = 1
+                    row[COL_FLOAT_COUNT] += ln // 4
+                    row[COL_PRESENT] |= np.int64(1) << 6
+                pos += ln
+            elif wire == 5:
+                if end - pos < 4:
+                    err = ERR_FIXED
+                    row[COL_ERROR_AT] = tag_at - start
+                    break
+                if field == 6:
+                    if row[COL_FLOAT_OFF] < 0:
+                        row[COL_FLOAT_OFF] = pos
+                        row[COL_FLOAT_PACKED] = 0
+                    row[COL_FLOAT_COUNT] += 1
+                    row[COL_PRESENT] |= np.int64(1) << 6
+                pos += 4
+            elif wire == 1:
+                if end - pos < 8:
+                    err = ERR_FIXED
+                    row[COL_ERROR_AT] = tag_at - start
+                    break
+                pos += 8
+            else:
+                err = ERR_WIRE_TYPE
+                row[COL_ERROR_AT] = tag_at - start
+                break
+        if err:
+            row[COL_ERROR] = err
+            nbad += 1
+    return nbad
+
+
+@njit(cache=True, nogil=True)
+def copy_datum_bytes(buf, table, rows, out):
+    """Copy the ``data`` bytes of records ``rows`` into consecutive ``width``-byte rows of the
+    flat uint8 ``out`` (``width = out.size // rows.size``; lengths were checked against it
+    before the call). One memcpy per record."""
+    if rows.shape[0] == 0:
+        return
+    width = np.int64(out.shape[0] // rows.shape[0])
+    for j in range(rows.shape[0]):
+        copy_bytes(out, np.int64(j) * width, buf, table[rows[j], COL_DATA_OFF], width)
+
+
+@njit(cache=True, nogil=True)
+def widen_datum_bytes(buf, table, rows, out):
+    """Like :func:`copy_datum_bytes` into a 2-D float32 ``out`` (uint8 values widened)."""
+    width = out.shape[1]
+    for j in range(rows.shape[0]):
+        src = np.uint64(table[rows[j], COL_DATA_OFF])
+        dst = out[j]
+        for b in range(width):
+            dst[b] = np.float32(buf[src + np.uint64(b)])
+
+
+@njit(cache=True, nogil=True)
+def copy_datum_floats(buf, offsets, lengths, rows, out):
+    """Copy every float_data value of records ``rows`` (packed or not, in as many runs as
+    the record has) as raw little-endian bytes into consecutive rows of the flat uint8
+    ``out`` (viewed as float32 by the caller, so NaN payloads survive). Records were parsed
+    without error and their counts checked against the row width."""
+    if rows.shape[0] == 0:
+        return
+    width = np.int64(out.shape[0] // rows.shape[0])
+    for j in range(rows.shape[0]):
+        r = rows[j]
+        start = offsets[r]
+        end = start + lengths[r]
+        pos = start
+        k = np.int64(j) * width
+        while pos < end:
+            key, pos, _err = _varint(buf, pos, end)
+            field = key >> 3
+            wire = key & 7
+            if wire == 0:
+                _v, pos, _err = _varint(buf, pos, end)
+            elif wire == 2:
+                ln, pos, _err = _varint(buf, pos, end)
+                if field == 6:
+                    copy_bytes(out, k, buf, pos, ln)
+                    k += ln
+                pos += ln
+            elif wire == 5:
+                if field == 6:
+                    copy_bytes(out, k, buf, pos, np.int64(4))
+                    k += 4
+                pos += 4
+            else:
+                pos += 8
+
+
+@njit(cache=True, nogil=True)
+def gather_rows(buf, starts, nbytes, out):
+    """Copy ``nbytes`` bytes from ``buf[starts[j]:]`` into the ``j``-th ``nbytes``-byte row of
+    the flat uint8 ``out``. Returns the index of the first out-of-bounds source (the copy
+    stops there), else -1."""
+    size = buf.shape[0]
+    for j in range(starts.shape[0]):
+        s = starts[j]
+        if s < 0 or s > size or nbytes > size - s:
+            return j
+        copy_bytes(out, np.int64(j) * nbytes, buf, s, np.int64(nbytes))
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def gather_headers(buf, starts, lengths, nbytes, out):
+    """Copy the first ``min(nbytes, length)`` bytes of every record into ``out`` rows (zero
+    padded); records outside the buffer get an all-zero row. Returns how many were outside."""
+    size = buf.shape[0]
+    bad = 0
+    for j in range(starts.shape[0]):
+        s = starts[j]
+        ln = lengths[j]
+        dst = out[j]
+        for b in range(nbytes):
+            dst[b] = 0
+        if s < 0 or ln < 0 or s > size or ln > size - s:
+            bad += 1
+            continue
+        m = nbytes if ln > nbytes else ln
+        for b in range(m):
+            dst[b] = buf[s + b]
+    return bad
+
+
+@njit(cache=True, nogil=True)
+def uniform_datums(buf, table, size, shape, out, labels):
+    """The common case in one pass: every parsed record is a raw uint8 Datum of ``shape``
+    (C, H, W) with ``size`` data bytes and no error. Copies the pixels into the flat uint8
+    ``out`` and the labels into ``labels``; returns -1, or the index of the first record that
+    does not fit the case (nothing is promised about ``out`` then)."""
+    n = table.shape[0]
+    for i in range(n):
+        row = table[i]
+        if (row[COL_ERROR] != 0 or row[COL_ENCODED] != 0 or row[COL_DATA_LEN] != size
+                or row[COL_CHANNELS] != shape[0] or row[COL_HEIGHT] != shape[1]
+                or row[COL_WIDTH] != shape[2]):
+            return i
+    for i in range(n):
+        copy_bytes(out, np.int64(i) * size, buf, table[i, COL_DATA_OFF], size)
+        labels[i] = table[i, COL_LABEL]
+    return -1
+
+
+@njit(cache=True, nogil=True)
+def uniform_tensors(buf, offsets, lengths, ref, nbytes, out, labels):
+    """The common case of tensor records in one pass: every record's header equals ``ref``
+    (label bytes 16..23 excepted) and its length is header + ``nbytes``. Copies the data into
+    the flat uint8 ``out`` and the labels into ``labels``; returns -1 or the first index that
+    does not fit."""
+    n = offsets.shape[0]
+    hs = ref.shape[0]
+    size = buf.shape[0]
+    total = hs + nbytes
+    for i in range(n):
+        s = offsets[i]
+        if lengths[i] != total or s < 0 or s > size - total:
+            return i
+        for b in range(hs):
+            if (b < 16 or b >= 24) and buf[s + b] != ref[b]:
+                return i
+    has_label = ref[7] & 1
+    for i in range(n):
+        s = offsets[i]
+        if has_label:
+            v = np.int64(0)
+            for b in range(8):
+                v |= np.int64(buf[s + 16 + b]) << (8 * b)
+            labels[i] = v
+        else:
+            labels[i] = 0
+        copy_bytes(out, np.int64(i) * nbytes, buf, s + hs, np.int64(nbytes))
+    return -1

@@ -1,0 +1,1060 @@
+"""The YAML job configuration: a typed, frozen schema with defaults, strict validation and a
+generated Markdown reference.
+
+A job file is a YAML mapping whose sections mirror the dataclasses below (``dataset``,
+``batch``, ``readers``, ``shuffle``, ``transform``, ``codec``, ``workers``, ``topology``,
+``metrics``) plus the top-level scalars ``epochs`` and ``on_error``. Only ``dataset.path`` is
+required; everything else has a default. :func:`load_config` accepts a file, a mapping or an
+existing :class:`JobConfig` plus ``key.path=value`` overrides, and either returns a fully
+validated :class:`JobConfig` or raises one :class:`~lmdbio.errors.ConfigError` listing every
+problem, each with its key path (``batch.last``), the file and line where it is known, what is
+allowed, and for a misspelt key the closest valid one.
+
+The schema is the single source of truth: the validator, :meth:`JobConfig.to_dict` and the
+reference in ``docs/configuration.md`` (:func:`render_reference`) are all derived from the
+dataclass fields and their metadata, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import os
+import types
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+from lmdbio.errors import ConfigError
+
+__all__ = [
+    "BatchConfig",
+    "CodecConfig",
+    "ConfigProblem",
+    "DatasetConfig",
+    "JobConfig",
+    "MetricsConfig",
+    "ReadersConfig",
+    "ShuffleConfig",
+    "TopologyConfig",
+    "TransformConfig",
+    "WorkersConfig",
+    "load_config",
+    "render_reference",
+]
+
+Layout = Literal["caffe-datum", "tensor", "toc", "ibp", "pcr", "btable"]
+LastBatch = Literal["pad", "drop", "partial"]
+Strategy = Literal["dm-spec", "indexed", "lmm", "dm-serial", "naive-stride", "naive-contig"]
+ReaderMode = Literal["dedicated", "colocated"]
+ShuffleMode = Literal["none", "global", "block"]
+Phase = Literal["train", "test"]
+CodecName = Literal["none", "ibp", "toc"]
+Device = Literal["auto", "cpu", "cuda"]
+OnError = Literal["raise", "skip", "substitute"]
+
+#: strategies whose read order is free, so they can serve a shuffled epoch order
+SHUFFLE_CAPABLE_STRATEGIES = ("indexed",)
+#: layouts whose records are images (C, H, W), the only ones a DataTransformer crop/mirror fits
+IMAGE_LAYOUTS = ("caffe-datum", "tensor", "pcr")
+
+
+def _meta(
+    doc: str,
+    *,
+    minimum: int | float | None = None,
+    is_path: bool = False,
+    choices: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """Metadata of a schema field, read by the validator and by :func:`render_reference`."""
+    return {"doc": doc, "minimum": minimum, "is_path": is_path, "choices": dict(choices or {})}
+
+
+@dataclass(frozen=True)
+class DatasetConfig:
+    """Where the records are and how they are laid out."""
+
+    path: str = field(
+        metadata=_meta(
+            "The LMDB directory (or its `data.mdb`). A relative path in a config file is resolved "
+            "against the folder of that file; one given as an override, against the working "
+            "directory.",
+            is_path=True,
+        )
+    )
+    layout: Layout = field(
+        default="caffe-datum",
+        metadata=_meta(
+            "How the values are encoded.",
+            choices={
+                "caffe-datum": "serialized `caffe.Datum` messages, as written by Caffe's "
+                "`convert_imageset` or `lmdbio convert --layout caffe-datum`",
+                "tensor": "lmdbio tensor records (`LTNS` header + raw C-order array)",
+                "toc": "tuple-oriented compressed mini-batches of sparse rows",
+                "ibp": "invariant-bit-packed rows",
+                "pcr": "progressive compressed records (groups of progressive-JPEG scans)",
+                "btable": "BTables sparse labelled binary rows",
+            },
+        ),
+    )
+    subdb: str | None = field(
+        default=None,
+        metadata=_meta(
+            "Name of a named sub-database to read; null reads the unnamed main database "
+            "(what Caffe writes)."
+        ),
+    )
+    scan_groups: int | None = field(
+        default=None,
+        metadata=_meta(
+            "PCR only: how many scan groups (fidelity levels) to read; null reads all.", minimum=1
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class BatchConfig:
+    """The global batch and what happens to the last, incomplete one of an epoch."""
+
+    size: int = field(
+        default=64,
+        metadata=_meta("Records per global batch (summed over all worker ranks).", minimum=1),
+    )
+    last: LastBatch = field(
+        default="pad",
+        metadata=_meta(
+            "Policy for the last batch of an epoch when the record count is not a multiple of "
+            "`size`.",
+            choices={
+                "pad": "fill it up by wrapping around to the first records of the epoch, so every "
+                "rank gets the same number of full batches (no collective hangs)",
+                "drop": "drop the incomplete batch on every rank",
+                "partial": "deliver a smaller last batch (ranks may get different counts)",
+            },
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ReadersConfig:
+    """Which ranks read, and how they split the database."""
+
+    strategy: Strategy = field(
+        default="dm-spec",
+        metadata=_meta(
+            "How reader ranks split the records of each iteration.",
+            choices={
+                "dm-spec": "LMDBIO-DM: cursor hand-off between readers with speculative parallel "
+                "prefetch of the pages each reader expects to need (index-free, file order)",
+                "indexed": "a leaf directory built once gives every record's position: O(1) seeks, "
+                "exact page ranges, global and block shuffles, exact resume",
+                "lmm": "LMDBIO-LMM: one reader per node walks to its node's records and shares "
+                "them through node shared memory",
+                "dm-serial": "LMDBIO-DM cursor hand-off without speculative prefetch",
+                "naive-stride": "every reader walks the whole database and keeps record i iff "
+                "i % readers == rank (BVLC Caffe's scheme; the baseline)",
+                "naive-contig": "each reader walks from the first record to its contiguous shard "
+                "(DALI's scheme; a baseline)",
+            },
+        ),
+    )
+    mode: ReaderMode = field(
+        default="dedicated",
+        metadata=_meta(
+            "Whether a reader rank also trains.",
+            choices={
+                "dedicated": "readers only read; workers only consume (best overlap)",
+                "colocated": "the first worker of a node also reads (small jobs, a single rank)",
+            },
+        ),
+    )
+    per_node: int = field(default=1, metadata=_meta("Reader ranks per node.", minimum=1))
+    prefetch_depth: int = field(
+        default=4,
+        metadata=_meta(
+            "Batches read ahead of the consumers (slots in the node's shared ring).", minimum=1
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class ShuffleConfig:
+    """The order records are visited in, per epoch (deterministic from `seed` and the epoch)."""
+
+    mode: ShuffleMode = field(
+        default="none",
+        metadata=_meta(
+            "Record order within an epoch. Shuffled modes need `readers.strategy: indexed`.",
+            choices={
+                "none": "key order (the file order of a Caffe LMDB)",
+                "global": "a full permutation of all records, seeded by (seed, epoch)",
+                "block": "shuffle blocks of `block_pages` leaf pages, then shuffle records within "
+                "a rolling window of `window` blocks (page-aware, far fewer random page reads)",
+            },
+        ),
+    )
+    seed: int = field(
+        default=0,
+        metadata=_meta("Seed of every random decision (order, crops, mirrors).", minimum=0),
+    )
+    block_pages: int = field(
+        default=64, metadata=_meta("`block` mode: leaf pages per shuffled block.", minimum=1)
+    )
+    window: int = field(
+        default=8,
+        metadata=_meta(
+            "`block` mode: consecutive blocks whose records are shuffled together.", minimum=1
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TransformConfig:
+    """Caffe's `TransformationParameter`, applied by workers exactly as Caffe's
+    `DataTransformer` does: `(pixel - mean) * scale`, then crop and mirror."""
+
+    scale: float = field(default=1.0, metadata=_meta("Multiplier applied after mean subtraction."))
+    mean_values: tuple[float, ...] = field(
+        default_factory=tuple,
+        metadata=_meta(
+            "Per-channel means to subtract: one value (used for every channel) or one per channel."
+        ),
+    )
+    mean_file: str | None = field(
+        default=None,
+        metadata=_meta(
+            "A Caffe `BlobProto` mean image (C, H, W) subtracted before cropping, at the crop "
+            "offset. Resolved like `dataset.path`.",
+            is_path=True,
+        ),
+    )
+    crop_size: int = field(
+        default=0,
+        metadata=_meta(
+            "Square crop side in pixels; 0 means no crop. Random offsets in `train`, centred in "
+            "`test`.",
+            minimum=0,
+        ),
+    )
+    mirror: bool = field(
+        default=False,
+        metadata=_meta(
+            "Mirror each image horizontally with probability 1/2 (in both phases, as Caffe does)."
+        ),
+    )
+    phase: Phase = field(
+        default="train",
+        metadata=_meta(
+            "Caffe phase: decides random versus centred crops.",
+            choices={"train": "random crop offsets", "test": "centred crops"},
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class CodecConfig:
+    """The batch codec used to move batches from readers to workers (and to GPUs).
+
+    Every key of the `codec` section other than `name` is an option passed to the codec's
+    `from_config`; options are checked by the codec itself when the job starts."""
+
+    name: CodecName = field(
+        default="none",
+        metadata=_meta(
+            "Batch codec for transport.",
+            choices={
+                "none": "batches travel as raw arrays",
+                "ibp": "invariant bit packing (lossless; decodable on the GPU)",
+                "toc": "tuple-oriented compression (lossless; for sparse rows)",
+            },
+        ),
+    )
+    options: tuple[tuple[str, Any], ...] = field(
+        default_factory=tuple,
+        metadata=_meta(
+            "Codec options, written inline in the `codec` section (e.g. `chunk_bytes: 4`)."
+        ),
+    )
+
+    def options_dict(self) -> dict[str, Any]:
+        """The codec options as a plain dict (lists restored from tuples)."""
+        return {k: _thaw(v) for k, v in self.options}
+
+
+@dataclass(frozen=True)
+class WorkersConfig:
+    """Where workers put the batches they hand to the trainer."""
+
+    device: Device = field(
+        default="auto",
+        metadata=_meta(
+            "Device of delivered batches.",
+            choices={
+                "auto": "a GPU when cupy finds one, otherwise host memory",
+                "cpu": "numpy arrays in host memory",
+                "cuda": "cupy arrays on the rank's GPU (an error where there is none)",
+            },
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TopologyConfig:
+    """How ranks are grouped into nodes."""
+
+    simulate_nodes: int = field(
+        default=0,
+        metadata=_meta(
+            "Split the ranks of one host into this many simulated nodes (testing multi-node "
+            "behaviour on one machine); 0 uses the real nodes.",
+            minimum=0,
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Counters every rank keeps (pages touched, prefetch hits, bytes moved, stalls)."""
+
+    every: int = field(
+        default=50,
+        metadata=_meta("Report metrics every this many iterations; 0 only at the end.", minimum=0),
+    )
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """A complete, validated data-loading job."""
+
+    dataset: DatasetConfig = field(
+        metadata=_meta("Where the records are and how they are laid out.")
+    )
+    batch: BatchConfig = field(default_factory=BatchConfig, metadata=_meta("The global batch."))
+    readers: ReadersConfig = field(
+        default_factory=ReadersConfig, metadata=_meta("Reader ranks and strategy.")
+    )
+    shuffle: ShuffleConfig = field(default_factory=ShuffleConfig, metadata=_meta("Epoch order."))
+    transform: TransformConfig = field(
+        default_factory=TransformConfig, metadata=_meta("Caffe DataTransformer parameters.")
+    )
+    codec: CodecConfig = field(
+        default_factory=CodecConfig, metadata=_meta("Batch codec for transport.")
+    )
+    workers: WorkersConfig = field(default_factory=WorkersConfig, metadata=_meta("Worker ranks."))
+    topology: TopologyConfig = field(
+        default_factory=TopologyConfig, metadata=_meta("Node grouping.")
+    )
+    epochs: int = field(default=1, metadata=_meta("Number of passes over the data set.", minimum=1))
+    on_error: OnError = field(
+        default="raise",
+        metadata=_meta(
+            "What to do with a record that cannot be decoded.",
+            choices={
+                "raise": "stop the job with an error naming the key",
+                "skip": "leave the record out and count it in the metrics",
+                "substitute": "replace it with a valid record of the same batch, keeping the "
+                "batch size, and count it in the metrics",
+            },
+        ),
+    )
+    metrics: MetricsConfig = field(
+        default_factory=MetricsConfig, metadata=_meta("Metrics reporting.")
+    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain nested mapping (lists, not tuples; codec options inline) such that
+        ``load_config(cfg.to_dict()) == cfg``."""
+        return _to_dict(self)
+
+
+# ---------------------------------------------------------------------------------------------
+# problems and errors
+
+
+@dataclass(frozen=True)
+class ConfigProblem:
+    """One thing wrong with a configuration."""
+
+    path: str  #: dotted key path, e.g. ``batch.last``
+    message: str  #: what is wrong and what is allowed
+    location: str | None = None  #: ``file:line`` where the key was written, when known
+
+    def __str__(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        return f"{where}{self.path}: {self.message}"
+
+
+def _raise_problems(problems: list[ConfigProblem], source: str | None) -> None:
+    if not problems:
+        return
+    head = f"invalid job configuration{f' {source}' if source else ''}"
+    if len(problems) == 1:
+        err = ConfigError(f"{head}: {problems[0]}")
+    else:
+        lines = "\n".join(f"  - {p}" for p in problems)
+        err = ConfigError(f"{head} ({len(problems)} problems):\n{lines}")
+    err.problems = problems  # type: ignore[attr-defined]
+    err.path = problems[0].path  # type: ignore[attr-defined]
+    raise err
+
+
+# ---------------------------------------------------------------------------------------------
+# YAML with line numbers and duplicate-key detection
+
+
+class _LocatedDict(dict):
+    """A mapping read from YAML that remembers the line of each key."""
+
+    lines: dict[str, int]
+
+
+def _yaml_loader(filename: str) -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        pass
+
+    def construct_mapping(loader: Any, node: Any, deep: bool = False) -> _LocatedDict:
+        loader.flatten_mapping(node)
+        out = _LocatedDict()
+        out.lines = {}
+        for key_node, value_node in node.value:
+            key = loader.construct_object(key_node, deep=True)
+            try:
+                hash(key)
+            except TypeError:
+                raise ConfigError(
+                    f"{filename}:{key_node.start_mark.line + 1}: a mapping key must be a scalar"
+                ) from None
+            if key in out:
+                raise ConfigError(
+                    f"{filename}:{key_node.start_mark.line + 1}: duplicate key {key!r} "
+                    f"(first at line {out.lines[key]})"
+                )
+            out[key] = loader.construct_object(value_node, deep=True)
+            out.lines[key] = key_node.start_mark.line + 1
+        return out
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return Loader
+
+
+def _parse_yaml(text: str, filename: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_yaml_loader(filename))  # a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"{filename}:{mark.line + 1}:{mark.column + 1}" if mark else filename
+        what = " ".join(x for x in (exc.context, exc.problem) if x)
+        raise ConfigError(f"{where}: YAML syntax error: {what}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{filename}: YAML error: {exc}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# building dataclasses from raw mappings
+
+
+class _Ctx:
+    """State of one validation pass: where raw values came from and what went wrong."""
+
+    def __init__(self, filename: str | None, base_dir: Path | None) -> None:
+        self.filename = filename
+        self.base_dir = base_dir
+        self.problems: list[ConfigProblem] = []
+        self.path_bases: dict[str, Path | None] = {}
+
+    def add(self, path: str, message: str, owner: Any = None, key: Any = None) -> None:
+        location = None
+        lines = getattr(owner, "lines", None)
+        if lines and key in lines:
+            location = f"{self.filename or '<config>'}:{lines[key]}"
+        self.problems.append(ConfigProblem(path, message, location))
+
+
+def _join(prefix: str, key: str) -> str:
+    return f"{prefix}.{key}" if prefix else key
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"boolean {str(value).lower()}"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, str):
+        return f"string {value!r}"
+    return f"{type(value).__name__} {value!r}"
+
+
+def _is_optional(tp: Any) -> tuple[bool, Any]:
+    if get_origin(tp) in (Union, types.UnionType):
+        args = [a for a in get_args(tp) if a is not type(None)]
+        if len(args) == 1 and len(get_args(tp)) == 2:
+            return True, args[0]
+    return False, tp
+
+
+def _type_text(tp: Any) -> str:
+    """Human (and Markdown) description of a schema type."""
+    optional, inner = _is_optional(tp)
+    if get_origin(inner) is Literal:
+        text = "one of " + ", ".join(f"`{a}`" for a in get_args(inner))
+    elif inner is bool:
+        text = "boolean"
+    elif inner is int:
+        text = "integer"
+    elif inner is float:
+        text = "number"
+    elif inner is str:
+        text = "string"
+    elif get_origin(inner) is tuple:
+        text = "list of numbers"
+    elif dataclasses.is_dataclass(inner):
+        text = "mapping"
+    else:  # pragma: no cover - every schema type is listed above
+        text = str(inner)
+    return f"{text} or null" if optional else text
+
+
+def _coerce(
+    tp: Any, value: Any, meta: Mapping[str, Any], path: str, ctx: _Ctx, owner: Any, key: Any
+) -> tuple[bool, Any]:
+    """Check ``value`` against ``tp``; return (ok, converted value)."""
+    optional, inner = _is_optional(tp)
+    if value is None:
+        if optional:
+            return True, None
+        ctx.add(path, f"must be {_type_text(tp)}, not null", owner, key)
+        return False, None
+    if get_origin(inner) is Literal:
+        allowed = get_args(inner)
+        if isinstance(value, str) and value in allowed:
+            return True, value
+        hint = ""
+        if isinstance(value, str):
+            close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.5)
+            if close:
+                hint = f"; did you mean {close[0]!r}?"
+        elif isinstance(value, bool):
+            hint = " (YAML reads yes/no/on/off as booleans: quote the value)"
+        ctx.add(
+            path,
+            f"{_describe(value)} is not allowed; allowed: {', '.join(allowed)}{hint}",
+            owner,
+            key,
+        )
+        return False, None
+    if inner is bool:
+        if isinstance(value, bool):
+            return True, value
+        ctx.add(path, f"must be a boolean (true or false), not {_describe(value)}", owner, key)
+        return False, None
+    if inner is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            ctx.add(path, f"must be an integer, not {_describe(value)}", owner, key)
+            return False, None
+        out: Any = int(value)
+    elif inner is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            ctx.add(path, f"must be a number, not {_describe(value)}", owner, key)
+            return False, None
+        out = float(value)
+        if not math.isfinite(out):
+            ctx.add(path, f"must be a finite number, not {value!r}", owner, key)
+            return False, None
+    elif inner is str:
+        if not isinstance(value, str):
+            ctx.add(path, f"must be a string, not {_describe(value)}", owner, key)
+            return False, None
+        if not value:
+            ctx.add(path, "must not be empty", owner, key)
+            return False, None
+        return True, value
+    elif get_origin(inner) is tuple:
+        if not isinstance(value, (list, tuple)):
+            ctx.add(
+                path,
+                f"must be a list of numbers (e.g. [104, 117, 123]), not {_describe(value)}",
+                owner,
+                key,
+            )
+            return False, None
+        items = []
+        for i, item in enumerate(value):
+            if (
+                isinstance(item, bool)
+                or not isinstance(item, (int, float))
+                or not math.isfinite(float(item))
+            ):
+                ctx.add(
+                    f"{path}[{i}]", f"must be a finite number, not {_describe(item)}", owner, key
+                )
+                return False, None
+            items.append(float(item))
+        return True, tuple(items)
+    else:  # pragma: no cover - schema types are all handled above
+        raise TypeError(f"unsupported schema type {tp!r}")
+    minimum = meta.get("minimum")
+    if minimum is not None and out < minimum:
+        ctx.add(path, f"must be >= {minimum}, not {value!r}", owner, key)
+        return False, None
+    return True, out
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return tuple((k, _freeze(v)) for k, v in value.items())
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _resolve_path(value: str, base: Path | None) -> str:
+    p = Path(os.path.expanduser(value))
+    if not p.is_absolute() and base is not None:
+        p = base / p
+    if p.is_absolute():
+        return os.path.normpath(p)  # lexical: symlinks are kept as the user wrote them
+    return value
+
+
+def _build(
+    cls: type, raw: Any, prefix: str, ctx: _Ctx, owner: Any = None, owner_key: Any = None
+) -> Any:
+    """Validate ``raw`` (a mapping) against dataclass ``cls``; None if anything is wrong."""
+    if not isinstance(raw, Mapping):
+        ctx.add(
+            prefix or "<top level>",
+            f"must be a mapping of keys, not {_describe(raw)}",
+            owner,
+            owner_key,
+        )
+        return None
+    hints = typing.get_type_hints(cls)
+    flds = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+    ok = True
+    extra: dict[str, Any] = {}
+    for key in raw:
+        if not isinstance(key, str):
+            ctx.add(
+                _join(prefix, str(key)), f"keys must be strings, not {_describe(key)}", raw, key
+            )
+            ok = False
+        elif key not in flds:
+            if cls is CodecConfig:
+                extra[key] = raw[key]
+                continue
+            close = difflib.get_close_matches(key, list(flds), n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            ctx.add(
+                _join(prefix, key),
+                f"unknown key; {hint}allowed keys here: {', '.join(flds)}",
+                raw,
+                key,
+            )
+            ok = False
+    values: dict[str, Any] = {}
+    for name, f in flds.items():
+        path = _join(prefix, name)
+        tp = hints[name]
+        if name not in raw:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                if dataclasses.is_dataclass(tp):
+                    ctx.add(path, "required section missing", owner, owner_key)
+                else:
+                    ctx.add(path, "required key missing", raw, None)
+                ok = False
+            continue
+        value = raw[name]
+        if dataclasses.is_dataclass(tp):
+            built = _build(tp, value, path, ctx, raw, name)
+            if built is None:
+                ok = False
+            else:
+                values[name] = built
+            continue
+        good, converted = _coerce(tp, value, f.metadata, path, ctx, raw, name)
+        if not good:
+            ok = False
+            continue
+        if f.metadata.get("is_path") and converted is not None:
+            converted = _resolve_path(converted, ctx.path_bases.get(path, ctx.base_dir))
+        values[name] = converted
+    if cls is CodecConfig:
+        for key, value in extra.items():
+            if not key.isidentifier():
+                ctx.add(_join(prefix, key), "codec option names must be identifiers", raw, key)
+                ok = False
+            elif not _plain_value(value):
+                ctx.add(
+                    _join(prefix, key),
+                    "codec options must be numbers, strings, booleans, "
+                    f"null or lists of those, not {_describe(value)}",
+                    raw,
+                    key,
+                )
+                ok = False
+        values["options"] = tuple(sorted((k, _freeze(v)) for k, v in extra.items()))
+    if not ok:
+        return None
+    return cls(**values)
+
+
+def _plain_value(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(v is None or isinstance(v, (bool, int, float, str)) for v in value)
+    return False
+
+
+def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> None:
+    """Cross-field rules: combinations each key allows alone but not together."""
+
+    def where(section: str, key: str) -> tuple[Any, Any]:
+        sec = raw.get(section)
+        if isinstance(sec, Mapping) and key in sec:
+            return sec, key
+        return raw, section
+
+    t = cfg.transform
+    if t.mean_values and t.mean_file is not None:
+        ctx.add(
+            "transform.mean_file",
+            "cannot be set together with transform.mean_values "
+            "(Caffe allows one or the other); remove one of them",
+            *where("transform", "mean_file"),
+        )
+    if cfg.shuffle.mode != "none" and cfg.readers.strategy not in SHUFFLE_CAPABLE_STRATEGIES:
+        ctx.add(
+            "shuffle.mode",
+            f"{cfg.shuffle.mode!r} needs readers.strategy: indexed "
+            f"(strategy {cfg.readers.strategy!r} reads records in file order and cannot "
+            "shuffle); set readers.strategy: indexed or shuffle.mode: none",
+            *where("shuffle", "mode"),
+        )
+    if cfg.dataset.scan_groups is not None and cfg.dataset.layout != "pcr":
+        ctx.add(
+            "dataset.scan_groups",
+            f"only applies to dataset.layout: pcr (layout is {cfg.dataset.layout!r}); remove it",
+            *where("dataset", "scan_groups"),
+        )
+    if cfg.dataset.layout not in IMAGE_LAYOUTS:
+        for key, active in (
+            ("crop_size", t.crop_size > 0),
+            ("mirror", t.mirror),
+            ("mean_file", t.mean_file is not None),
+        ):
+            if active:
+                ctx.add(
+                    f"transform.{key}",
+                    f"needs image records (dataset.layout one of "
+                    f"{', '.join(IMAGE_LAYOUTS)}); layout {cfg.dataset.layout!r} holds "
+                    "table rows",
+                    *where("transform", key),
+                )
+    if cfg.codec.name == "none" and cfg.codec.options:
+        names = ", ".join(k for k, _ in cfg.codec.options)
+        ctx.add(
+            "codec",
+            f"options ({names}) given but codec.name is 'none'; set codec.name "
+            "or remove the options",
+            *where("codec", cfg.codec.options[0][0]),
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# overrides
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    import yaml
+
+    if "=" not in item:
+        raise ConfigError(f"override {item!r}: expected key.path=value")
+    key, _, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {item!r}: empty key in {key!r}")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"override {item!r}: value is not valid YAML ({exc})") from None
+    return parts, value
+
+
+def _apply_override(raw: dict, parts: list[str], value: Any, item: str) -> None:
+    node = raw
+    for i, part in enumerate(parts[:-1]):
+        child = node.get(part)
+        if child is None:
+            child = {}
+            node[part] = child
+        elif not isinstance(child, Mapping):
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+        elif not isinstance(child, dict):
+            child = dict(child)
+            node[part] = child
+        node = child
+    node[parts[-1]] = value
+
+
+def _copy_raw(raw: Mapping) -> dict:
+    out = _LocatedDict()
+    out.lines = dict(getattr(raw, "lines", {}))
+    for k, v in raw.items():
+        out[k] = _copy_raw(v) if isinstance(v, Mapping) else v
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def load_config(
+    source: str | os.PathLike | Mapping[str, Any] | JobConfig,
+    overrides: Iterable[str] = (),
+    *,
+    base_dir: str | os.PathLike | None = None,
+) -> JobConfig:
+    """Read, merge and validate a job configuration.
+
+    ``source`` is a YAML file path, a mapping (as YAML would give), or a :class:`JobConfig`.
+    ``overrides`` are ``key.path=value`` strings applied on top, each value parsed as YAML
+    (``batch.size=128``, ``transform.mean_values=[104,117,123]``, ``dataset.subdb=null``).
+    Relative paths (``dataset.path``, ``transform.mean_file``) written in a file resolve
+    against the file's folder; in a mapping against ``base_dir`` when given (else they are
+    kept as written); in an override against the working directory.
+
+    Raises :class:`~lmdbio.errors.ConfigError` listing every problem found (its ``problems``
+    attribute holds :class:`ConfigProblem` items).
+    """
+    filename: str | None = None
+    base: Path | None = Path(base_dir) if base_dir is not None else None
+    if isinstance(source, JobConfig):
+        raw: Any = source.to_dict()
+    elif isinstance(source, Mapping):
+        raw = source
+    elif isinstance(source, (str, os.PathLike)):
+        p = Path(source)
+        filename = str(p)
+        try:
+            text = p.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise ConfigError(f"{p}: config file not found") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{p}: cannot read config file ({exc})") from None
+        raw = _parse_yaml(text, filename)
+        if raw is None:
+            raw = {}
+        if base is None:
+            base = p.resolve().parent
+    else:
+        raise ConfigError(
+            f"config source must be a file path, a mapping or a JobConfig, not "
+            f"{type(source).__name__}"
+        )
+    ctx = _Ctx(filename, base)
+    if not isinstance(raw, Mapping):
+        ctx.add("<top level>", f"a job config must be a mapping of sections, not {_describe(raw)}")
+        _raise_problems(ctx.problems, filename)
+    raw = _copy_raw(raw)
+    for item in overrides:
+        parts, value = _parse_override(item)
+        _apply_override(raw, parts, value, item)
+        dotted = ".".join(parts)
+        ctx.path_bases[dotted] = Path.cwd()
+        if isinstance(value, Mapping):  # a whole section replaced: its paths are cwd-relative
+            for k in value:
+                ctx.path_bases[f"{dotted}.{k}"] = Path.cwd()
+    cfg = _build(JobConfig, raw, "", ctx)
+    if cfg is not None:
+        _check_combinations(cfg, raw, ctx)
+    _raise_problems(ctx.problems, filename)
+    assert cfg is not None
+    return cfg
+
+
+def _to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            if isinstance(obj, CodecConfig) and f.name == "options":
+                out.update(obj.options_dict())
+            else:
+                out[f.name] = _to_dict(value)
+        return out
+    if isinstance(obj, tuple):
+        return [_to_dict(v) for v in obj]
+    return obj
+
+
+def _default_text(f: dataclasses.Field) -> str:
+    if f.default is not dataclasses.MISSING:
+        value = f.default
+    elif f.default_factory is not dataclasses.MISSING:
+        value = f.default_factory()
+        if dataclasses.is_dataclass(value):
+            return "(section)"
+    else:
+        return "**required**"
+    if value is None:
+        return "`null`"
+    if isinstance(value, bool):
+        return f"`{str(value).lower()}`"
+    if isinstance(value, tuple):
+        return "`[]`" if not value else f"`{list(value)}`"
+    return f"`{value}`"
+
+
+def _md_cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def render_reference() -> str:
+    """The Markdown reference of every key (type, default, allowed values, meaning), generated
+    from the schema; ``docs/configuration.md`` is this text (a test keeps them equal)."""
+    lines = [
+        "# Job configuration reference",
+        "",
+        "<!-- GENERATED by lmdbio.config.render_reference(); do not edit by hand. Regenerate "
+        "with `python -m lmdbio.config > docs/configuration.md`. -->",
+        "",
+        "A job is a YAML file read by `lmdbio run CONFIG.yaml` and `loaders.open(CONFIG)` "
+        "through `lmdbio.config.load_config(source, overrides)`. Only `dataset.path` is "
+        "required. Unknown keys, wrong types, values outside the allowed set and impossible "
+        "combinations are errors that name the key path (and the file and line) and what is "
+        "allowed; a misspelt key gets the closest valid name suggested.",
+        "",
+        "Overrides: `key.path=value`, the value parsed as YAML, e.g. "
+        "`batch.size=128 shuffle.mode=global readers.strategy=indexed "
+        "transform.mean_values=[104,117,123]`.",
+        "",
+        "Paths (`dataset.path`, `transform.mean_file`): relative paths in a file resolve "
+        "against the file's folder; in an override, against the working directory.",
+        "",
+    ]
+    hints = typing.get_type_hints(JobConfig)
+    top_scalars = []
+    for f in dataclasses.fields(JobConfig):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            lines += _render_section(f.name, tp, f.metadata["doc"])
+        else:
+            top_scalars.append(f)
+    lines += ["## Top-level keys", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in top_scalars:
+        lines.append(
+            f"| `{f.name}` | {_md_cell(_field_type_text(f, hints[f.name]))} | "
+            f"{_default_text(f)} | {_md_cell(f.metadata['doc'])} |"
+        )
+    lines.append("")
+    for f in top_scalars:
+        lines += _render_choices(f.name, f.metadata)
+    lines += [
+        "## Rules across keys",
+        "",
+        "- `transform.mean_values` and `transform.mean_file` cannot both be set.",
+        "- `shuffle.mode` other than `none` needs `readers.strategy: "
+        + " | ".join(SHUFFLE_CAPABLE_STRATEGIES)
+        + "`.",
+        "- `dataset.scan_groups` only applies to `dataset.layout: pcr`.",
+        "- `transform.crop_size`, `transform.mirror` and `transform.mean_file` need image "
+        "records: `dataset.layout` one of " + ", ".join(f"`{x}`" for x in IMAGE_LAYOUTS) + ".",
+        "- codec options need a `codec.name` other than `none`.",
+        "- `transform.mean_values` holds one value or one per channel (checked against the "
+        "data when the job starts).",
+        "",
+        "## Defaults in full",
+        "",
+        "```yaml",
+        *_yaml_defaults(),
+        "```",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _field_type_text(f: dataclasses.Field, tp: Any) -> str:
+    text = _type_text(tp)
+    if f.metadata.get("minimum") is not None:
+        text += f", >= {f.metadata['minimum']}"
+    if f.metadata.get("is_path"):
+        text += " (path)"
+    return text
+
+
+def _render_section(name: str, cls: type, doc: str) -> list[str]:
+    hints = typing.get_type_hints(cls)
+    lines = [
+        f"## `{name}`",
+        "",
+        _md_cell(" ".join((cls.__doc__ or doc).split())),
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for f in dataclasses.fields(cls):
+        key = f"{name}.{f.name}" if f.name != "options" else f"{name}.<option>"
+        if f.name == "options":
+            tp_text = "any scalar or list"
+        else:
+            tp_text = _field_type_text(f, hints[f.name])
+        default = "none" if f.name == "options" else _default_text(f)
+        lines.append(
+            f"| `{key}` | {_md_cell(tp_text)} | {default} | {_md_cell(f.metadata['doc'])} |"
+        )
+    lines.append("")
+    for f in dataclasses.fields(cls):
+        lines += _render_choices(f"{name}.{f.name}", f.metadata)
+    return lines
+
+
+def _render_choices(key: str, meta: Mapping[str, Any]) -> list[str]:
+    choices = meta.get("choices") or {}
+    if not choices:
+        return []
+    lines = [f"`{key}`:", ""]
+    lines += [f"- `{value}`: {text}" for value, text in choices.items()]
+    lines.append("")
+    return lines
+
+
+def _yaml_defaults() -> list[str]:
+    import yaml
+
+    defaults: dict[str, Any] = {"dataset": {"path": "PATH/TO/LMDB"}}
+    hints = typing.get_type_hints(JobConfig)
+    for f in dataclasses.fields(JobConfig):
+        tp = hints[f.name]
+        if f.name == "dataset":
+            for g in dataclasses.fields(DatasetConfig):
+                if g.default is not dataclasses.MISSING:
+                    defaults["dataset"][g.name] = g.default
+        elif dataclasses.is_dataclass(tp):
+            defaults[f.name] = _to_dict(tp())
+        else:
+            defaults[f.name] = f.default
+    return yaml.safe_dump(defaults, sort_keys=False, default_flow_style=False).splitlines()
+
+
+if __name__ == "__main__":  # pragma: no cover - the regeneration command of the reference
+    import sys
+
+    sys.stdout.write(render_reference())

@@ -1,0 +1,198 @@
+"""Sources the ``caffe-datum`` and ``tensor`` converters read: a bundled data set name, a
+folder of images (one subfolder per class, as for Caffe's ``convert_imageset``), or a
+``.npy`` / ``.npz`` file of arrays.
+
+A source yields :class:`Sample` objects lazily (a folder is read one image at a time), in the
+order records will be written; ``--shuffle`` reorders them first, ``--limit`` keeps the first N.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+
+from lmdbio.errors import LmdbioError
+
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
+                  ".pgm", ".pnm")
+
+
+@dataclass
+class Sample:
+    """One record to write. ``array`` is ``(H, W)``, ``(H, W, C)`` (an image as read from a
+    file or bundled, RGB) or ``(C, H, W)`` / ``(F,)`` (from user arrays: ``layout`` says which);
+    ``file`` is the original encoded image when there is one."""
+
+    name: str | None
+    label: int
+    load: Callable[[], np.ndarray]
+    layout: Literal["hwc", "chw", "row"]
+    file: Path | None = None
+
+
+@dataclass
+class Source:
+    """What a converter reads: samples plus what the metadata needs to say about them."""
+
+    kind: Literal["image", "table"]
+    samples: list[Sample]
+    label_names: list[str]
+    provenance: str
+    from_image_files: bool  #: pixels come from image files/bundled photos (Caffe reads BGR)
+
+
+def add_source_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options shared by the array-and-image converters."""
+    parser.add_argument("--limit", type=int, default=None, metavar="N",
+                        help="write only the first N records (after --shuffle)")
+    parser.add_argument("--shuffle", action="store_true",
+                        help="shuffle the samples before numbering them (convert_imageset "
+                             "--shuffle)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --shuffle")
+    parser.add_argument("--gray", action="store_true",
+                        help="image folders: read images as one grey channel (default: 3 "
+                             "colour channels, as convert_imageset)")
+    parser.add_argument("--resize", type=int, nargs=2, metavar=("H", "W"), default=None,
+                        help="image folders: resize every image to H x W (bilinear)")
+    parser.add_argument("--input-order", choices=("nchw", "nhwc"), default="nchw",
+                        help=".npy/.npz 4-D arrays: axis order of X (default nchw)")
+    parser.add_argument("--labels", default=None, metavar="FILE.npy",
+                        help=".npy input: labels (default: every label 0)")
+
+
+def _read_image_file(path: Path, gray: bool, resize: tuple[int, int] | None) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            im = im.convert("L" if gray else "RGB")
+            if resize is not None:
+                im = im.resize((resize[1], resize[0]), Image.BILINEAR)
+            return np.asarray(im)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise LmdbioError(f"{path}: cannot read image ({exc})") from None
+
+
+def _folder_source(root: Path, args: argparse.Namespace) -> Source:
+    classes = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+    loose = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    groups: list[tuple[str, list[Path]]] = []
+    for d in classes:
+        files = sorted(p for p in d.rglob("*") if p.is_file()
+                       and p.suffix.lower() in IMAGE_SUFFIXES)
+        if files:
+            groups.append((d.name, files))
+    if groups and loose:
+        raise LmdbioError(f"{root}: images both directly in the folder and in subfolders; put "
+                          "every image in a class subfolder (its name is the label)")
+    if not groups:
+        if not loose:
+            raise LmdbioError(f"{root}: no images found (suffixes "
+                              f"{', '.join(IMAGE_SUFFIXES)})")
+        groups = [(root.name, loose)]
+    gray = bool(getattr(args, "gray", False))
+    resize = tuple(args.resize) if getattr(args, "resize", None) else None
+    samples = []
+    for label, (_, files) in enumerate(groups):
+        for f in files:
+            samples.append(Sample(
+                f.relative_to(root).as_posix(), label,
+                (lambda f=f: _read_image_file(f, gray, resize)), "hwc", f))
+    names = [g for g, _ in groups]
+    return Source("image", samples, names,
+                  f"image folder {root} ({len(samples)} images, {len(names)} classes from "
+                  "subfolder names)", True)
+
+
+def _array_source(path: Path, args: argparse.Namespace) -> Source:
+    try:
+        loaded = np.load(path, allow_pickle=False)
+    except (OSError, ValueError) as exc:
+        raise LmdbioError(f"{path}: cannot read ({exc})") from None
+    if isinstance(loaded, np.lib.npyio.NpzFile):
+        with loaded:
+            names = set(loaded.files)
+            xk = next((k for k in ("X", "x", "data", "images") if k in names), None)
+            yk = next((k for k in ("y", "Y", "labels", "label", "target") if k in names), None)
+            if xk is None:
+                raise LmdbioError(f"{path}: no data array (looked for X, x, data, images; "
+                                  f"found {', '.join(sorted(names))})")
+            X = loaded[xk]
+            y = loaded[yk] if yk else None
+    else:
+        X, y = loaded, None
+        if getattr(args, "labels", None):
+            y = np.load(args.labels, allow_pickle=False)
+    X = np.asarray(X)
+    if X.ndim not in (2, 3, 4):
+        raise LmdbioError(f"{path}: X has shape {X.shape}; expected (N, F) rows, (N, H, W) "
+                          "or (N, C, H, W) / (N, H, W, C) images")
+    n = X.shape[0]
+    if y is None:
+        y = np.zeros(n, np.int64)
+    y = np.asarray(y)
+    if y.shape != (n,) or not np.issubdtype(y.dtype, np.integer):
+        raise LmdbioError(f"{path}: labels must be {n} integers, got shape {y.shape} {y.dtype}")
+    if X.ndim == 4 and getattr(args, "input_order", "nchw") == "nhwc":
+        X = X.transpose(0, 3, 1, 2)
+    layout: Literal["hwc", "chw", "row"] = "row" if X.ndim == 2 else "chw"
+    samples = [Sample(None, int(y[i]), (lambda i=i: X[i]), layout) for i in range(n)]
+    kind: Literal["image", "table"] = "table" if X.ndim == 2 else "image"
+    return Source(kind, samples, [str(v) for v in np.unique(y).tolist()],
+                  f"array file {path} (X {X.shape} {X.dtype})", False)
+
+
+def _dataset_source(name: str) -> Source:
+    from lmdbio.datasets import load_dataset
+
+    ds = load_dataset(name)
+    data = ds.data
+    samples = []
+    for i in range(len(ds)):
+        file = ds.files[i] if ds.files else None
+        samples.append(Sample(file.name if file else None, int(ds.labels[i]),
+                              (lambda i=i: data[i]), "hwc" if ds.kind == "image" else "row",
+                              file))
+    photos = ds.files is not None
+    return Source(ds.kind, samples, list(ds.label_names), ds.provenance, photos)
+
+
+def open_source(src: str, args: argparse.Namespace) -> Source:
+    """Resolve ``src`` (data set name, folder, .npy/.npz) and apply --shuffle / --limit."""
+    from lmdbio.datasets import is_dataset_name
+
+    p = Path(src)
+    if is_dataset_name(src):
+        source = _dataset_source(src)
+    elif p.is_dir():
+        source = _folder_source(p, args)
+    elif p.suffix in (".npy", ".npz") and p.is_file():
+        source = _array_source(p, args)
+    elif not p.exists():
+        raise LmdbioError(f"{src}: no such file or folder, and not a bundled data set name "
+                          "(e.g. sklearn:digits; see lmdbio.datasets.available_datasets())")
+    else:
+        raise LmdbioError(f"{src}: unsupported source; expected a data set name, a folder of "
+                          "images or a .npy/.npz file")
+    if getattr(args, "shuffle", False):
+        order = np.random.default_rng(getattr(args, "seed", 0)).permutation(len(source.samples))
+        source.samples = [source.samples[i] for i in order]
+    limit = getattr(args, "limit", None)
+    if limit is not None:
+        if limit < 0:
+            raise LmdbioError(f"--limit must be >= 0, not {limit}")
+        source.samples = source.samples[:limit]
+    if not source.samples:
+        raise LmdbioError(f"{src}: nothing to write (0 samples)")
+    return source
+
+
+def iter_samples(source: Source) -> Iterator[tuple[int, Sample, np.ndarray]]:
+    """``(index, sample, array)`` in write order, loading each array when it is needed."""
+    for i, s in enumerate(source.samples):
+        yield i, s, np.asarray(s.load())
