@@ -147,11 +147,12 @@ def _datum_fields(value: bytes) -> dict[str, Any]:
     except ImportError:
         return parse_datum_minimal(value)
     d = decode_datum(value)
-    get = (lambda k, default: d.get(k, default)) if isinstance(d, dict) else \
-        (lambda k, default: getattr(d, k, default))
-    return {k: get(k, default) for k, default in (
-        ("channels", 0), ("height", 0), ("width", 0), ("data", b""), ("label", 0),
-        ("encoded", False), ("float_data", 0))}
+    out: dict[str, Any] = {}
+    for k, default in (("channels", 0), ("height", 0), ("width", 0), ("data", b""),
+                       ("label", 0), ("encoded", False)):
+        v = d.get(k) if isinstance(d, dict) else getattr(d, k, None)
+        out[k] = default if v is None else v
+    return out
 
 
 def _datum_image(key: bytes, value: bytes) -> tuple[bytes | np.ndarray, int]:
