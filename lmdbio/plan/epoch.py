@@ -141,14 +141,14 @@ def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: st
         pos = (i * batch + k) * consumers + c
         if last == "partial" and iters:
             count = np.maximum(0, -(-(n_records - c[0, :, 0]) // consumers))  # per consumer
-            sizes[-1] = np.clip(count - (iters - 1) * batch, 0, batch)
+            sizes[:] = np.clip(count[None, :] - np.arange(iters)[:, None] * batch, 0, batch)
     else:  # shard
         shard = -(-n_records // consumers) if n_records else 0
         pos = c * shard + i * batch + k
         if last == "partial" and iters:
             ends = np.minimum((np.arange(consumers) + 1) * shard, n_records)
             own = np.maximum(ends - np.arange(consumers) * shard, 0)
-            sizes[-1] = np.clip(own - (iters - 1) * batch, 0, batch)
+            sizes[:] = np.clip(own[None, :] - np.arange(iters)[:, None] * batch, 0, batch)
     return pos.astype(np.int64), sizes
 
 
