@@ -158,9 +158,14 @@ class Loader:
 
     # ----------------------------------------------------------------- epochs and state
     def set_epoch(self, epoch: int) -> None:
-        """Choose the epoch the next ``for`` loop delivers (seeds the shuffle)."""
+        """Choose the epoch the next ``for`` loop delivers (seeds the shuffle).
+
+        Setting the epoch a loaded state is in keeps that state's position, so the usual
+        ``set_epoch(e); for batch in loader`` resumes where the state was taken.
+        """
+        if int(epoch) != self.epoch:
+            self.start_iteration = 0
         self.epoch = int(epoch)
-        self.start_iteration = 0
 
     def state_dict(self) -> dict[str, Any]:
         """Where the workers are: resume with :meth:`load_state_dict` on every rank.

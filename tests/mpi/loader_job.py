@@ -1,0 +1,62 @@
+"""Run the loader under mpiexec and emit what every rank received (tests/test_service.py).
+
+Usage: loader_job.py DB [--set key=value ...] [--resume-at K] [--epochs E]
+Each rank emits, per epoch, the record ids, padding flags, keys (hex) and labels it got, in
+order. With --resume-at K the job runs epoch 0 once in full, takes the state after K
+batches, then opens a second loader that loads that state and emits what it delivers.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from mpi4py import MPI
+
+import loaders
+from lmdbio.mpiutil import abort_on_error
+from tests.mpi._result import emit
+
+
+def consume(loader, epochs, state_at=None):
+    out, state = [], None
+    for epoch in range(epochs):
+        loader.set_epoch(epoch)
+        for k, batch in enumerate(loader):
+            out.append({"epoch": epoch, "iteration": batch.iteration,
+                        "ids": batch.ids.tolist(), "padding": batch.padding.tolist(),
+                        "keys": [key.hex() for key in batch.keys],
+                        "labels": [int(x) for x in batch.label.tolist()]})
+            if state_at is not None and k + 1 == state_at:
+                state = loader.state_dict()
+    return out, state
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("db")
+    p.add_argument("--set", dest="overrides", action="append", default=[])
+    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--resume-at", type=int, default=None)
+    args = p.parse_args()
+    cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
+    world = MPI.COMM_WORLD
+    with abort_on_error():
+        with loaders.open(cfg, args.overrides) as loader:
+            got, state = consume(loader, args.epochs if args.resume_at is None else 1,
+                                 args.resume_at)
+            role = {"worker": loader.is_worker, "reader": loader.session.reads,
+                    "node": loader.topo.node_index, "iterations": len(loader)}
+        if args.resume_at is None:
+            emit({**role, "batches": got})
+            return
+        # every rank resumes from the state a worker saved (dedicated readers have none)
+        states = world.allgather(state)
+        state = next(s for s in states if s is not None)
+        with loaders.open(cfg, args.overrides) as loader:
+            loader.load_state_dict(state)
+            resumed, _ = consume(loader, 1)
+        emit({**role, "batches": got, "resumed": resumed, "state": state})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""The data-loading service end to end, under mpiexec: exactly-once delivery with Caffe's
+labels, equal batch counts, exact resume, a killed rank ending the job, no shared memory left.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
+from tests.lmdbgen import read_pylmdb, write_db
+from tests.mpi_harness import OPENMPI_ENV, require_mpiexec, run_mpi
+
+
+N_RECORDS = 203  # not a multiple of any batch used below: the last batch matters
+
+
+@pytest.fixture(scope="module")
+def datum_db(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("datum-db")
+    rng = np.random.default_rng(5)
+    items = []
+    for i in range(N_RECORDS):
+        img = rng.integers(0, 256, (3, 6, 5), dtype=np.uint8)
+        items.append((b"%08d_img%d.png" % (i, i), encode_datum(datum_from_array(img, i % 7))))
+    write_db(path, items, commit_every=50)
+    return path
+
+
+def expected_labels(db: Path) -> dict[str, int]:
+    return {k.hex(): decode_datum(v).label for k, v in read_pylmdb(db)}
+
+
+def worker_batches(run) -> dict[int, list[dict]]:
+    return {r: res[-1]["batches"] for r, res in run.results.items() if res[-1]["worker"]}
+
+
+CASES = [
+    (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global"]),
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"]),
+    (4, ["readers.strategy=lmm", "topology.simulate_nodes=2", "readers.mode=colocated"]),
+    (2, ["readers.strategy=dm-serial", "topology.simulate_nodes=2"]),
+    (1, ["readers.strategy=indexed", "shuffle.mode=block"]),
+    (3, ["readers.strategy=naive-stride"]),
+    (2, ["readers.strategy=naive-contig"]),
+]
+
+
+@pytest.mark.parametrize(("nprocs", "overrides"), CASES, ids=lambda c: str(c))
+def test_every_record_once_per_epoch_with_caffe_labels(datum_db, nprocs, overrides):
+    sets = [a for o in overrides + ["batch.size=16", "batch.last=pad"] for a in ("--set", o)]
+    run = run_mpi(nprocs, "loader_job.py", [str(datum_db), *sets], timeout=120)
+    labels = expected_labels(datum_db)
+    per_worker = worker_batches(run)
+    assert per_worker, "no worker rank reported"
+    counts = {len(b) for b in per_worker.values()}
+    assert len(counts) == 1, f"workers got different batch counts: {counts}"
+    for epoch in (0, 1):
+        seen = Counter()
+        for batches in per_worker.values():
+            for b in (x for x in batches if x["epoch"] == epoch):
+                for key, label, pad in zip(b["keys"], b["labels"], b["padding"], strict=True):
+                    assert labels[key] == label
+                    if not pad:
+                        seen[key] += 1
+        assert set(seen) == set(labels) and set(seen.values()) == {1}, epoch
+
+
+@pytest.mark.parametrize("last", ["pad", "drop", "partial"])
+def test_equal_batch_counts(datum_db, last):
+    run = run_mpi(4, "loader_job.py", [str(datum_db), "--set", "batch.size=24", "--set",
+                                       f"batch.last={last}", "--set",
+                                       "readers.strategy=indexed", "--set",
+                                       "topology.simulate_nodes=2", "--epochs", "1"],
+                  timeout=120)
+    per_worker = worker_batches(run)
+    lengths = {r: [len(b["ids"]) for b in batches] for r, batches in per_worker.items()}
+    assert len({len(v) for v in lengths.values()}) == 1  # same number of batches everywhere
+    total_real = sum(len(b["ids"]) - sum(b["padding"]) for bs in per_worker.values()
+                     for b in bs)
+    if last == "pad":
+        assert all(set(v) == {12} for v in lengths.values())
+        assert total_real == N_RECORDS
+    elif last == "drop":
+        assert all(set(v) == {12} for v in lengths.values())
+        assert total_real == (N_RECORDS // 24) * 24
+    else:
+        assert total_real == N_RECORDS
+
+
+@pytest.mark.parametrize("strategy", ["indexed", "dm-spec", "lmm"])
+def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy):
+    run = run_mpi(4, "loader_job.py", [str(datum_db), "--set", "batch.size=16", "--set",
+                                       f"readers.strategy={strategy}", "--set",
+                                       "topology.simulate_nodes=2", "--set",
+                                       "shuffle.mode=" + ("global" if strategy == "indexed"
+                                                          else "none"),
+                                       "--resume-at", "3"], timeout=120)
+    for r, res in run.results.items():
+        out = res[-1]
+        if not out["worker"]:
+            continue
+        full = [b["ids"] for b in out["batches"]]
+        resumed = [b["ids"] for b in out["resumed"]]
+        assert out["state"]["iteration"] == 3
+        assert resumed == full[3:], f"rank {r}"
+
+
+def _shm_files() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path):
+    mpiexec = require_mpiexec()
+    before = _shm_files()
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{path: {datum_db}, layout: caffe-datum}}\n"
+                   "batch: {size: 4}\nreaders: {strategy: dm-spec}\n"
+                   "topology: {simulate_nodes: 2}\nepochs: 100000\nmetrics: {every: 0}\n")
+    env = {**os.environ, **OPENMPI_ENV}
+    proc = subprocess.Popen(
+        [str(mpiexec), "-n", "4", sys.executable, "-m", "lmdbio.cli", "run", str(cfg)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        time.sleep(8)  # let the job get going
+        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+        ranks = subprocess.run(["pgrep", "-f", f"lmdbio.cli run {cfg}"], capture_output=True,
+                               text=True).stdout.split()
+        victims = [int(p) for p in ranks if int(p) != proc.pid]
+        assert victims, "no rank process found"
+        os.kill(victims[-1], signal.SIGKILL)
+        t0 = time.monotonic()
+        proc.wait(timeout=60)
+        assert time.monotonic() - t0 < 60
+        assert proc.returncode != 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    time.sleep(1)
+    assert _shm_files() - before == set()
