@@ -19,7 +19,6 @@ from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
 from tests.lmdbgen import read_pylmdb, write_db
 from tests.mpi_harness import OPENMPI_ENV, require_mpiexec, run_mpi
 
-
 N_RECORDS = 203  # not a multiple of any batch used below: the last batch matters
 
 
@@ -56,7 +55,7 @@ CASES = [
 
 @pytest.mark.parametrize(("nprocs", "overrides"), CASES, ids=lambda c: str(c))
 def test_every_record_once_per_epoch_with_caffe_labels(datum_db, nprocs, overrides):
-    sets = [a for o in overrides + ["batch.size=16", "batch.last=pad"] for a in ("--set", o)]
+    sets = [a for o in [*overrides, "batch.size=16", "batch.last=pad"] for a in ("--set", o)]
     run = run_mpi(nprocs, "loader_job.py", [str(datum_db), *sets], timeout=120)
     labels = expected_labels(datum_db)
     per_worker = worker_batches(run)
