@@ -110,6 +110,21 @@ def _free(comm: Any) -> None:
 
 
 @dataclass(eq=False)
+_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_STEP_ID")
+
+
+def _prepare_singleton() -> None:
+    """A process started without mpiexec is an MPI singleton: Open MPI's shared-memory
+    transport would leave its 16 MiB segment file in /dev/shm after exit, and one process
+    needs no transport but ``self``. Only before MPI starts, and only when nothing says the
+    process was launched."""
+    import os
+    import sys
+
+    if "mpi4py.MPI" not in sys.modules and not any(k in os.environ for k in _LAUNCHED):
+        os.environ.setdefault("OMPI_MCA_btl", "self")
+
+
 class Topology:
     """This rank's place in the job; built by the collective :meth:`build`.
 
@@ -163,6 +178,7 @@ class Topology:
         clamped to the node size. Every argument must be the same on every rank; a wrong
         value raises :class:`~lmdbio.errors.ConfigError` on every rank.
         """
+        _prepare_singleton()
         from mpi4py import MPI
 
         from lmdbio.mpiutil import agree

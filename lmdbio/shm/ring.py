@@ -1,0 +1,853 @@
+"""The node's batch ring: K slots in one MPI-3 shared window, control by small MPI messages.
+
+One reader rank per node fills slots; the node's worker ranks read their part of each slot in
+place. The data never moves through MPI; only 32-byte control messages do:
+
+* ``READY(slot, seq)``    reader -> every worker, after the slot was sealed and fenced;
+* ``RELEASED(slot, seq)`` worker -> reader, when the worker is done with its part;
+* ``STOP``                reader -> every worker, after the last slot;
+* ``ABORT(reason)``       any rank -> every other rank, when it raises, is signalled or exits
+  without closing, so that nobody waits for a peer that will never answer.
+
+Slot ``seq % K`` carries batch number ``seq``. The reader may publish batch ``seq`` only when
+every worker released batch ``seq - K``: it runs at most K batches ahead (the prefetch depth)
+and then waits; it can never overwrite a slot that a worker still reads. Every rank keeps one
+persistent ``Irecv`` posted and waits by polling ``Test`` with a growing sleep (no spinning
+on shared flags, and it lets SIGINT/SIGTERM handlers run); every wait has a timeout that
+raises :class:`~lmdbio.shm.errors.RingTimeoutError` saying what was waited for.
+
+Memory ordering follows the MPI-3 unified model: all ranks hold a ``Lock_all`` epoch,
+the writer calls ``Win.Sync`` before sending ``READY``, the worker calls ``Win.Sync`` after
+receiving it (and before sending ``RELEASED``), the reader after the release.
+
+Cleanup: :meth:`BatchRing.close` (collective) frees the window; on an exception inside
+``with ring:``, on SIGINT/SIGTERM (through :func:`lmdbio.mpiutil.on_shutdown`) and at
+interpreter exit without ``close`` the ring *aborts*: it tells its peers, drops its views and
+unlinks a backing file if the MPI library left one with a name (Open MPI 5 does not: it
+unlinks the file once every rank mapped it). It never calls a collective on those paths,
+because the peers may not be there to match it; the memory goes back to the OS when the
+processes exit. ``close`` frees the window only when no rank of the node still holds numpy
+views into it (a collective check), so a stale view can never point at unmapped memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from lmdbio.errors import ConfigError
+from lmdbio.mpiutil import on_shutdown, remove_shutdown
+from lmdbio.shm.cleanup import backing_file, unlink_quietly
+from lmdbio.shm.errors import RingAbortedError, RingError, RingTimeoutError, SlotCorruptError
+from lmdbio.shm.layout import (
+    SlotBuffers,
+    SlotLayout,
+    SlotView,
+    SlotWriter,
+    checksum_kind,
+    read_slot,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mpi4py import MPI
+
+__all__ = ["DEFAULT_TIMEOUT", "BatchRing", "RingStats"]
+
+log = logging.getLogger("lmdbio.shm")
+
+#: seconds any ring operation waits by default before raising RingTimeoutError
+DEFAULT_TIMEOUT = 300.0
+#: how long an aborting rank waits for its ABORT messages to leave, and a receiver for the
+#: reason text that follows an ABORT
+_ABORT_GRACE = 1.0
+#: longest reason text sent with ABORT
+_REASON_MAX = 2000
+
+_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
+
+_READY, _RELEASED, _STOP, _ABORT = 1, 2, 3, 4
+_KIND_NAMES = {_READY: "READY", _RELEASED: "RELEASED", _STOP: "STOP", _ABORT: "ABORT"}
+_TAG_CTRL, _TAG_REASON = 1, 2
+
+
+@dataclass
+class RingStats:
+    """Counters of one rank's use of the ring (all ranks keep their own)."""
+
+    #: slots published (reader)
+    published: int = 0
+    #: payload bytes published (reader)
+    bytes_published: int = 0
+    #: seconds the reader waited for a free slot: the workers were behind (reader stall)
+    reader_wait_s: float = 0.0
+    #: acquisitions that had to wait at all (reader)
+    reader_waits: int = 0
+    #: slots received (worker)
+    consumed: int = 0
+    #: seconds the worker waited for the next slot: the reader was behind (worker stall)
+    worker_wait_s: float = 0.0
+    #: slots whose validation failed (worker)
+    corrupt: int = 0
+    #: most slots published and not yet released at once (reader)
+    max_in_flight: int = 0
+
+    def as_dict(self) -> dict[str, float]:
+        """The counters as a plain dict (for JSON metrics)."""
+        return asdict(self)
+
+
+def _agree_or_raise(comm: MPI.Comm, error: str | None, what: str) -> None:
+    """Collective: raise ``RingError`` on every rank if any rank reports ``error``."""
+    errors = comm.allgather(error)
+    bad = {r: e for r, e in enumerate(errors) if e}
+    if bad:
+        detail = "; ".join(f"node rank {r}: {e}" for r, e in sorted(bad.items()))
+        raise RingError(f"{what} failed: {detail}")
+
+
+class BatchRing:
+    """K batch slots in node shared memory, written by one reader rank, read by the workers.
+
+    Build it with :meth:`create` (collective over the node communicator). Reader side::
+
+        with BatchRing.create(node, 0, slots=4, payload_bytes=cap, max_records=b) as ring:
+            for it, (payload, offsets, labels) in enumerate(batches):
+                w = ring.acquire_slot(epoch, it)     # waits while K slots are in use
+                w.write(payload, offsets, labels)
+                w.publish()
+            # leaving the block sends STOP and frees the window (collective)
+
+    Worker side (the same ``with`` around it)::
+
+        for view in ring.iter_slots():               # None/STOP ends the loop
+            use(view.payload, view.offsets, view.labels)   # zero-copy, read-only
+
+    A rank is the reader, a worker, or both (``colocated``, e.g. a single-rank node).
+    """
+
+    def __init__(self) -> None:  # use create()
+        raise TypeError("use BatchRing.create(node_comm, ...) (a collective call)")
+
+    # ================================================================== construction
+    @classmethod
+    def create(
+        cls,
+        node_comm: MPI.Intracomm,
+        reader_rank: int = 0,
+        *,
+        slots: int = 2,
+        payload_bytes: int | None = None,
+        max_records: int | None = None,
+        key_bytes: int | None = None,
+        workers: Sequence[int] | None = None,
+        colocated: bool = False,
+        checksum: bool | str = True,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_sleep: float = 1e-3,
+        spin: float = 2e-4,
+    ) -> BatchRing:
+        """Collective over ``node_comm`` (ranks that share memory): allocate the ring.
+
+        ``reader_rank`` and ``slots`` (K, the prefetch depth) must be the same on every rank.
+        The sizes and roles are taken from the reader (other ranks may pass ``None``):
+        ``payload_bytes`` per slot (see :func:`~lmdbio.shm.payload_bytes_for`),
+        ``max_records`` per batch, ``key_bytes`` per batch (default ``64 * max_records``;
+        0 to keep no keys), ``workers`` (node ranks that consume, in part order; default:
+        every rank but the reader, or all ranks with ``colocated``, or the reader alone on a
+        single-rank node) and ``checksum`` (per worker part: ``True``/``"xxh64"``,
+        ``"crc32"`` or ``False``).
+        ``timeout`` (seconds) bounds every wait of this rank unless a call gives its own;
+        waits poll ``Test`` (with ``sched_yield``) for ``spin`` seconds, then sleep from 20 us
+        doubling up to ``max_sleep``.
+
+        The window is ``MPI.Win.Allocate_shared`` with the whole ring on the reader and 0
+        bytes elsewhere; every rank maps the reader's segment (``Shared_query``) as one numpy
+        ``uint8`` array. Raises :class:`~lmdbio.errors.ConfigError` (bad sizes) or
+        :class:`RingError` on every rank alike.
+        """
+        from mpi4py import MPI
+
+        if not isinstance(node_comm, MPI.Intracomm) or node_comm == MPI.COMM_NULL:
+            raise ConfigError(f"BatchRing.create needs an intracommunicator, got {node_comm!r}")
+        rank, size = node_comm.Get_rank(), node_comm.Get_size()
+        # 1. every rank must agree on the root and the slot count before any bcast from it
+        gathered = node_comm.allgather((reader_rank, slots))
+        if any(g != gathered[0] for g in gathered):
+            raise ConfigError(
+                "BatchRing.create: reader_rank and slots must be equal on every rank, got "
+                + ", ".join(f"node rank {r}: {g}" for r, g in enumerate(gathered))
+            )
+        try:
+            reader = int(reader_rank)
+            k = int(slots)
+            if isinstance(reader_rank, bool) or isinstance(slots, bool):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise ConfigError(f"BatchRing.create: reader_rank and slots must be integers, got "
+                              f"{reader_rank!r}, {slots!r}") from None
+        if not 0 <= reader < size:
+            raise ConfigError(f"BatchRing.create: reader_rank {reader} outside the node's "
+                              f"{size} ranks")
+        if k < 1:
+            raise ConfigError(f"BatchRing.create: slots (prefetch depth) must be >= 1, got {k}")
+        # 2. the reader decides sizes and roles; everyone raises alike on a bad config
+        cfg: tuple[Any, ...] | str | None = None
+        if rank == reader:
+            try:
+                if payload_bytes is None or max_records is None:
+                    raise ConfigError("the reader must give payload_bytes and max_records")
+                if workers is None:
+                    if colocated or size == 1:
+                        wlist = list(range(size))
+                    else:
+                        wlist = [r for r in range(size) if r != reader]
+                else:
+                    wlist = [int(w) for w in workers]
+                    if not wlist or len(set(wlist)) != len(wlist) or \
+                            not all(0 <= w < size for w in wlist):
+                        raise ConfigError(f"workers must be distinct node ranks in 0..{size - 1},"
+                                          f" got {list(workers)}")
+                kb = 64 * int(max_records) if key_bytes is None else key_bytes
+                layout = SlotLayout(len(wlist), max_records, payload_bytes, kb)
+                layout.window_bytes(k)
+                cfg = (layout.n_parts, layout.max_records, layout.payload_capacity,
+                       layout.key_capacity, tuple(wlist), checksum_kind(checksum))
+            except (ConfigError, TypeError, ValueError) as exc:
+                cfg = f"{type(exc).__name__}: {exc}"
+        cfg = node_comm.bcast(cfg, root=reader)
+        if isinstance(cfg, str):
+            raise ConfigError(f"BatchRing.create (node rank {reader}, the reader): {cfg}")
+        n_parts, max_rec, cap, kcap, wtuple, kind = cfg
+        layout = SlotLayout(n_parts, max_rec, cap, kcap)
+
+        self = object.__new__(cls)
+        self._init_state(MPI, node_comm.Dup(), layout, k, reader, wtuple, kind,
+                         float(timeout), float(max_sleep), float(spin))
+        try:
+            self._allocate(layout)
+        except BaseException:
+            self._comm.Free()
+            raise
+        self._start()
+        return self
+
+    def _init_state(self, MPI: Any, comm: MPI.Intracomm, layout: SlotLayout, k: int, reader: int,
+                    workers: tuple[int, ...], checksum: int, timeout: float, max_sleep: float,
+                    spin: float) -> None:
+        self._MPI = MPI
+        self._comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.layout = layout
+        self.slots = k
+        self.reader_rank = reader
+        self.workers = workers
+        self._widx = {r: i for i, r in enumerate(workers)}
+        self.is_reader = self.rank == reader
+        self.is_worker = self.rank in self._widx
+        self.worker_index = self._widx.get(self.rank, -1)
+        self.checksum = checksum
+        self.timeout = timeout
+        self._max_sleep = max_sleep
+        self._spin = spin
+        self.stats = RingStats()
+        self.backing_file: str | None = None
+        # window
+        self._win: Any = None
+        self._base: np.ndarray | None = None
+        self._bufs: list[SlotBuffers] = []
+        self._pinned: tuple[Any, int] | None = None
+        # messages
+        self._ctrl = np.zeros(4, dtype=np.int64)
+        self._status = MPI.Status()
+        self._req: Any = None
+        self._sends: list[tuple[Any, Any]] = []
+        # reader
+        self._next_seq = 0
+        # per slot, a bit mask of the workers that still hold it (bit i: workers[i])
+        self._holders = [0] * k
+        self._all_workers = (1 << len(workers)) - 1
+        self._slot_seq = [-1] * k
+        self._writer: SlotWriter | None = None
+        self._stopped = False
+        # worker
+        self._inbox: deque[tuple[int, int, int]] = deque()
+        self._expect = 0
+        self._held: dict[int, SlotView] = {}
+        self._stop_seen = False
+        # lifecycle
+        self._closed = False
+        self._dead: str | None = None
+        self._aborted_by: RingAbortedError | None = None
+        self._shutdown_cb: Callable[[str], None] | None = None
+
+    def _allocate(self, layout: SlotLayout) -> None:
+        """Collective: allocate the window, map the reader's segment, start the lock epoch."""
+        MPI = self._MPI
+        comm = self._comm
+        nbytes = layout.window_bytes(self.slots)
+        win = None
+        error = None
+        try:
+            win = MPI.Win.Allocate_shared(nbytes if self.is_reader else 0, 1,
+                                          comm=comm)
+        except MPI.Exception as exc:
+            error = (f"MPI.Win.Allocate_shared of {nbytes} bytes failed ({exc}); are all "
+                     "ranks of the node communicator on one shared-memory node?")
+        _agree_or_raise(comm, error, "allocating the batch ring window")
+        base = None
+        try:
+            mem, _ = win.Shared_query(self.reader_rank)
+            have = len(memoryview(mem))
+            if have < nbytes:
+                error = f"the reader's segment has {have} bytes, expected {nbytes}"
+            else:
+                # the one root array: every view derives from it (numpy points their .base
+                # here), so its reference count tells whether views are still alive
+                base = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+            del mem
+        except MPI.Exception as exc:
+            error = f"MPI.Win.Shared_query failed: {exc}"
+        try:
+            _agree_or_raise(comm, error, "mapping the batch ring window")
+        except RingError:
+            win.Free()
+            raise
+        win.Lock_all(MPI.MODE_NOCHECK)
+        self._win = win
+        self._base = base
+        self.layout = layout
+        self._rebuild_bufs()
+        comm.Barrier()  # every rank has mapped it: an MPI library may unlink the file now
+        if self.is_reader:
+            self.backing_file = backing_file(self._base.ctypes.data)
+            if self.backing_file:
+                log.info("batch ring window is backed by %s; it is unlinked at close/abort",
+                         self.backing_file)
+
+    def _start(self) -> None:
+        self._req = self._comm.Recv_init(self._ctrl, self._MPI.ANY_SOURCE, _TAG_CTRL)
+        self._req.Start()
+        self._shutdown_cb = self._on_shutdown
+        on_shutdown(self._shutdown_cb)
+
+    # ================================================================== messages
+    def _send(self, kind: int, slot: int, seq: int, dest: int, extra: int = 0) -> None:
+        buf = np.array([kind, slot, seq, extra], dtype=np.int64)
+        self._sends.append((self._comm.Isend(buf, dest, _TAG_CTRL), buf))
+        if len(self._sends) > 4 * max(1, len(self.workers)):
+            self._prune_sends()
+
+    def _prune_sends(self) -> bool:
+        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
+        return not self._sends
+
+    def _pump(self) -> None:
+        """Process every control message that has arrived (never blocks)."""
+        req, ctrl = self._req, self._ctrl
+        while req.Test(self._status):
+            kind, slot, seq, extra = ctrl.tolist()
+            src = self._status.Get_source()
+            req.Start()
+            self._dispatch(kind, slot, seq, extra, src)
+
+    def _dispatch(self, kind: int, slot: int, seq: int, extra: int, src: int) -> None:
+        if kind in (_READY, _STOP):
+            if src != self.reader_rank or not self.is_worker:
+                raise RingError(f"node rank {self.rank}: unexpected {_KIND_NAMES[kind]} from "
+                                f"node rank {src}")
+            self._inbox.append((kind, slot, seq))
+        elif kind == _RELEASED:
+            w = self._widx.get(src)
+            if not self.is_reader or w is None or not 0 <= slot < self.slots or \
+                    self._slot_seq[slot] != seq or not self._holders[slot] >> w & 1:
+                raise RingError(f"node rank {self.rank}: node rank {src} released slot {slot} "
+                                f"sequence {seq}, which it does not hold")
+            self._holders[slot] &= ~(1 << w)
+        elif kind == _ABORT:  # slot carries the rank where the failure began
+            reason = self._recv_reason(src, extra)
+            origin = slot if 0 <= slot < self.size else src
+            self._aborted_by = RingAbortedError(origin, reason, self.rank)
+            raise self._aborted_by
+        else:
+            raise RingError(f"node rank {self.rank}: unknown control message kind {kind} "
+                            f"from node rank {src}")
+
+    def _recv_reason(self, src: int, n: int) -> str:
+        if n <= 0:
+            return "(no reason given)"
+        deadline = time.monotonic() + _ABORT_GRACE
+        while not self._comm.Iprobe(src, _TAG_REASON):
+            if time.monotonic() > deadline:
+                return "(reason not received)"
+            time.sleep(1e-4)
+        data = bytearray(n)
+        self._comm.Recv([data, self._MPI.BYTE], src, _TAG_REASON)
+        return data.decode("utf-8", "replace")
+
+    def _check_usable(self) -> None:
+        if self._aborted_by is not None:
+            raise self._aborted_by
+        if self._dead is not None:
+            raise RingError(f"node rank {self.rank}: the batch ring was aborted ({self._dead})")
+        if self._closed:
+            raise RingError(f"node rank {self.rank}: the batch ring is closed")
+
+    def _wait(self, ready: Callable[[], bool], timeout: float | None,
+              what: Callable[[], str]) -> float:
+        """Pump messages until ``ready()``; returns the seconds waited.
+
+        First ``spin`` seconds of ``Test`` + ``sched_yield`` (hands the core to a peer that
+        shares it, returns at once otherwise), then sleeps doubling from 20 us to
+        ``max_sleep``: a long wait costs a few hundred wake-ups per second, not a core.
+        """
+        self._check_usable()
+        self._pump()
+        if ready():
+            return 0.0
+        limit = self.timeout if timeout is None else float(timeout)
+        t0 = time.perf_counter()
+        deadline = t0 + limit
+        spin_until = t0 + self._spin
+        sleep = 2e-5
+        while True:
+            self._pump()
+            if ready():
+                return time.perf_counter() - t0
+            now = time.perf_counter()
+            if now >= deadline:
+                role = "reader" if self.is_reader else "worker"
+                raise RingTimeoutError(
+                    f"node rank {self.rank} ({role}) waited {limit:g} s for {what()}"
+                )
+            if now < spin_until:
+                _yield()
+                continue
+            time.sleep(min(sleep, deadline - now))
+            sleep = min(sleep * 2, self._max_sleep)
+
+    # ================================================================== reader side
+    def _require(self, reader: bool) -> None:
+        if reader and not self.is_reader:
+            raise RingError(f"node rank {self.rank} is not the ring's reader "
+                            f"(node rank {self.reader_rank})")
+        if not reader and not self.is_worker:
+            raise RingError(f"node rank {self.rank} is not a worker of the ring "
+                            f"(workers: node ranks {list(self.workers)})")
+
+    @property
+    def in_flight(self) -> int:
+        """Slots published and not yet released by every worker (as known to the reader)."""
+        self._require(True)
+        if self._dead is None and not self._closed:
+            self._pump()
+        return sum(1 for m in self._holders if m)
+
+    def acquire_slot(self, epoch: int, iteration: int, *,
+                     timeout: float | None = None) -> SlotWriter:
+        """Reader: the next slot to fill, for batch (``epoch``, ``iteration``).
+
+        Waits (at most ``timeout`` s, default the ring's) until every worker released the
+        batch that used this slot K batches ago. Fill the returned :class:`SlotWriter` and
+        ``publish()`` it before acquiring the next slot.
+        """
+        self._require(True)
+        self._check_usable()
+        if self._stopped:
+            raise RingError("acquire_slot after stop(): the workers were told there is no more")
+        if self._writer is not None and self._writer.is_open:
+            raise RingError(f"acquire_slot while {self._writer.where} is still unpublished; "
+                            "publish() or discard() it first")
+        self._writer = None  # a discarded writer gives its slot back unpublished
+        seq = self._next_seq
+        slot = seq % self.slots
+        holders = self._holders
+
+        def what() -> str:
+            waiting = [r for i, r in enumerate(self.workers) if holders[slot] >> i & 1]
+            return (f"workers {waiting} to release slot {slot} (sequence {seq - self.slots}) "
+                    f"before writing epoch {epoch} iteration {iteration}")
+
+        waited = self._wait(lambda: not holders[slot], timeout, what)
+        if waited:
+            self.stats.reader_waits += 1
+            self.stats.reader_wait_s += waited
+        self._win.Sync()  # the workers' reads of this slot happen before our writes
+        w = SlotWriter(self._bufs[slot], slot=slot, seq=seq, epoch=epoch, iteration=iteration,
+                       checksum=self.checksum, on_publish=self._publish)
+        self._writer = w
+        return w
+
+    def _publish(self, w: SlotWriter) -> None:
+        if w is not self._writer:
+            raise RingError(f"{w.where} does not belong to this ring's open slot")
+        self._writer = None
+        self._check_usable()
+        self._win.Sync()  # the slot's contents are visible before READY arrives
+        slot, seq = w.slot, w.seq
+        self._slot_seq[slot] = seq
+        self._holders[slot] = self._all_workers
+        for r in self.workers:
+            self._send(_READY, slot, seq, r)
+        self._next_seq = seq + 1
+        st = self.stats
+        st.published += 1
+        st.bytes_published += w.payload_bytes
+        st.max_in_flight = max(st.max_in_flight, sum(1 for m in self._holders if m))
+        self._pump()  # collect releases (and aborts) that arrived meanwhile
+
+    def stop(self) -> None:
+        """Reader: tell every worker that no more slots come (``next_slot`` returns None).
+
+        Idempotent; an acquired but unpublished slot is discarded.
+        """
+        self._require(True)
+        self._check_usable()
+        if self._stopped:
+            return
+        if self._writer is not None:
+            self._writer.discard()
+            self._writer = None
+        self._stopped = True
+        for r in self.workers:
+            self._send(_STOP, -1, self._next_seq, r)
+
+    # ================================================================== worker side
+    def next_slot(self, *, timeout: float | None = None) -> SlotView | None:
+        """Worker: wait for the next published slot and return this worker's part of it.
+
+        Returns ``None`` once the reader stopped (and on every later call). Raises
+        :class:`SlotCorruptError` if validation fails (the slot is then already released,
+        so the caller may skip the batch), :class:`RingTimeoutError` after ``timeout``
+        seconds and :class:`RingAbortedError` if a peer aborted. Release every view
+        (``view.release()`` or ``with view:``); a worker can hold at most K at once.
+        """
+        self._require(False)
+        self._check_usable()
+        if self._stop_seen:
+            return None
+        if len(self._held) >= self.slots:
+            raise RingError(f"node rank {self.rank} holds all {self.slots} ring slots "
+                            f"(sequences {sorted(self._held)}); release one before next_slot")
+        self.stats.worker_wait_s += self._wait(
+            lambda: bool(self._inbox), timeout,
+            lambda: f"slot sequence {self._expect} from the reader (node rank "
+                    f"{self.reader_rank})",
+        )
+        kind, slot, seq = self._inbox.popleft()
+        if kind == _STOP:
+            self._stop_seen = True
+            return None
+        if seq != self._expect or slot != seq % self.slots:
+            raise RingError(f"node rank {self.rank}: got slot {slot} sequence {seq}, expected "
+                            f"sequence {self._expect} in slot {self._expect % self.slots}")
+        self._expect += 1
+        self._win.Sync()  # see everything the reader wrote before READY
+        try:
+            view = read_slot(self._bufs[slot], part=self.worker_index, slot=slot, seq=seq,
+                             verify=bool(self.checksum), release=self._release_view,
+                             pin=self._pin)
+        except SlotCorruptError:
+            self.stats.corrupt += 1
+            self._send(_RELEASED, slot, seq, self.reader_rank)
+            raise
+        self._held[seq] = view
+        self.stats.consumed += 1
+        return view
+
+    def _release_view(self, view: SlotView) -> None:
+        if self._held.pop(view.seq, None) is None or self._dead is not None or self._closed:
+            return
+        self._win.Sync()  # our reads of the slot complete before the reader may write
+        self._send(_RELEASED, view.slot, view.seq, self.reader_rank)
+
+    def iter_slots(self, *, timeout: float | None = None) -> Iterator[SlotView]:
+        """Worker: yield this worker's part of every slot until STOP.
+
+        Each view is released when the next one is requested (or when the loop ends), so
+        the loop body must copy what it keeps beyond one iteration.
+        """
+        view: SlotView | None = None
+        try:
+            while True:
+                if view is not None:
+                    view.release()
+                    view = None
+                view = self.next_slot(timeout=timeout)
+                if view is None:
+                    return
+                yield view
+        finally:
+            if view is not None:
+                view.release()
+
+    def __iter__(self) -> Iterator[SlotView]:
+        return self.iter_slots()
+
+    # ================================================================== regrow
+    def resize(
+        self,
+        payload_bytes: int | None = None,
+        max_records: int | None = None,
+        key_bytes: int | None = None,
+        *,
+        timeout: float | None = None,
+    ) -> None:
+        """Collective: replace the window by one with new slot capacities (between epochs).
+
+        Every rank of the node calls it at the same point of the stream: after the workers
+        consumed and released every published slot, before the reader acquires the next.
+        The reader's arguments count (``None`` keeps a capacity); the slot count, workers and
+        the sequence numbering stay. Raises :class:`RingError` on every rank alike (and keeps
+        the old window) if a worker still holds views or has not consumed every slot.
+        """
+        self._check_usable()
+        open_writer = self._writer is not None and self._writer.is_open
+        state = (self._next_seq if self.is_reader else -1,
+                 self._expect if self.is_worker else -1,
+                 len(self._held) + open_writer, self._stopped)
+        states = self._comm.allgather(state)
+        next_seq = states[self.reader_rank][0]
+        problems = []
+        for r, (_, expect, held, _) in enumerate(states):
+            if held:
+                problems.append(f"node rank {r} still holds {held} slot(s)")
+            if r in self._widx and expect != next_seq:
+                problems.append(f"worker node rank {r} consumed up to sequence {expect - 1}, "
+                                f"the reader published up to {next_seq - 1}")
+        if states[self.reader_rank][3]:
+            problems.append("the reader already sent STOP")
+        if problems:
+            raise RingError("resize needs a drained ring: " + "; ".join(problems))
+        if self.is_reader:  # the last RELEASED messages may still be on their way
+            self._wait(lambda: not any(self._holders), timeout,
+                       lambda: "the last releases before resizing")
+        cfg: tuple[int, int, int] | str | None = None
+        if self.is_reader:
+            lo = self.layout
+            try:
+                new = SlotLayout(lo.n_parts,
+                                 lo.max_records if max_records is None else max_records,
+                                 lo.payload_capacity if payload_bytes is None else payload_bytes,
+                                 lo.key_capacity if key_bytes is None else key_bytes)
+                new.window_bytes(self.slots)
+                cfg = (new.max_records, new.payload_capacity, new.key_capacity)
+            except ConfigError as exc:
+                cfg = str(exc)
+        cfg = self._comm.bcast(cfg, root=self.reader_rank)
+        if isinstance(cfg, str):
+            raise ConfigError(f"BatchRing.resize (node rank {self.reader_rank}): {cfg}")
+        layout = SlotLayout(self.layout.n_parts, *cfg)
+        self._free_window(strict=True)
+        self._allocate(layout)
+        self._slot_seq = [-1] * self.slots
+
+    # ================================================================== GPU
+    def _pin(self, xp: Any) -> None:
+        """Page-lock the window for ``xp`` (cupy) once, so device copies are DMA."""
+        if self._pinned is not None or self._base is None:
+            return
+        runtime = xp.cuda.runtime
+        ptr = int(self._base.ctypes.data)
+        runtime.hostRegister(ptr, int(self._base.nbytes), 0)
+        self._pinned = (runtime, ptr)
+
+    def _unpin(self) -> None:
+        if self._pinned is not None:
+            runtime, ptr = self._pinned
+            self._pinned = None
+            try:
+                runtime.hostUnregister(ptr)
+            except Exception as exc:  # pragma: no cover - GPU only
+                log.warning("hostUnregister of the batch ring failed: %s", exc)
+
+    # ================================================================== teardown
+    def _views_alive(self) -> int:
+        """Numpy views into the window held outside the ring (0 after dropping ours)."""
+        self._bufs = []
+        if self._base is None:
+            return 0
+        return max(0, sys.getrefcount(self._base) - 2)
+
+    def _drain_for_close(self) -> bool:
+        if self.is_worker:
+            while self._inbox:
+                kind, slot, seq = self._inbox.popleft()
+                if kind == _STOP:
+                    self._stop_seen = True
+                else:  # published but not consumed: give it back unread
+                    self._expect = seq + 1
+                    self._send(_RELEASED, slot, seq, self.reader_rank)
+            if not self._stop_seen:
+                return False
+        return not (self.is_reader and any(self._holders))
+
+    def close(self, *, timeout: float | None = None) -> None:
+        """Collective: stop (reader), give back unconsumed slots, free the window.
+
+        Every rank of the node must call it (``with ring:`` does). Workers release the views
+        they still hold and return unread the slots published after they stopped reading.
+        If some rank still holds numpy views into the window, no rank frees it (it stays
+        mapped until MPI finalizes) and a warning says so. If anything fails, the ring
+        aborts (see :meth:`abort`) and the error propagates.
+        """
+        if self._closed or self._dead is not None:
+            return
+        try:
+            if self.is_reader:
+                self.stop()
+            for v in list(self._held.values()):
+                v.release()
+            self._wait(self._drain_for_close, timeout,
+                       lambda: "the node to finish the ring (reader: all releases; worker: "
+                       "STOP)")
+            self._wait(self._prune_sends, timeout, lambda: "control messages to be delivered")
+            self._req.Cancel()
+            self._req.Wait()
+            self._req.Free()
+            self._req = None
+            self._free_window(strict=False)
+            self._comm.Free()
+        except BaseException as exc:
+            self.abort(f"close failed: {type(exc).__name__}: {exc}")
+            raise
+        self._closed = True
+        self._forget_shutdown()
+
+    def _free_window(self, strict: bool) -> bool:
+        """Collective: free the window unless a rank still holds views into it.
+
+        ``strict``: raise :class:`RingError` on every rank instead (the window stays usable).
+        """
+        alive = self._views_alive()
+        counts = self._comm.allgather(alive)
+        if any(counts):
+            holders = {r: c for r, c in enumerate(counts) if c}
+            msg = (f"numpy views into the batch ring are still alive on node ranks "
+                   f"{holders} (rank: views)")
+            if strict:
+                self._rebuild_bufs()
+                raise RingError(msg + "; drop them before resizing")
+            if alive:
+                log.warning("node rank %d: %s; the window stays mapped until MPI finalizes",
+                            self.rank, msg)
+            self._unlink_backing()
+            return False
+        self._unpin()
+        self._base = None
+        win, self._win = self._win, None
+        win.Unlock_all()
+        win.Free()
+        self._unlink_backing()
+        self.backing_file = None
+        return True
+
+    def _rebuild_bufs(self) -> None:
+        lo = self.layout
+        self._bufs = [SlotBuffers(lo, self._base[i * lo.slot_size : (i + 1) * lo.slot_size])
+                      for i in range(self.slots)]
+
+    def _unlink_backing(self) -> None:
+        if self.is_reader and self.backing_file:
+            unlink_quietly(self.backing_file)
+
+    def _forget_shutdown(self) -> None:
+        if self._shutdown_cb is not None:
+            remove_shutdown(self._shutdown_cb)
+            self._shutdown_cb = None
+
+    def abort(self, reason: str, *, grace: float = _ABORT_GRACE) -> None:
+        """Local, never collective: tell every other rank of the node, drop this rank's use
+        of the window and unlink a named backing file. Idempotent.
+
+        Peers waiting in the ring raise :class:`RingAbortedError` with ``reason``. A rank
+        that aborts because a peer's ABORT reached it sends nothing (the rank where the
+        failure began told everyone). ``grace`` bounds the wait for those messages to leave.
+        The window memory returns to the OS when the processes exit.
+        """
+        if self._closed or self._dead is not None:
+            return
+        self._dead = reason
+        try:
+            if self._aborted_by is None:
+                raw = reason.encode("utf-8", "replace")[:_REASON_MAX]
+                for dest in range(self.size):
+                    if dest != self.rank:
+                        self._send(_ABORT, self.rank, -1, dest, len(raw))
+                        self._sends.append(
+                            (self._comm.Isend([raw, self._MPI.BYTE], dest, _TAG_REASON), raw))
+            deadline = time.monotonic() + grace
+            while not self._prune_sends() and time.monotonic() < deadline:
+                time.sleep(1e-4)
+            if self._req is not None:
+                req, self._req = self._req, None
+                req.Cancel()
+                req.Wait()
+                req.Free()
+        except Exception as exc:  # a dying MPI must not mask the original error
+            log.debug("node rank %d: while aborting the batch ring: %s", self.rank, exc)
+        for v in list(self._held.values()):
+            v.release()
+        self._held.clear()
+        if self._writer is not None:
+            self._writer.discard()
+            self._writer = None
+        alive = self._views_alive()
+        self._unpin()
+        self._unlink_backing()
+        self._forget_shutdown()
+        log.warning("node rank %d: batch ring aborted (%s); its memory returns to the OS when "
+                    "the process exits (%d numpy views still alive)", self.rank, reason, alive)
+
+    def _on_shutdown(self, reason: str) -> None:
+        if reason == "exit":
+            reason = "the process exited without closing the ring"
+        # on a signal the process is about to die (and may be SIGKILLed soon): be quick
+        grace = 0.2 if reason.startswith("signal:") else _ABORT_GRACE
+        self.abort(f"node rank {self.rank}: {reason}", grace=grace)
+
+    @property
+    def address(self) -> int:
+        """Virtual address of the window in this process (0 once freed)."""
+        return 0 if self._base is None else int(self._base.ctypes.data)
+
+    @property
+    def nbytes(self) -> int:
+        """Size of the window: ``slots * layout.slot_size``."""
+        return self.slots * self.layout.slot_size
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` completed."""
+        return self._closed
+
+    @property
+    def aborted(self) -> str | None:
+        """The abort reason, or ``None`` if the ring was not aborted."""
+        return self._dead
+
+    def __enter__(self) -> BatchRing:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        elif exc is not None and exc is self._aborted_by:
+            self.abort(str(exc))
+        else:
+            self.abort(f"node rank {self.rank} raised {exc_type.__name__}: {exc}")
+
+    def __repr__(self) -> str:
+        role = "reader+worker" if self.is_reader and self.is_worker else \
+            "reader" if self.is_reader else "worker" if self.is_worker else "idle"
+        state = "closed" if self._closed else f"aborted ({self._dead})" if self._dead else "open"
+        return (f"BatchRing(node rank {self.rank}/{self.size}, {role}, {self.slots} slots of "
+                f"{self.layout.slot_size} bytes, {state})")
