@@ -109,7 +109,6 @@ def _free(comm: Any) -> None:
         comm.Free()
 
 
-@dataclass(eq=False)
 _LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_STEP_ID")
 
 
@@ -123,8 +122,10 @@ def _prepare_singleton() -> None:
 
     if "mpi4py.MPI" not in sys.modules and not any(k in os.environ for k in _LAUNCHED):
         os.environ.setdefault("OMPI_MCA_btl", "self")
+        os.environ.setdefault("OMPI_MCA_osc", "^ucx")  # nothing remote to reach
 
 
+@dataclass(eq=False)
 class Topology:
     """This rank's place in the job; built by the collective :meth:`build`.
 
