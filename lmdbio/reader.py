@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -44,6 +45,9 @@ class ReadOptions:
     subdb: str | None = None
     timeout: float = 120.0
     symmetric: bool = True
+    #: read only a prefix of each value: a function of the value (a zero-copy view) giving
+    #: how many leading bytes are needed (PCR scan groups); later pages are never touched
+    value_prefix: Callable[[memoryview], int] | None = None
 
 
 @dataclass
@@ -230,6 +234,8 @@ class ReadSession:
             sizes = np.array([ids.size])
             pad = plan.padding(iteration, self.topo.rank)
         refs = self.strategy.fetch(plan, iteration, ids, stats)
+        if self.opts.value_prefix is not None and len(refs):
+            refs = self._prefixes(refs)
         if len(refs) != ids.size:
             raise RuntimeError(f"strategy {self.cls.name} located {len(refs)} records for "
                                f"{ids.size} ids in iteration {iteration}")
@@ -254,6 +260,18 @@ class ReadSession:
                                           koffs, kdata)
         self._account(stats, refs)
         return stats
+
+    def _prefixes(self, refs: RecordRefs) -> RecordRefs:
+        """Shorten each value to the prefix ``value_prefix`` asks for (one call per record:
+        records of this kind are groups of many images, read through their first page)."""
+        fn = self.opts.value_prefix
+        mv = self.db.mv
+        lens = refs.val_len.copy()
+        for i, (off, n) in enumerate(zip(refs.val_off.tolist(), refs.val_len.tolist(),
+                                         strict=True)):
+            lens[i] = min(n, int(fn(mv[off:off + n])))
+        return RecordRefs(refs.val_off, lens, refs.leaf_pg, refs.ovf_pages, refs.key_off,
+                          refs.key_len)
 
     def _account(self, stats: IterationStats, refs: RecordRefs) -> None:
         acc = self.db.accounting

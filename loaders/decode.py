@@ -76,10 +76,10 @@ def _ibp(cfg: Any, dataset_path: str) -> Decoder:
     return decode
 
 
-def _pcr(cfg: Any) -> Decoder:
+def _pcr(cfg: Any, k: int | None) -> Decoder:
     from lmdbio.codecs.pcr import decode_pcr_value
 
-    k = cfg.dataset.scan_groups
+    k = 1 << 30 if k is None else k  # None: every scan group
 
     def decode(payload, offsets, keys):
         images, labels = [], []
@@ -88,12 +88,16 @@ def _pcr(cfg: Any) -> Decoder:
             images.extend(imgs)
             labels.extend(int(x) for x in labs)
         lab = np.asarray(labels, np.int64)
+        if isinstance(images, list) and images and all(
+                im.shape == images[0].shape for im in images):
+            stacked = np.stack(images)  # (N, H, W) grey or (N, H, W, C) colour
+            images = stacked[:, None] if stacked.ndim == 3 else stacked.transpose(0, 3, 1, 2)
         return images, lab, np.ones(lab.shape[0], bool), []
 
     return decode
 
 
-def make_decoder(cfg: Any) -> Decoder:
+def make_decoder(cfg: Any, scan_groups: int | None = None) -> Decoder:
     """The decoder for ``cfg.dataset.layout``."""
     layout = cfg.dataset.layout
     if layout == "caffe-datum":
@@ -105,5 +109,5 @@ def make_decoder(cfg: Any) -> Decoder:
     if layout == "ibp":
         return _ibp(cfg, cfg.dataset.path)
     if layout == "pcr":
-        return _pcr(cfg)
+        return _pcr(cfg, scan_groups if scan_groups is not None else cfg.dataset.scan_groups)
     raise ConfigError(f"dataset.layout: the loader has no decoder for {layout!r}")

@@ -132,11 +132,13 @@ class Loader:
             strategy=cfg.readers.strategy, batch_size=per_worker, last=cfg.batch.last,
             shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
             prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb)
+        if cfg.dataset.layout == "pcr":
+            self.set_scan_groups(cfg.dataset.scan_groups)
         self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
         self.is_worker = self.topo.is_worker if shared else True
         self.decode = make_decoder(cfg)
         self.transform = DataTransformer.from_config(cfg.transform) \
-            if cfg.dataset.layout == "caffe-datum" else None
+            if cfg.dataset.layout in ("caffe-datum", "pcr") else None
         self.xp = _device(cfg, self.topo) if self.is_worker else np
         self.epoch = 0
         self.start_iteration = 0
@@ -144,6 +146,8 @@ class Loader:
         self.metrics = LoaderMetrics()
         self._last_good: tuple[Any, int] | None = None
         self._closed = False
+        self._open: tuple[int, int] | None = None
+        self._published = 0
 
     # ----------------------------------------------------------------- properties
     @property
@@ -166,6 +170,20 @@ class Loader:
         if int(epoch) != self.epoch:
             self.start_iteration = 0
         self.epoch = int(epoch)
+
+    def set_scan_groups(self, k: int | None) -> None:
+        """PCR: read scan groups 1..k of every record from now on (None: all). Call it on
+        every rank, between epochs, like :meth:`set_epoch`: readers then read only each
+        value's prefix for that fidelity."""
+        from lmdbio.codecs.pcr import pcr_prefix_bytes
+
+        self.scan_groups = k
+        self.opts.value_prefix = None if k is None else (
+            lambda value: pcr_prefix_bytes(value, k))
+        if hasattr(self, "decode"):
+            from loaders.decode import make_decoder
+
+            self.decode = make_decoder(self.cfg, scan_groups=k)
 
     def state_dict(self) -> dict[str, Any]:
         """Where the workers are: resume with :meth:`load_state_dict` on every rank.
@@ -197,6 +215,7 @@ class Loader:
     def __iter__(self) -> Iterator[Batch]:
         if self._closed:
             raise LmdbioError("the loader is closed")
+        self._drain()
         s = self.session
         start = self.start_iteration
         plan = s.begin_epoch(self.epoch, start)
@@ -209,24 +228,58 @@ class Loader:
                 s.read_iteration(it)
             self._end_epoch()
             return
-        published = start
+        self._open = (end, start)  # an epoch in progress: drained if left early
+        self._published = start
         for it in range(start, end):
             if s.reads:  # colocated reader, or a naive strategy: read ahead, then consume
-                while published < min(end, it + (depth if s.shared else 1)):
-                    s.read_iteration(published)
-                    published += 1
-            t0 = time.perf_counter()
-            got = s.receive(timeout=self.opts.timeout)
-            self.metrics.wait_seconds += time.perf_counter() - t0
-            if got is None:
-                raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
-            try:
-                batch = self._make_batch(got, it)
-            finally:
-                got.release()
+                self._read_ahead(it, end, depth)
+            batch = self._next_batch(it)
             self.position = it + 1
             self._report(it)
             yield batch
+        self._open = None
+        self._end_epoch()
+
+    def _read_ahead(self, it: int, end: int, depth: int) -> None:
+        s = self.session
+        while self._published < min(end, it + (depth if s.shared else 1)):
+            s.read_iteration(self._published)
+            self._published += 1
+
+    def _next_batch(self, it: int) -> Batch:
+        t0 = time.perf_counter()
+        got = self.session.receive(timeout=self.opts.timeout)
+        self.metrics.wait_seconds += time.perf_counter() - t0
+        if got is None:
+            raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
+        try:
+            return self._make_batch(got, it)
+        finally:
+            got.release()
+
+    def _drain(self) -> None:
+        """Finish an epoch the trainer left early, so readers and workers stay in step.
+
+        Workers of a dedicated reader take (and drop) the rest of the epoch, which the
+        reader publishes anyway; in colocated mode only the batches already read ahead are
+        dropped (every rank computes the same count from its position).
+        """
+        if getattr(self, "_open", None) is None:
+            return
+        end, _ = self._open
+        self._open = None
+        s = self.session
+        if s.shared and self.topo.mode == "dedicated":  # the dedicated reader reads it all
+            remaining = end - self.position
+        else:  # colocated: what was read ahead of the position, by the deterministic rule
+            depth = self.opts.prefetch_depth if s.shared else 1
+            remaining = min(end, max(self.position - 1, 0) + depth) - self.position
+            if not s.shared:
+                remaining = 0
+        for _ in range(max(remaining, 0)):
+            got = s.receive(timeout=self.opts.timeout)
+            if got is not None:
+                got.release()
         self._end_epoch()
 
     def _end_epoch(self) -> None:
@@ -318,6 +371,7 @@ class Loader:
             return
         self._closed = True
         try:
+            self._drain()
             self.session.stop()
             self.session.close()
         finally:

@@ -146,3 +146,31 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
             proc.wait()
     time.sleep(1)
     assert _shm_files() - before == set()
+
+
+LEAVE_EARLY = """
+import loaders
+from lmdbio.mpiutil import abort_on_error
+from tests.mpi._result import emit
+import sys
+cfg = {"dataset": {"path": sys.argv[1], "layout": "caffe-datum"}, "metrics": {"every": 0},
+       "batch": {"size": 8}, "readers": {"mode": sys.argv[2], "strategy": "indexed"},
+       "topology": {"simulate_nodes": 2}}
+with abort_on_error(), loaders.open(cfg) as loader:
+    got = []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for k, batch in enumerate(loader):
+            got.append((epoch, batch.iteration))
+            if k == 2:
+                break  # leave every epoch early: the next epoch must start cleanly
+emit({"got": got, "worker": loader.is_worker})
+"""
+
+
+@pytest.mark.parametrize("mode", ["dedicated", "colocated"])
+def test_leaving_an_epoch_early_keeps_ranks_in_step(datum_db, mode):
+    run = run_mpi(4, LEAVE_EARLY, [str(datum_db), mode], timeout=120)
+    for res in run.results.values():
+        if res[-1]["worker"]:
+            assert res[-1]["got"] == [[e, i] for e in range(3) for i in range(3)]
