@@ -1,0 +1,76 @@
+"""A PyTorch adapter: the loader as an ``IterableDataset`` yielding tensors.
+
+``torch`` is imported only when :func:`to_torch` or :class:`TorchBatches` is used, so lmdbio
+does not depend on it. Arrays cross by DLPack (no copy for numpy on the CPU or cupy on the
+GPU). Use it with ``torch.utils.data.DataLoader(dataset, batch_size=None)``: batching,
+sharding, shuffling and prefetching already happened in lmdbio, so the DataLoader must not
+add its own (and must run with ``num_workers=0``: the loader is an MPI rank's, not a
+process pool's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+
+def to_torch(array: Any) -> Any:
+    """A torch tensor sharing ``array``'s memory (DLPack), for numpy and cupy arrays."""
+    import torch
+
+    if hasattr(array, "__dlpack__"):
+        try:
+            return torch.from_dlpack(array)
+        except (BufferError, RuntimeError, TypeError):
+            pass  # read-only or non-contiguous: copy below
+    import numpy as np
+
+    return torch.as_tensor(np.array(array))
+
+
+def _torch_dataset_base() -> type:
+    import torch
+
+    return torch.utils.data.IterableDataset
+
+
+class TorchBatches:
+    """Wraps a :class:`loaders.Loader`; iterating yields ``(data, label)`` tensors per batch,
+    or whole dicts with ``as_dict=True`` (adds keys, ids, padding, epoch, iteration).
+
+    It is an instance of ``torch.utils.data.IterableDataset`` (the class is built on first
+    use so that importing this module does not import torch).
+    """
+
+    def __new__(cls, loader: Any, as_dict: bool = False) -> Any:
+        base = _torch_dataset_base()
+        impl = type("LmdbioIterableDataset", (base,), {
+            "__init__": _init, "__iter__": _iter, "__len__": _len,
+            "set_epoch": _set_epoch, "__doc__": cls.__doc__})
+        return impl(loader, as_dict)
+
+
+def _init(self: Any, loader: Any, as_dict: bool = False) -> None:
+    self.loader = loader
+    self.as_dict = as_dict
+
+
+def _len(self: Any) -> int:
+    return len(self.loader)
+
+
+def _set_epoch(self: Any, epoch: int) -> None:
+    self.loader.set_epoch(epoch)
+
+
+def _iter(self: Any) -> Iterator[Any]:
+    import torch
+
+    for batch in self.loader:
+        data, label = to_torch(batch.data), to_torch(batch.label)
+        if not self.as_dict:
+            yield data, label
+            continue
+        yield {"data": data, "label": label, "keys": batch.keys,
+               "ids": torch.as_tensor(batch.ids), "padding": torch.as_tensor(batch.padding),
+               "epoch": batch.epoch, "iteration": batch.iteration}

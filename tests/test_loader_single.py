@@ -1,0 +1,97 @@
+"""The loader in a single process (a one-rank job): decoding policies, the PyTorch adapter,
+state round trips and configuration errors that reach the loader."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import loaders
+from lmdbio.codecs.datum import datum_from_array, encode_datum
+from lmdbio.errors import ConfigError, RecordError
+from tests.lmdbgen import write_db
+
+
+@pytest.fixture(scope="module")
+def db_with_corrupt_record(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corrupt-datum")
+    rng = np.random.default_rng(1)
+    items = []
+    for i in range(40):
+        img = rng.integers(0, 256, (1, 4, 4), dtype=np.uint8)
+        value = encode_datum(datum_from_array(img, i))
+        if i == 13:
+            value = value[:-5]  # truncated: the data field runs past the end
+        items.append((b"%08d" % i, value))
+    write_db(path, items)
+    return path
+
+
+def config(path, **over):
+    cfg = {"dataset": {"path": str(path), "layout": "caffe-datum"},
+           "batch": {"size": 8, "last": "pad"}, "readers": {"strategy": "indexed"},
+           "metrics": {"every": 0}}
+    for k, v in over.items():
+        section, key = k.split("__")
+        cfg.setdefault(section, {})[key] = v
+    return cfg
+
+
+def test_raise_policy_names_the_key(db_with_corrupt_record):
+    with loaders.open(config(db_with_corrupt_record)) as loader, \
+            pytest.raises(RecordError, match="00000013"):
+        for _ in loader:
+            pass
+
+
+def test_skip_policy_drops_and_counts(db_with_corrupt_record):
+    cfg = config(db_with_corrupt_record)
+    cfg["on_error"] = "skip"
+    with loaders.open(cfg) as loader:
+        batches = list(loader)
+        assert len(batches) == 5  # the batch count does not change
+        labels = np.concatenate([b.label for b in batches])
+        assert 13 not in labels.tolist() and labels.size == 39
+        assert loader.metrics.skipped == 1
+        assert b"00000013" not in [k for b in batches for k in b.keys]
+
+
+def test_substitute_policy_reuses_the_previous_good_record(db_with_corrupt_record):
+    cfg = config(db_with_corrupt_record)
+    cfg["on_error"] = "substitute"
+    with loaders.open(cfg) as loader:
+        batches = list(loader)
+        b = next(b for b in batches if 13 in b.ids.tolist())
+        i = b.ids.tolist().index(13)
+        assert b.label[i] == 12 and np.array_equal(b.data[i], b.data[i - 1])
+        assert all(len(x) == 8 for x in batches)
+        assert loader.metrics.substituted == 1
+
+
+def test_state_dict_refuses_another_world_or_order(db_with_corrupt_record):
+    with loaders.open(config(db_with_corrupt_record)) as loader:
+        state = loader.state_dict()
+    with loaders.open(config(db_with_corrupt_record, batch__size=4)) as loader, \
+            pytest.raises(ConfigError, match=r"batch\.size"):
+        loader.load_state_dict(state)
+
+
+def test_batch_smaller_than_world_is_a_config_error(db_with_corrupt_record):
+    with pytest.raises(ConfigError, match=r"batch\.size"):
+        loaders.open(config(db_with_corrupt_record, batch__size=0))
+
+
+def test_torch_adapter(db_with_corrupt_record):
+    torch = pytest.importorskip("torch")
+    from loaders.torch_adapter import TorchBatches
+
+    cfg = config(db_with_corrupt_record)
+    cfg["on_error"] = "skip"
+    with loaders.open(cfg) as loader:
+        ds = TorchBatches(loader)
+        assert isinstance(ds, torch.utils.data.IterableDataset)
+        got = list(torch.utils.data.DataLoader(ds, batch_size=None))
+        assert len(got) == 5
+        data, label = got[0]
+        assert data.dtype == torch.float32 and data.shape == (8, 1, 4, 4)
+        assert label.dtype == torch.int64
