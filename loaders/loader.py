@@ -113,6 +113,9 @@ class Loader:
         from loaders.transform import DataTransformer
 
         self.cfg = cfg
+        if cfg.readers.per_node != 1:
+            raise ConfigError(f"readers.per_node: {cfg.readers.per_node} readers per node is not "
+                              "supported yet (one node ring has one reader); use 1")
         self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
                                    readers_per_node=cfg.readers.per_node,
                                    mode=cfg.readers.mode)
