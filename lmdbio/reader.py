@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.errors import ConfigError
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import EpochPlan, plan_epoch
 from lmdbio.plan.strategies import (
@@ -48,6 +49,13 @@ class ReadOptions:
     #: read only a prefix of each value: a function of the value (a zero-copy view) giving
     #: how many leading bytes are needed (PCR scan groups); later pages are never touched
     value_prefix: Callable[[memoryview], int] | None = None
+    #: batch codec between reader and workers: "none" or "ibp" (with its options)
+    codec: str = "none"
+    codec_options: dict = field(default_factory=dict)
+    #: per-iteration page accounting (pages touched, own, extra; kept in ``totals``): what
+    #: ``lmdbio bench read`` reports. A training job turns it off: it costs a pass over a
+    #: bitmap of the whole file per iteration and a record per iteration kept forever.
+    accounting: bool = True
 
 
 @dataclass
@@ -148,7 +156,8 @@ class ReadSession:
         t0 = time.perf_counter()
         self.db, self.mapping, self.totals = _open_database(
             path, topo, cls.name.startswith("dm"), opts)
-        self.db.accounting.enable()
+        if opts.accounting:
+            self.db.accounting.enable()
         if self.shared:
             comm = topo.readers if topo.is_reader else None
             ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers, opts.timeout)
@@ -165,6 +174,9 @@ class ReadSession:
         if self.reads:
             self.strategy.setup()
         self.ring = None
+        self.codec_model = None
+        if self.opts.codec == "ibp":
+            self._share_codec_model()
         if self.shared:
             self._create_ring()
         self.totals.setup_seconds = time.perf_counter() - t0
@@ -182,6 +194,12 @@ class ReadSession:
         if topo.is_reader:
             cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
                                  node_batch)
+            if self.codec_model is not None:  # raw rows plus every part's frame header
+                from lmdbio.codecs.ibp import max_packed_nbytes
+
+                per_row = cap // max(node_batch, 1)
+                cap = max_packed_nbytes(self.codec_model, node_batch) + \
+                    self.node_consumers * 4096 + per_row
             keys = max(64, int(self._max_key())) * node_batch
         self.ring = BatchRing.create(
             topo.node, 0, slots=self.opts.prefetch_depth,
@@ -189,6 +207,25 @@ class ReadSession:
             max_records=node_batch if topo.is_reader else None,
             key_bytes=keys if topo.is_reader else None,
             colocated=topo.mode == "colocated", timeout=self.opts.timeout)
+
+    def _share_codec_model(self) -> None:
+        """The reader fits the transport model; the node's workers get it (collective)."""
+        from lmdbio.codecs.ibp import IBPModel
+        from lmdbio.mpiutil import agree
+        from lmdbio.transport import fit_transport_model
+
+        if not self.shared:
+            raise ConfigError("codec ibp compresses node batches: it needs a node-level "
+                              "strategy (lmm, dm-serial, dm-spec, indexed)")
+        blob, err = None, None
+        if self.topo.is_reader:
+            try:
+                blob = fit_transport_model(self.db, self.opts.codec_options).to_bytes()
+            except Exception as exc:  # agreed on below so no rank waits forever
+                err = f"{type(exc).__name__}: {exc}"
+        agree(self.topo.node, err is None, err or "", "fitting the IBP transport model")
+        blob = self.topo.node.bcast(blob, root=0)
+        self.codec_model = IBPModel.from_bytes(blob)
 
     def _max_key(self) -> int:
         return 511  # LMDB's default maximum key size
@@ -243,14 +280,22 @@ class ReadSession:
             assert self.ring is not None
             w = self.ring.acquire_slot(self.epoch, iteration)
             with Timer(stats, "copy"):
-                self.db.gather_refs(refs, out=w.payload(refs.nbytes))
                 offsets = np.zeros(len(refs) + 1, np.int64)
                 np.cumsum(refs.val_len, out=offsets[1:])
                 koffs, kdata = self.db.keys_of(refs)
-                # the record ids travel as labels; padding is marked by a negative id - 1
-                w.set_records(offsets, np.where(pad, -ids - 1, ids), keys=(koffs, kdata))
-                w.set_parts(sizes)
-            w.publish()
+                labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
+                if self.codec_model is None:
+                    self.db.gather_refs(refs, out=w.payload(refs.nbytes))
+                    w.set_records(offsets, labels, keys=(koffs, kdata))
+                    w.set_parts(sizes)
+                else:
+                    from lmdbio.transport import compress_parts
+
+                    raw, _ = self.db.gather_refs(refs)
+                    w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
+                    w.set_parts(sizes)
+                    w.write_part_blobs(compress_parts(self.codec_model, raw, offsets, sizes))
+            w.publish(codec="ibp" if self.codec_model is not None else "none")
             self.last_private = None
         else:
             with Timer(stats, "copy"):
@@ -274,11 +319,13 @@ class ReadSession:
                           refs.key_len)
 
     def _account(self, stats: IterationStats, refs: RecordRefs) -> None:
+        stats.records = len(refs)
+        stats.bytes = refs.nbytes
+        if not self.opts.accounting:
+            return
         acc = self.db.accounting
         touched = acc.pages()
         own = refs.pages(self.db.psize) if len(refs) else np.empty(0, np.int64)
-        stats.records = len(refs)
-        stats.bytes = refs.nbytes
         stats.pages_touched = int(touched.size)
         stats.own_pages = int(own.size)
         stats.extra_pages = int(np.setdiff1d(touched, own, assume_unique=True).size)
@@ -302,7 +349,12 @@ class ReadSession:
         labels = np.asarray(view.labels)
         pad = labels < 0
         ids = np.where(pad, -labels - 1, labels)
-        return Delivered(view.epoch, view.iteration, ids, pad, view.payload, view.offsets,
+        payload = view.payload
+        if view.encoded:
+            from lmdbio.transport import decompress_part
+
+            payload = decompress_part(self.codec_model, payload, int(view.count))
+        return Delivered(view.epoch, view.iteration, ids, pad, payload, view.offsets,
                          view.key_offsets, view.key_data, view)
 
     def stop(self) -> None:

@@ -113,6 +113,10 @@ class Loader:
         from loaders.transform import DataTransformer
 
         self.cfg = cfg
+        if cfg.codec.name not in ("none", "ibp"):
+            raise ConfigError(f"codec.name: {cfg.codec.name!r} is a storage layout here, not a "
+                              "transport codec (transport supports none and ibp); use "
+                              f"dataset.layout: {cfg.codec.name}")
         if cfg.readers.per_node != 1:
             raise ConfigError(f"readers.per_node: {cfg.readers.per_node} readers per node is not "
                               "supported yet (one node ring has one reader); use 1")
@@ -134,7 +138,9 @@ class Loader:
         self.opts = ReadOptions(
             strategy=cfg.readers.strategy, batch_size=per_worker, last=cfg.batch.last,
             shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
-            prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb)
+            prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb,
+            codec=cfg.codec.name, codec_options=cfg.codec.options_dict(),
+            accounting=False)  # page accounting is for `lmdbio bench read`, not training
         if cfg.dataset.layout == "pcr":
             self.set_scan_groups(cfg.dataset.scan_groups)
         self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
@@ -312,11 +318,7 @@ class Loader:
                 ko = np.zeros(keep.size + 1, np.int64)
                 np.cumsum(lens, out=ko[1:])
         if self.transform is not None and not isinstance(data, list):
-            from loaders.transform import transform_rng
-
-            rng = transform_rng(self.opts.seed, self.epoch, iteration, self.topo.rank)
-            data = self.transform(data, rng=rng) if data.shape[0] else \
-                data.astype(np.float32)
+            data = self._transform(data, iteration)
         if self.xp is not np and isinstance(data, np.ndarray):
             data, labels = self.xp.asarray(data), self.xp.asarray(labels)
         self.metrics.decode_seconds += time.perf_counter() - t0
@@ -324,6 +326,23 @@ class Loader:
         self.metrics.samples += len(ids)
         self.metrics.bytes += int(offsets[-1])
         return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd)
+
+    def _transform(self, data: np.ndarray, iteration: int) -> np.ndarray:
+        """Caffe's transform of a decoded batch (float32 out).
+
+        The identity (no crop, mirror, mean or scale: the output is the pixels as float32)
+        is one numpy conversion; the random generator is only seeded when the transform
+        draws something (random crops or mirrors).
+        """
+        t = self.transform
+        if not data.shape[0] or t.is_identity:
+            return data.astype(np.float32)
+        rng = None
+        if t.mirror or (t.crop_size and t.phase == "train"):
+            from loaders.transform import transform_rng
+
+            rng = transform_rng(self.opts.seed, self.epoch, iteration, self.topo.rank)
+        return t(data, rng=rng)
 
     def _apply_policy(self, data, labels, valid, errors, key) -> np.ndarray | None:
         """Apply ``on_error`` to the records that failed: ``skip`` returns the indices to

@@ -174,3 +174,49 @@ def test_leaving_an_epoch_early_keeps_ranks_in_step(datum_db, mode):
     for res in run.results.values():
         if res[-1]["worker"]:
             assert res[-1]["got"] == [[e, i] for e in range(3) for i in range(3)]
+
+
+IBP_TRANSPORT = """
+import sys
+import lmdb
+import numpy as np
+import loaders
+from lmdbio.codecs.tensor import decode_tensor
+from lmdbio.mpiutil import abort_on_error
+from tests.mpi._result import emit
+cfg = {"dataset": {"path": sys.argv[1], "layout": "tensor"}, "metrics": {"every": 0},
+       "batch": {"size": 16}, "readers": {"strategy": sys.argv[2]},
+       "topology": {"simulate_nodes": 2}, "codec": {"name": "ibp"}}
+env = lmdb.open(sys.argv[1], readonly=True, lock=False)
+checked = 0
+with abort_on_error(), loaders.open(cfg) as loader, env.begin() as txn:
+    for batch in loader:
+        for key, row, label in zip(batch.keys, batch.data, batch.label):
+            want, want_label = decode_tensor(txn.get(key))
+            assert np.array_equal(row, want) and label == want_label, key
+            checked += 1
+emit({"checked": checked, "worker": loader.is_worker})
+"""
+
+
+@pytest.fixture(scope="module")
+def tensor_db(tmp_path_factory) -> Path:
+    from lmdbio.codecs.tensor import encode_tensor
+
+    path = tmp_path_factory.mktemp("tensor-db")
+    rng = np.random.default_rng(2)
+    base = rng.normal(size=24).astype(np.float32)
+    items = []
+    for i in range(150):  # mostly-invariant float rows: what IBP compresses
+        row = base.copy()
+        row[rng.integers(0, 24, 3)] = rng.normal(size=3)
+        items.append((b"%06d" % i, encode_tensor(row, i % 5)))
+    write_db(path, items)
+    return path
+
+
+@pytest.mark.parametrize("strategy", ["indexed", "dm-spec"])
+def test_ibp_transport_delivers_the_exact_records(tensor_db, strategy):
+    run = run_mpi(4, IBP_TRANSPORT, [str(tensor_db), strategy], timeout=180)
+    checked = sum(r[-1]["checked"] for r in run.results.values() if r[-1]["worker"])
+    assert checked >= 150
