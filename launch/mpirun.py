@@ -353,11 +353,47 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     env.update(plan.env)
     sys.stdout.flush()
     sys.stderr.flush()
+    if plan.flavor == "openmpi" and Path("/dev/shm").is_dir():
+        return run_with_private_shm(plan.argv, env)
     try:
         os.execve(plan.argv[0], plan.argv, env)
     except OSError as exc:
         raise LmdbioError(f"cannot run {plan.argv[0]}: {exc.strerror}") from exc
     return 0  # pragma: no cover - execve does not return
+
+
+def run_with_private_shm(argv: Sequence[str], env: dict[str, str]) -> int:
+    """Run ``mpiexec`` with Open MPI's shared-memory files in a private folder of /dev/shm,
+    forward SIGINT/SIGTERM/SIGHUP to it, and remove the folder when it ends.
+
+    Open MPI unlinks its segments when ranks exit normally, but a rank killed with SIGKILL
+    (or an aborted job) leaves them in /dev/shm; with the folder removed afterwards, a job
+    leaves no shared memory behind however it ends. Folders set by the user are kept.
+    """
+    import shutil
+    import signal
+    import subprocess
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="lmdbio-job-", dir="/dev/shm"))
+    for key, sub in (("OMPI_MCA_btl_sm_backing_directory", "btl"),
+                     ("OMPI_MCA_osc_sm_backing_directory", "osc")):
+        if key not in env:
+            (folder / sub).mkdir()
+            env[key] = str(folder / sub)
+    child = subprocess.Popen(list(argv), env=env)
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    try:
+        return child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
