@@ -19,28 +19,27 @@ Decoder = Callable[[np.ndarray, np.ndarray, list[bytes]], tuple[Any, np.ndarray,
                                                                list[RecordError]]]
 
 
-def _caffe_datum(cfg: Any) -> Decoder:
-    from lmdbio.codecs.datum import decode_datum_batch
-
+def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
+    """A decoder over one of the compiled batch decoders (Datum, tensor records)."""
     mode = "raise" if cfg.on_error == "raise" else "mask"
 
     def decode(payload, offsets, keys):
-        b = decode_datum_batch(payload, offsets, keys=keys, errors=mode)
+        b = decode_batch(payload, offsets, keys=keys, errors=mode)
         return b.data, b.labels, b.valid, b.errors
 
     return decode
+
+
+def _caffe_datum(cfg: Any) -> Decoder:
+    from lmdbio.codecs.datum import decode_datum_batch
+
+    return _batch_decoder(cfg, decode_datum_batch)
 
 
 def _tensor(cfg: Any) -> Decoder:
     from lmdbio.codecs.tensor import decode_tensor_batch
 
-    mode = "raise" if cfg.on_error == "raise" else "mask"
-
-    def decode(payload, offsets, keys):
-        b = decode_tensor_batch(payload, offsets, keys=keys, errors=mode)
-        return b.data, b.labels, b.valid, b.errors
-
-    return decode
+    return _batch_decoder(cfg, decode_tensor_batch)
 
 
 def _toc(cfg: Any) -> Decoder:

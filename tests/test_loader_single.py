@@ -72,7 +72,7 @@ def test_state_dict_refuses_another_world_or_order(db_with_corrupt_record):
     with loaders.open(config(db_with_corrupt_record)) as loader:
         state = loader.state_dict()
     with loaders.open(config(db_with_corrupt_record, batch__size=4)) as loader, \
-            pytest.raises(ConfigError, match=r"batch\.size"):
+            pytest.raises(ConfigError, match="batch_size"):
         loader.load_state_dict(state)
 
 

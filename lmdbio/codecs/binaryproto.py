@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs.protobuf import get_varint, put_varint
 from lmdbio.errors import CodecError
 
 __all__ = ["decode_blobproto", "encode_blobproto", "read_mean_file", "write_mean_file"]
@@ -36,32 +37,12 @@ _MAX_DIMS = 32
 
 
 def _varint(mv: memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise CodecError(f"BlobProto: truncated varint ({what}) at byte {pos}")
-        if shift >= 70:
-            raise CodecError(f"BlobProto: varint longer than 10 bytes ({what}) at byte {pos}")
-        b = mv[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return result & ((1 << 64) - 1), pos
+    return get_varint(mv, pos, end, what, "BlobProto")
 
 
 def _signed(v: int, bits: int) -> int:
     v &= (1 << bits) - 1
     return v - (1 << bits) if v >= 1 << (bits - 1) else v
-
-
-def _put_varint(out: bytearray, value: int) -> None:
-    value &= (1 << 64) - 1
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
 
 
 def _fields(mv: memoryview, start: int, end: int, what: str):
@@ -158,20 +139,20 @@ def encode_blobproto(array: Any, *, legacy: bool = True) -> bytes:
         shape4 = (1,) * (4 - a.ndim) + a.shape
         for fnum, d in zip((1, 2, 3, 4), shape4, strict=True):
             out.append(fnum << 3)
-            _put_varint(out, int(d))
+            put_varint(out, int(d))
     raw = a.tobytes()
     out.append((5 << 3) | 2)
-    _put_varint(out, len(raw))
+    put_varint(out, len(raw))
     out += raw
     if not legacy:
         inner = bytearray()
         for d in a.shape:
-            _put_varint(inner, int(d))
+            put_varint(inner, int(d))
         msg = bytearray([(1 << 3) | 2])
-        _put_varint(msg, len(inner))
+        put_varint(msg, len(inner))
         msg += inner
         out.append((7 << 3) | 2)
-        _put_varint(out, len(msg))
+        put_varint(out, len(msg))
         out += msg
     return bytes(out)
 

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbio.codecs._batch import KeySource, as_spans, as_u8, key_of, pack_values
+from lmdbio.codecs.protobuf import get_varint, put_varint
 from lmdbio.errors import CodecError, RecordError
 
 __all__ = [
@@ -60,27 +61,11 @@ ChannelOrder = Literal["bgr", "rgb"]
 
 
 def _put_varint(out: bytearray, value: int) -> None:
-    value &= (1 << 64) - 1  # negative int32 values are sign-extended to 10 bytes, as protobuf
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
+    put_varint(out, value)
 
 
 def _get_varint(mv: memoryview, pos: int, end: int, what: str) -> tuple[int, int]:
-    result = 0
-    shift = 0
-    while True:
-        if pos >= end:
-            raise CodecError(f"Datum: truncated varint ({what}) at byte {pos}")
-        if shift >= 70:
-            raise CodecError(f"Datum: varint longer than 10 bytes ({what}) at byte {pos}")
-        b = mv[pos]
-        pos += 1
-        result |= (b & 0x7F) << shift
-        shift += 7
-        if b < 0x80:
-            return result & ((1 << 64) - 1), pos
+    return get_varint(mv, pos, end, what, "Datum")
 
 
 def _int32(v: int) -> int:

@@ -31,8 +31,9 @@ class IterationStats:
     own_pages: int = 0
     extra_pages: int = 0
     prefetched_pages: int = 0
-    missed_pages: int = 0
-    redundant_pages: int = 0
+    missed_pages: int = 0  # value pages needed, not prefetched (dm-spec)
+    missed_walk_pages: int = 0  # leaf/branch pages the walk read, not prefetched (dm-spec)
+    redundant_pages: int = 0  # prefetched, neither a value page nor walked (dm-spec)
     seconds: dict[str, float] = field(default_factory=lambda: {
         "prefetch": 0.0, "wait_cursor": 0.0, "walk": 0.0, "copy": 0.0})
 
@@ -102,6 +103,12 @@ class ReadStrategy(ABC):
         """Release what the strategy holds (collective where setup was)."""
 
     # helpers shared by the walking strategies -------------------------------------------
+    def start_walk(self) -> None:
+        """A cursor on the first record: where every walking reader starts an epoch."""
+        self.cursor = self.db.cursor()
+        self.cursor.first()
+        self.position = 0
+
     def walk_to(self, cursor, index: int, current: int) -> int:
         """Walk ``cursor`` forward from record ``current`` to record ``index`` (mod N),
         record by record as an LMDB cursor does; returns the new position."""

@@ -46,10 +46,36 @@ def load_sidecar(db: Database) -> tuple[np.ndarray, np.ndarray] | None:
             leaves, first = z["leaves"], z["first"]
     except (OSError, KeyError, ValueError):
         return None
-    if first.shape != (leaves.shape[0] + 1,) or int(first[-1]) != len(db):
+    if first.shape != (leaves.shape[0] + 1,) or int(first[-1]) != len(db) \
+            or not _spot_check(db, leaves.astype(np.int64), first.astype(np.int64)):
         log.warning("%s: leaf directory does not match the database; rebuilding", path)
         return None
     return leaves.astype(np.int64), first.astype(np.int64)
+
+
+def _spot_check(db: Database, leaves: np.ndarray, first: np.ndarray, samples: int = 8) -> bool:
+    """A few leaves of a loaded directory (the first, the last and some between) are leaf
+    pages of this file holding the counted number of records: a sidecar that names the
+    snapshot but was written for other contents (copied, edited) is caught before use."""
+    from lmdbio.lmdb import kernels as k
+    from lmdbio.lmdb.format import P_LEAF
+
+    if leaves.shape[0] == 0:
+        return len(db) == 0
+    if (np.diff(first) < 1).any() or leaves.min() < 2 or leaves.max() > db.last_pg:
+        return False
+    pick = np.unique(np.linspace(0, leaves.shape[0] - 1, samples).astype(np.int64))
+    counts = np.empty(pick.shape[0], np.int64)
+    code, _ = k.count_leaf_records(db.buf, db.fmt, leaves[pick], counts,
+                                   db.accounting.touched, False)
+    if code or (counts != first[pick + 1] - first[pick]).any():
+        return False
+    for pg in leaves[pick].tolist():  # a handful of pages: their header says leaf
+        code, _ = k.check_page(db.buf, db.fmt, pg, db.last_pg)
+        flags = int(db.buf[pg * db.psize + db.fmt[2]])
+        if code or not flags & P_LEAF:
+            return False
+    return True
 
 
 def save_sidecar(db: Database, leaves: np.ndarray, first: np.ndarray) -> Path | None:

@@ -21,9 +21,7 @@ class Lmm(ReadStrategy):
     name = "lmm"
 
     def begin_epoch(self, plan: EpochPlan) -> None:
-        self.cursor = self.db.cursor()
-        self.cursor.first()
-        self.position = 0
+        self.start_walk()
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:

@@ -24,9 +24,7 @@ class NaiveStride(ReadStrategy):
     shared = False
 
     def begin_epoch(self, plan: EpochPlan) -> None:
-        self.cursor = self.db.cursor()
-        self.cursor.first()
-        self.position = 0
+        self.start_walk()
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
@@ -52,9 +50,7 @@ class NaiveContig(ReadStrategy):
     shared = False
 
     def begin_epoch(self, plan: EpochPlan) -> None:
-        self.cursor = self.db.cursor()
-        self.cursor.first()
-        self.position = 0
+        self.start_walk()
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
