@@ -42,6 +42,9 @@ class ReadOptions:
     last: str = "pad"
     shuffle: str = "none"
     seed: int = 0
+    #: block shuffle: leaf pages per block, and the shuffle window in blocks
+    block_pages: int = 64
+    window_blocks: int = 8
     prefetch_depth: int = 4
     subdb: str | None = None
     timeout: float = 120.0
@@ -56,6 +59,10 @@ class ReadOptions:
     #: ``lmdbio bench read`` reports. A training job turns it off: it costs a pass over a
     #: bitmap of the whole file per iteration and a record per iteration kept forever.
     accounting: bool = True
+    #: checksum of each worker's part of a node batch in shared memory: True / "xxh64",
+    #: "crc32" or False. It catches stray writes into the ring, at the price of one pass
+    #: over the batch on the reader and one on the workers (see docs/service.md)
+    checksum: bool | str = True
 
 
 @dataclass
@@ -112,6 +119,26 @@ def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOp
     else:
         db = Database(path, subdb=opts.subdb)
     return db, mapping, totals
+
+
+def _host_oversubscribed(topo: Topology) -> bool:
+    """Collective over the world: whether this host runs more ranks than it has cores for
+    this process. Then ring waits must not spin (a spinning rank takes the core from the
+    peer it waits for): they sleep from the first poll."""
+    import os
+
+    from mpi4py import MPI
+
+    host = topo.world.Split_type(MPI.COMM_TYPE_SHARED, key=topo.rank)
+    try:
+        ranks = host.Get_size()
+    finally:
+        host.Free()
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return ranks > cores
 
 
 def batch_capacity(db: Database, comm: Any, rank: int, size: int, batch: int) -> int:
@@ -206,7 +233,9 @@ class ReadSession:
             payload_bytes=max(cap, 1) if cap is not None else None,
             max_records=node_batch if topo.is_reader else None,
             key_bytes=keys if topo.is_reader else None,
-            colocated=topo.mode == "colocated", timeout=self.opts.timeout)
+            colocated=topo.mode == "colocated", timeout=self.opts.timeout,
+            checksum=self.opts.checksum,
+            spin=0.0 if _host_oversubscribed(topo) else 2e-4)
 
     def _share_codec_model(self) -> None:
         """The reader fits the transport model; the node's workers get it (collective)."""
@@ -235,9 +264,14 @@ class ReadSession:
         if self.opts.shuffle == "block" and leaf_first is None:
             # workers plan too (for padding flags): the order comes with the slot instead
             leaf_first = None
+        window = 1024
+        if leaf_first is not None and leaf_first.shape[0] > 1:
+            per_leaf = max(1, int(leaf_first[-1]) // (leaf_first.shape[0] - 1))
+            window = max(1, self.opts.window_blocks * self.opts.block_pages * per_leaf)
         return plan_epoch(len(self.db), self.consumers, self.opts.batch_size, self.opts.last,
                           self.opts.shuffle if self.reads or self.opts.shuffle != "block"
                           else "none", self.opts.seed, epoch, leaf_first,
+                          block_leaves=self.opts.block_pages, window=window,
                           scheme=self.cls.scheme)
 
     def begin_epoch(self, epoch: int, start_iteration: int = 0) -> EpochPlan:

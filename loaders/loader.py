@@ -106,7 +106,8 @@ def _device(cfg: Any, topo: Any) -> Any:
 class Loader:
     """The iterable of batches (see the module docstring). Use :func:`open`."""
 
-    def __init__(self, cfg: Any, comm: Any = None) -> None:
+    def __init__(self, cfg: Any, comm: Any = None, *, slot_checksum: bool | str = True
+                 ) -> None:
         from lmdbio.reader import ReadOptions, ReadSession
         from lmdbio.topology import Topology
         from loaders.decode import make_decoder
@@ -138,16 +139,21 @@ class Loader:
         self.opts = ReadOptions(
             strategy=cfg.readers.strategy, batch_size=per_worker, last=cfg.batch.last,
             shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
+            block_pages=cfg.shuffle.block_pages, window_blocks=cfg.shuffle.window,
             prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb,
             codec=cfg.codec.name, codec_options=cfg.codec.options_dict(),
-            accounting=False)  # page accounting is for `lmdbio bench read`, not training
+            accounting=False,  # page accounting is for `lmdbio bench read`, not training
+            checksum=slot_checksum)
         if cfg.dataset.layout == "pcr":
             self.set_scan_groups(cfg.dataset.scan_groups)
         self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
         self.is_worker = self.topo.is_worker if shared else True
-        self.decode = make_decoder(cfg)
         self.transform = DataTransformer.from_config(cfg.transform) \
             if cfg.dataset.layout in ("caffe-datum", "pcr") else None
+        # an identity transform only converts to float32: the Datum decoder does it in its
+        # pass over the pixels
+        self.decode = make_decoder(cfg, float32=self.transform is not None
+                                   and self.transform.is_identity)
         self.xp = _device(cfg, self.topo) if self.is_worker else np
         self.epoch = 0
         self.start_iteration = 0
@@ -335,8 +341,8 @@ class Loader:
         draws something (random crops or mirrors).
         """
         t = self.transform
-        if not data.shape[0] or t.is_identity:
-            return data.astype(np.float32)
+        if not data.shape[0] or t.is_identity:  # decoders return fresh arrays: no copy
+            return data.astype(np.float32, copy=False)
         rng = None
         if t.mirror or (t.crop_size and t.phase == "train"):
             from loaders.transform import transform_rng
@@ -406,16 +412,19 @@ class Loader:
         self.close()
 
 
-def open(config: Any, overrides: list[str] | tuple[str, ...] = (), comm: Any = None
-         ) -> Loader:
+def open(config: Any, overrides: list[str] | tuple[str, ...] = (), comm: Any = None, *,
+         slot_checksum: bool | str = True) -> Loader:
     """Open a loader from a config path, a dict or a :class:`lmdbio.config.JobConfig`.
 
-    Collective: call it on every rank of the job.
+    Collective: call it on every rank of the job. ``slot_checksum`` (True / ``"xxh64"``,
+    ``"crc32"``, False) checksums each worker's part of every node batch in shared memory
+    (on by default; off saves a pass over every batch on each side where the path is
+    trusted).
     """
     from lmdbio.config import load_config
 
     cfg = load_config(config, overrides)
-    return Loader(cfg, comm)
+    return Loader(cfg, comm, slot_checksum=slot_checksum)
 
 
 def write_json(path: str | Path, obj: Any) -> None:
