@@ -1,0 +1,45 @@
+"""Run every benchmark script in bench/ and collect their JSON in one folder.
+
+Usage: .venv/bin/python bench/run_all.py [--out bench/results] [--only scan,read,...]
+Each script writes its own JSON (always with the baseline it was compared to, measured in
+the same run); this only sequences them. MPI benchmarks start their own mpiexec.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+ORDER = ["scan", "decode", "read", "service", "toc", "ibp", "pcr", "btable"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=str(BENCH / "results"))
+    parser.add_argument("--only", default=None, help="comma-separated subset of " +
+                        ",".join(ORDER))
+    args = parser.parse_args()
+    chosen = args.only.split(",") if args.only else ORDER
+    failed = []
+    for name in chosen:
+        script = BENCH / f"{name}.py"
+        if not script.exists():
+            print(f"== {name}: no script", flush=True)
+            continue
+        print(f"== {name}", flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.run([sys.executable, str(script), "--out", args.out]).returncode
+        print(f"== {name}: exit {rc} after {time.perf_counter() - t0:.0f} s", flush=True)
+        if rc:
+            failed.append(name)
+    if failed:
+        print(f"failed: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
