@@ -32,7 +32,10 @@ def main() -> int:
             continue
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
-        rc = subprocess.run([sys.executable, str(script), "--out", args.out]).returncode
+        cmd = [sys.executable, str(script)]
+        if "--out" in script.read_text():  # scripts without it write to bench/results/
+            cmd += ["--out", args.out]
+        rc = subprocess.run(cmd).returncode
         print(f"== {name}: exit {rc} after {time.perf_counter() - t0:.0f} s", flush=True)
         if rc:
             failed.append(name)
