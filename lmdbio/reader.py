@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -369,7 +369,15 @@ class ReadSession:
             t.own = np.zeros_like(acc.touched)
         t.touched |= acc.touched
         t.own[own] = 1
-        t.iterations.append(asdict(stats))
+        # a flat copy (dataclasses.asdict deep-copies field by field: ~50 us per iteration)
+        t.iterations.append({**stats.__dict__, "seconds": dict(stats.seconds)})
+
+    def poll(self) -> bool:
+        """Consumer side: whether :meth:`receive` would return at once (never blocks)."""
+        if not self.shared:
+            return self.last_private is not None
+        assert self.ring is not None
+        return self.ring.poll()
 
     def receive(self, timeout: float | None = None) -> Delivered | None:
         """Consumer side: the next batch for this rank (None when the reader stopped)."""

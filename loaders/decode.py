@@ -30,10 +30,49 @@ def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
     return decode
 
 
-def _caffe_datum(cfg: Any) -> Decoder:
+def _caffe_datum(cfg: Any, float32: bool = False) -> Decoder:
     from lmdbio.codecs.datum import decode_datum_batch
 
-    return _batch_decoder(cfg, decode_datum_batch)
+    general = _batch_decoder(cfg, decode_datum_batch)
+    if not float32:
+        return general
+
+    def decode(payload, offsets, keys):
+        fast = uniform_datums_float32(payload, offsets)
+        if fast is not None:
+            return fast[0], fast[1], np.ones(fast[1].shape[0], bool), []
+        return general(payload, offsets, keys)  # anything unusual: the checked path
+
+    return decode
+
+
+def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(N, C, H, W)`` float32 pixels and int64 labels of a batch of raw uint8 Datums of
+    one shape, in one compiled pass (the pixels widened as they are gathered); ``None`` when
+    the batch is anything else (encoded, float_data, mixed shapes, a bad record), which the
+    general decoder then handles and explains.
+
+    The values equal :func:`~lmdbio.codecs.datum.decode_datum_batch` followed by
+    ``astype(np.float32)``: what an identity Caffe transform produces.
+    """
+    from lmdbio.codecs import _record_kernels as k
+    from loaders._decode_kernels import uniform_datums_f32
+
+    n = offsets.shape[0] - 1
+    if n <= 0 or payload.dtype != np.uint8 or payload.ndim != 1:
+        return None
+    bounds = np.ascontiguousarray(offsets, np.int64)
+    table = np.empty((n, k.NCOLS), np.int64)
+    k.parse_datums(payload, bounds[:-1], bounds[1:] - bounds[:-1], table)
+    shape = table[0, k.COL_CHANNELS:k.COL_WIDTH + 1].copy()
+    if (shape <= 0).any():
+        return None
+    out = np.empty((n, int(shape[0]), int(shape[1]), int(shape[2])), np.float32)
+    labels = np.empty(n, np.int64)
+    if uniform_datums_f32(payload, table, shape, out.reshape(n, -1), labels) >= 0:
+        return None
+    return out, labels
 
 
 def _tensor(cfg: Any) -> Decoder:
@@ -58,9 +97,9 @@ def _toc(cfg: Any) -> Decoder:
 
 
 def _ibp(cfg: Any, dataset_path: str) -> Decoder:
-    from lmdbio.codecs.ibp.storage import decode_record, load_dataset_model
+    from lmdbio.convert.ibp import decode_record, load_model
 
-    model = load_dataset_model(dataset_path)
+    model = load_model(dataset_path)
 
     def decode(payload, offsets, keys):
         rows, labels = [], []
@@ -96,11 +135,16 @@ def _pcr(cfg: Any, k: int | None) -> Decoder:
     return decode
 
 
-def make_decoder(cfg: Any, scan_groups: int | None = None) -> Decoder:
-    """The decoder for ``cfg.dataset.layout``."""
+def make_decoder(cfg: Any, scan_groups: int | None = None, *, float32: bool = False
+                 ) -> Decoder:
+    """The decoder for ``cfg.dataset.layout``.
+
+    ``float32``: Caffe Datum batches may come out as float32 directly (for an identity
+    transform, which would only convert them): one pass instead of decode + convert.
+    """
     layout = cfg.dataset.layout
     if layout == "caffe-datum":
-        return _caffe_datum(cfg)
+        return _caffe_datum(cfg, float32)
     if layout == "tensor":
         return _tensor(cfg)
     if layout == "toc":

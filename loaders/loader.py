@@ -6,6 +6,10 @@ same configuration. In dedicated mode (the default) one rank per node is the rea
 nothing; the other ranks are workers and get batches. In colocated mode every rank is a
 worker and the first rank of each node also reads, up to ``readers.prefetch_depth``
 batches ahead. Every worker gets the same number of batches per epoch.
+
+A worker decodes the next batch on a background thread while the trainer works on the one
+just yielded, whenever that next batch has already arrived (the decoding kernels release
+the GIL); receiving and releasing slots stay on the trainer's thread.
 """
 
 from __future__ import annotations
@@ -160,6 +164,9 @@ class Loader:
         self.position = 0  # batches consumed in the current epoch
         self.metrics = LoaderMetrics()
         self._last_good: tuple[Any, int] | None = None
+        # (iteration, received batch, future of its decoding) while a batch decodes ahead
+        self._ahead: tuple[int, Any, Any] | None = None
+        self._pool: Any = None  # the decoding thread, started with the first look-ahead
         self._closed = False
         self._open: tuple[int, int] | None = None
         self._published = 0
@@ -248,12 +255,60 @@ class Loader:
         for it in range(start, end):
             if s.reads:  # colocated reader, or a naive strategy: read ahead, then consume
                 self._read_ahead(it, end, depth)
-            batch = self._next_batch(it)
+            batch = self._take(it)
             self.position = it + 1
             self._report(it)
+            if it + 1 < end:
+                self._look_ahead(it + 1)
             yield batch
         self._open = None
         self._end_epoch()
+
+    def _look_ahead(self, it: int) -> None:
+        """If batch ``it`` has already arrived, start decoding it on the loader's thread, so
+        that it decodes while the trainer computes on the batch just yielded.
+
+        The decoding kernels release the GIL, so the two really overlap. Only the arrival is
+        checked here (MPI stays on the calling thread: receiving, and releasing the slot
+        once decoded, happen in :meth:`_take`); a batch not there yet is received and
+        decoded when asked for, as before. Device (cupy) workers decode in line.
+        """
+        if self.xp is not np or not self.session.poll():
+            return
+        t0 = time.perf_counter()
+        got = self.session.receive(timeout=self.opts.timeout)
+        self.metrics.wait_seconds += time.perf_counter() - t0
+        if got is None:  # the reader stopped: said when this batch is asked for
+            self._ahead = (it, None, None)
+            return
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmdbio-decode")
+        self._ahead = (it, got, self._pool.submit(self._make_batch, got, it))
+
+    def _take(self, it: int) -> Batch:
+        """Batch ``it``: the one decoded ahead, or received and decoded now."""
+        if self._ahead is None:
+            return self._next_batch(it)
+        ahead_it, got, future = self._ahead
+        self._ahead = None
+        if ahead_it != it:  # cannot happen: look-ahead is always for the next iteration
+            raise LmdbioError(f"internal: batch {ahead_it} was decoded ahead, {it} asked for")
+        if got is None:
+            raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
+        try:
+            batch = future.result()
+        finally:
+            got.release()
+        self._count(batch, got)
+        return batch
+
+    def _count(self, batch: Batch, got: Any) -> None:
+        """Metrics of a delivered batch (on the calling thread, when it is delivered)."""
+        self.metrics.batches += 1
+        self.metrics.samples += len(batch.ids)
+        self.metrics.bytes += int(np.asarray(got.offsets)[-1])
 
     def _read_ahead(self, it: int, end: int, depth: int) -> None:
         s = self.session
@@ -268,9 +323,11 @@ class Loader:
         if got is None:
             raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
         try:
-            return self._make_batch(got, it)
+            batch = self._make_batch(got, it)
         finally:
             got.release()
+        self._count(batch, got)
+        return batch
 
     def _drain(self) -> None:
         """Finish an epoch the trainer left early, so readers and workers stay in step.
@@ -284,6 +341,19 @@ class Loader:
         end, _ = self._open
         self._open = None
         s = self.session
+        taken = 0  # a batch received for decoding ahead is already out of the ring
+        if self._ahead is not None:
+            _, got, future = self._ahead
+            self._ahead = None
+            if got is not None:
+                taken = 1
+                try:
+                    future.result()  # the decoding thread is done with the slot's memory
+                except Exception as exc:  # a bad record of a batch nobody will use
+                    log.debug("rank %d: dropping a batch decoded ahead: %s", self.topo.rank,
+                              exc)
+                finally:
+                    got.release()
         if s.shared and self.topo.mode == "dedicated":  # the dedicated reader reads it all
             remaining = end - self.position
         else:  # colocated: what was read ahead of the position, by the deterministic rule
@@ -291,7 +361,7 @@ class Loader:
             remaining = min(end, max(self.position - 1, 0) + depth) - self.position
             if not s.shared:
                 remaining = 0
-        for _ in range(max(remaining, 0)):
+        for _ in range(max(remaining - taken, 0)):
             got = s.receive(timeout=self.opts.timeout)
             if got is not None:
                 got.release()
@@ -328,9 +398,6 @@ class Loader:
         if self.xp is not np and isinstance(data, np.ndarray):
             data, labels = self.xp.asarray(data), self.xp.asarray(labels)
         self.metrics.decode_seconds += time.perf_counter() - t0
-        self.metrics.batches += 1
-        self.metrics.samples += len(ids)
-        self.metrics.bytes += int(offsets[-1])
         return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd)
 
     def _transform(self, data: np.ndarray, iteration: int) -> np.ndarray:
@@ -400,6 +467,9 @@ class Loader:
         self._closed = True
         try:
             self._drain()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+                self._pool = None
             self.session.stop()
             self.session.close()
         finally:

@@ -8,6 +8,20 @@ speculative pages summed over readers; per rank the global record indices it rec
 delivery order, pages touched, pages holding its own records, extra pages, bytes and a time
 breakdown; totals. ``--pylmdb`` adds, for the naive strategies, the same access pattern
 through py-lmdb cursors (what Caffe and DALI run) as the wall-clock baseline.
+
+Measuring on one host: ``PATH`` may contain ``{node}``, replaced by the rank's (simulated)
+node number, so that every node reads its own byte-identical copy of the database and nodes
+stop sharing one page cache (``bench/read.py`` makes the copies). ``--cold`` drops the file
+from the page cache after the setup, just before the first iteration (every rank drops its
+page-table entries, ``MADV_DONTNEED``, then each node's first rank ``POSIX_FADV_DONTNEED``);
+``--footprint`` counts, after the last iteration, the node's file pages resident in the page
+cache (``mincore``): with ``--cold`` and per-node copies, the real I/O footprint of each
+node, read-around included (``--advice random`` turns read-around off, as LMDB's
+``MDB_NORDAHEAD`` does). ``--sequential`` times rank 0 reading the whole file with large
+``pread`` calls after the run (cold again with ``--cold``): the physical limit to compare
+with. Throughput is reported three ways: over the whole run (setup included), over the
+iteration loop (after a barrier that follows the setup), and in steady state (each
+consumer's batches after the first ``--warmup`` ones, on its own clock).
 """
 
 from __future__ import annotations
@@ -39,6 +53,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--pylmdb", action="store_true",
                         help="naive strategies: also time py-lmdb running the same pattern")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument("--warmup", type=int, default=2,
+                        help="batches per consumer left out of the steady-state figures")
+    parser.add_argument("--cold", action="store_true",
+                        help="drop the file from the page cache after the setup")
+    parser.add_argument("--advice", choices=["normal", "random", "sequential"], default=None,
+                        help="madvise the database mapping on every rank after the setup "
+                             "(random: no read-around on page faults, as LMDB's "
+                             "MDB_NORDAHEAD; default: leave the kernel's default)")
+    parser.add_argument("--no-accounting", action="store_true",
+                        help="no per-iteration page accounting (as a training job runs; "
+                             "page fields are then 0, except dm-spec's own estimate)")
+    parser.add_argument("--footprint", action="store_true",
+                        help="count each node's resident file pages after the run (mincore)")
+    parser.add_argument("--sequential", action="store_true",
+                        help="rank 0 times a sequential read of the whole file after the run")
     parser.add_argument("--json", metavar="OUT", default=None)
 
 
@@ -54,6 +83,66 @@ def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
     return out
 
 
+def _node_path(template: str, node: int) -> str:
+    """The database of ``node``: ``{node}`` in the path is the node number."""
+    return template.replace("{node}", str(node))
+
+
+def _drop_from_cache(world: Any, session: Any, topo: Any, path: str) -> None:
+    """Collective: evict the database file from the page cache. The kernel keeps pages that
+    some process maps, so every rank first drops its own page-table entries."""
+    from lmdbio.io import _libc
+    from lmdbio.io.prefetch import MADV_DONTNEED, drop_cache
+
+    buf = session.db.buf
+    if buf.shape[0]:
+        _libc.madvise(buf.ctypes.data, buf.shape[0], MADV_DONTNEED)
+    world.Barrier()
+    if topo.local_rank == 0:
+        drop_cache(path)
+    world.Barrier()
+
+
+def _advise(session: Any, advice: str) -> None:
+    """``madvise`` this rank's mapping of the database (read-around on page faults)."""
+    from lmdbio.io import _libc
+    from lmdbio.io import prefetch as pf
+
+    code = {"normal": pf.MADV_NORMAL, "random": pf.MADV_RANDOM,
+            "sequential": pf.MADV_SEQUENTIAL}[advice]
+    buf = session.db.buf
+    if buf.shape[0]:
+        _libc.madvise(buf.ctypes.data, buf.shape[0], code)
+
+
+def _sequential_read(path: str, cold: bool) -> dict[str, Any]:
+    """Seconds to read the whole file front to back with 8 MiB ``pread`` calls."""
+    import os
+
+    from lmdbio.io.prefetch import drop_cache
+    from lmdbio.lmdb.database import _resolve_file
+
+    file = str(_resolve_file(path))
+    if cold:
+        drop_cache(file)
+    buf = bytearray(8 << 20)
+    mv = memoryview(buf)
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        t0 = time.perf_counter()
+        total = 0
+        while True:
+            got = os.preadv(fd, [mv], total)
+            if got <= 0:
+                break
+            total += got
+        seconds = time.perf_counter() - t0
+    finally:
+        os.close(fd)
+    return {"bytes": total, "seconds": seconds, "cold": cold,
+            "bytes_per_second": total / seconds if seconds else 0.0}
+
+
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from mpi4py import MPI
 
@@ -64,37 +153,55 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     world = MPI.COMM_WORLD
     with abort_on_error():
         topo = Topology.build(world, simulate_nodes=args.simulate_nodes, mode=args.mode)
+        path = _node_path(args.path, topo.node_index)
         opts = ReadOptions(strategy=args.strategy, batch_size=args.batch_size,
                            last=args.last, shuffle=args.shuffle, seed=args.seed,
                            prefetch_depth=args.prefetch_depth, timeout=args.timeout,
-                           symmetric=not args.no_symmetric)
+                           symmetric=not args.no_symmetric,
+                           accounting=not args.no_accounting)
         world.Barrier()
         t_start = time.perf_counter()
-        session = ReadSession(args.path, topo, opts)
+        session = ReadSession(path, topo, opts)
         plan = session.begin_epoch(0)
         schedule = _schedule(plan.iterations, args.iters)
         records: list[int] = []
         padding: list[bool] = []
+        batch_times: list[float] = []
+        batch_records: list[int] = []
+        batch_bytes: list[int] = []
         delivered_bytes = 0
         consumer_wait = 0.0
         consumes = (not session.shared) or topo.is_worker
-        pending = 0
+        if args.advice:
+            _advise(session, args.advice)
+        if args.cold:
+            _drop_from_cache(world, session, topo, path)
+        world.Barrier()
+        t_loop = time.perf_counter()
+
+        def take(got: Any) -> None:
+            nonlocal delivered_bytes
+            batch_times.append(time.perf_counter() - t_loop)
+            records.extend(got.ids.tolist())
+            padding.extend(got.padding.tolist())
+            batch_records.append(int(got.ids.size))
+            batch_bytes.append(int(got.offsets[-1]))
+            delivered_bytes += int(got.offsets[-1])
+            got.release()
+
         for epoch, it in schedule:
             if epoch != session.epoch:
                 session.begin_epoch(epoch)
             if session.reads:
                 session.read_iteration(it)
-                pending += 1
             # a colocated reader consumes as it goes; dedicated workers drain below
             if consumes and (session.reads or not session.shared):
                 t0 = time.perf_counter()
                 got = session.receive(timeout=args.timeout)
                 consumer_wait += time.perf_counter() - t0
                 assert got is not None
-                records.extend(got.ids.tolist())
-                padding.extend(got.padding.tolist())
-                delivered_bytes += int(got.offsets[-1])
-                got.release()
+                take(got)
+                del got
         if session.reads:
             session.stop()
         if consumes and session.shared and not session.reads:
@@ -104,18 +211,26 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                 consumer_wait += time.perf_counter() - t0
                 if got is None:
                     break
-                records.extend(got.ids.tolist())
-                padding.extend(got.padding.tolist())
-                delivered_bytes += int(got.offsets[-1])
-                got.release()
-        elapsed = time.perf_counter() - t_start
+                take(got)
+            del got
+        t_end = time.perf_counter()
+        elapsed = t_end - t_start
+        world.Barrier()
+        resident = None
+        if args.footprint and topo.local_rank == 0:
+            from lmdbio.io.prefetch import resident_count
+            from lmdbio.lmdb.database import _resolve_file
+
+            resident = resident_count(str(_resolve_file(path)))
         baseline = None
         if args.pylmdb and not session.shared:
             from lmdbio.plan.pylmdb_baseline import run_pattern
 
             world.Barrier()
-            baseline = run_pattern(args.path, session, schedule)
+            baseline = run_pattern(path, session, schedule)
         totals = session.totals
+        bits = (np.packbits(totals.touched.astype(bool)), np.packbits(totals.own.astype(bool))) \
+            if session.reads and totals.touched.shape[0] > 1 else None
         mine = {
             "rank": topo.rank,
             "node": topo.node_index,
@@ -131,56 +246,144 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "seconds": {
                 "total": elapsed,
                 "setup": totals.setup_seconds,
+                "loop": t_end - t_loop,
                 "consumer_wait": consumer_wait,
                 **{k: float(sum(s["seconds"][k] for s in totals.iterations))
                    for k in ("prefetch", "wait_cursor", "walk", "copy")},
             },
-            "iterations": [{k: s[k] for k in ("iteration", "missed_pages", "redundant_pages",
-                                              "prefetched_pages", "pages_touched",
-                                              "extra_pages")} for s in totals.iterations],
+            "iterations": [{k: s[k] for k in ("iteration", "missed_pages", "missed_walk_pages",
+                                              "redundant_pages", "prefetched_pages",
+                                              "pages_touched", "own_pages", "extra_pages")}
+                           for s in totals.iterations],
+            "batch_seconds": batch_times,
+            "batch_records": batch_records,
+            "batch_bytes": batch_bytes,
             "symmetric": totals.symmetric,
             "symmetric_attempts": totals.symmetric_attempts,
             "pylmdb_seconds": baseline,
+            "resident_pages": resident,
         }
         n_records = len(session.db)
+        psize = session.db.psize
         session.close()
         everyone = world.gather(mine, root=0)
+        bitmaps = world.gather(bits, root=0)
+        sequential = None
+        if args.sequential:
+            world.Barrier()
+            if topo.rank == 0:
+                sequential = _sequential_read(path, args.cold)
     if topo.rank != 0:
         return None
-    return summarize(args, everyone, n_records, topo)
+    result = summarize(args, everyone, n_records, topo)
+    _add_page_totals(result, everyone, bitmaps, psize)
+    if sequential is not None:
+        result["totals"]["sequential"] = sequential
+        steady = result["totals"]["steady"]["bytes_per_second"]
+        result["totals"]["ratio_to_sequential"] = steady / sequential["bytes_per_second"] \
+            if sequential["bytes_per_second"] else None
+    return result
+
+
+def _steady(ranks: list[dict], warmup: int) -> dict[str, Any]:
+    """Steady-state delivery: per consumer the batches after the first ``warmup`` ones,
+    timed on the consumer's own clock; the job takes as long as its slowest consumer."""
+    seconds, recs, nbytes = 0.0, 0, 0
+    for r in ranks:
+        t = r["batch_seconds"]
+        if not r["worker"] or len(t) <= warmup:
+            continue
+        w = max(warmup, 0)
+        seconds = max(seconds, t[-1] - (t[w - 1] if w else 0.0))
+        recs += sum(r["batch_records"][w:])
+        nbytes += sum(r["batch_bytes"][w:])
+    return {"warmup_batches": warmup, "seconds": seconds, "records": recs, "bytes": nbytes,
+            "records_per_second": recs / seconds if seconds else 0.0,
+            "bytes_per_second": nbytes / seconds if seconds else 0.0}
+
+
+def _add_page_totals(result: dict, ranks: list[dict], bitmaps: list, psize: int) -> None:
+    """Pages per node (the union over a node's readers: what one page cache holds) and over
+    the job, from the readers' bitmaps; the per-node resident pages when measured."""
+    per_node: dict[int, dict[str, Any]] = {}
+    union_t = union_o = None
+    for r, bits in zip(ranks, bitmaps, strict=True):
+        node = per_node.setdefault(r["node"], {"node": r["node"], "touched": None,
+                                               "own": None, "resident_pages": None})
+        if r["resident_pages"] is not None:
+            node["resident_pages"] = r["resident_pages"]
+        if bits is None:
+            continue
+        t, o = bits
+        node["touched"] = t if node["touched"] is None else node["touched"] | t
+        node["own"] = o if node["own"] is None else node["own"] | o
+        union_t = t if union_t is None else union_t | t
+        union_o = o if union_o is None else union_o | o
+
+    def count(b: np.ndarray | None) -> int:
+        return int(np.unpackbits(b).sum()) if b is not None else 0
+
+    nodes = []
+    for k in sorted(per_node):
+        d = per_node[k]
+        touched, own = count(d["touched"]), count(d["own"])
+        extra = count(d["touched"] & ~d["own"]) if d["touched"] is not None else 0
+        nodes.append({"node": k, "pages_touched": touched, "own_pages": own,
+                      "extra_pages": extra, "resident_pages": d["resident_pages"]})
+    tot = result["totals"]
+    tot["page_size"] = psize
+    tot["per_node"] = nodes
+    tot["node_pages_touched"] = sum(n["pages_touched"] for n in nodes)
+    tot["node_extra_pages"] = sum(n["extra_pages"] for n in nodes)
+    tot["pages_touched_union"] = count(union_t)
+    tot["own_pages_union"] = count(union_o)
+    res = [n["resident_pages"] for n in nodes if n["resident_pages"] is not None]
+    tot["resident_pages"] = sum(res) if res else None
 
 
 def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo) -> dict:
     iters: dict[int, dict] = {}
     for r in ranks:
         for k, s in enumerate(r["iterations"]):
-            d = iters.setdefault(k, {"iteration": k, "missed_pages": 0, "redundant_pages": 0,
-                                     "prefetched_pages": 0})
-            for f in ("missed_pages", "redundant_pages", "prefetched_pages"):
+            d = iters.setdefault(k, {"iteration": k, "missed_pages": 0, "missed_walk_pages": 0,
+                                     "redundant_pages": 0, "prefetched_pages": 0,
+                                     "own_pages": 0, "pages_touched": 0})
+            for f in ("missed_pages", "missed_walk_pages", "redundant_pages",
+                      "prefetched_pages", "own_pages", "pages_touched"):
                 d[f] += s[f]
     wall = max(r["seconds"]["total"] for r in ranks)
+    loop = max(r["seconds"]["loop"] for r in ranks)
     delivered = sum(len(r["records"]) for r in ranks)
     nbytes = sum(r["bytes_delivered"] for r in ranks)
     readers = [r for r in ranks if r["reader"]]
     baseline = [r["pylmdb_seconds"] for r in ranks if r["pylmdb_seconds"] is not None]
+    hidden = ("iterations", "batch_seconds", "batch_records", "batch_bytes")
     return {
         "benchmark": "read",
         "path": args.path,
         "strategy": args.strategy,
         "ranks": topo.size,
         "nodes": topo.n_nodes,
+        "readers": len(readers),
         "batch_size": args.batch_size,
         "shuffle": args.shuffle,
         "seed": args.seed,
         "last": args.last,
+        "cold": args.cold,
+        "advice": args.advice,
+        "accounting": not args.no_accounting,
         "records_in_database": n_records,
         "iterations": [iters[k] for k in sorted(iters)],
-        "per_rank": [{k: v for k, v in r.items() if k != "iterations"} for r in ranks],
+        "per_rank": [{k: v for k, v in r.items() if k not in hidden} for r in ranks],
         "totals": {
             "records_delivered": delivered,
             "seconds": wall,
             "records_per_second": delivered / wall if wall else 0.0,
             "bytes_per_second": nbytes / wall if wall else 0.0,
+            "loop_seconds": loop,
+            "loop_records_per_second": delivered / loop if loop else 0.0,
+            "loop_bytes_per_second": nbytes / loop if loop else 0.0,
+            "steady": _steady(ranks, args.warmup),
             "extra_pages": sum(r["extra_pages"] for r in readers),
             "needed_pages": sum(r["own_pages"] for r in readers),
             "pages_touched": sum(r["pages_touched"] for r in readers),
@@ -189,6 +392,9 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
             "symmetric_mapping": all(r["symmetric"] for r in readers)
             if args.strategy.startswith("dm") else None,
             "pylmdb_seconds": max(baseline) if baseline else None,
+            "pylmdb_ratio": max(baseline) / loop if baseline and loop else None,
+            "pylmdb_records_per_second": delivered / max(baseline)
+            if baseline and max(baseline) else None,
         },
     }
 

@@ -2,16 +2,26 @@
 
 Run it under ``mpiexec`` (or ``lmdbio launch``) for several ranks, or alone for one. Every
 epoch of the configuration is delivered to the workers, which consume the batches (no
-model: this measures and checks the data path). ``--record-log DIR`` writes, per worker
-rank, the keys it received in order with their labels; ``--metrics-json OUT`` the summary
-of every rank, written by rank 0.
+model: this measures and checks the data path). ``--step-seconds S`` makes every worker
+sleep ``S`` seconds per batch, standing in for a trainer's compute step (a sleep leaves the
+CPU to the readers, as a GPU step does), so the stall fraction says how much of a training
+step would be spent waiting for data. ``--record-log DIR`` writes, per worker rank, the
+keys it received in order with their labels; ``--metrics-json OUT`` the summary of every
+rank, written by rank 0.
+
+Figures are reported twice: over the whole run (from opening the loader: setup included)
+and in steady state (after each worker's first ``--warmup`` batches, which carry the
+one-off costs: compiled-kernel cache loads, the first page faults, the first read-ahead).
+Startup (interpreter and imports, opening the loader, the first batch) is reported apart.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -21,14 +31,172 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--metrics-json", metavar="OUT", default=None)
     parser.add_argument("--record-log", metavar="DIR", default=None,
                         help="write each worker's received keys, in order, to DIR")
+    parser.add_argument("--step-seconds", type=float, default=0.0, metavar="S",
+                        help="workers sleep S seconds per batch to simulate the trainer's "
+                        "compute; the stall fraction is the share of time spent waiting for "
+                        "data")
+    parser.add_argument("--slot-checksum", choices=["xxh64", "crc32", "none"], default="xxh64",
+                        help="checksum of each worker's part of a node batch in shared memory "
+                        "(default xxh64; none where the batch path is trusted)")
+    parser.add_argument("--warmup", type=int, default=2, metavar="N",
+                        help="batches per worker left out of the steady-state figures "
+                        "(default 2)")
+
+
+def process_age() -> float | None:
+    """Seconds since this process started (Linux ``/proc``), or None where unknown.
+
+    Lets the startup cost (interpreter, imports, compiled-kernel cache loads) be reported
+    apart from the data path.
+    """
+    import os
+
+    try:
+        with open("/proc/self/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+        start_ticks = int(fields[19])  # field 22 of stat(5); 3 fields precede the split
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return uptime - start_ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _minor_faults() -> int:
+    """Minor page faults of this process so far (mapping pages: a cost of fresh memory)."""
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
+
+
+class SteadyMeter:
+    """A rank's steady-state figures: what happened after its first ``warmup`` batches.
+
+    Workers call :meth:`mark` after each consumed batch with the loader's cumulative metrics;
+    dedicated readers after each iteration they published (see :func:`count_reads`). The
+    window opens at the ``warmup``-th mark (at once with ``warmup`` 0) and closes at the last.
+    ``in_loader`` accumulates the time the trainer spent inside the loader's iterator
+    (waiting for the ring, decoding, transforming): the time a training step waits for data.
+    CPU time is the process's (``time.process_time``), so it does not depend on how the OS
+    shared oversubscribed cores; it is read only where the window opens and in
+    :meth:`finish` (a system call per batch would be a preemption point of its own).
+    """
+
+    def __init__(self, warmup: int) -> None:
+        self.warmup = max(0, int(warmup))
+        self.count = 0
+        self.in_loader = 0.0
+        self.start: tuple[float, float, int, float, float] | None = None
+        self.end: tuple[float, float, int, float, float] | None = None
+        self.first_batch_at: float | None = None
+
+    def begin(self, metrics: Any = None) -> None:
+        """Open the window at once when there is no warmup."""
+        if self.warmup == 0 and self.start is None:
+            self.start = self._snap(metrics, cpu=True)
+
+    def _snap(self, m: Any, cpu: bool = False) -> tuple[float, float, int, float, float]:
+        samples, wait = (m.samples, m.wait_seconds) if m is not None else (0, 0.0)
+        return (time.perf_counter(), time.process_time() if cpu else 0.0, samples, wait,
+                self.in_loader)
+
+    def mark(self, metrics: Any = None) -> None:
+        self.count += 1
+        if self.count == self.warmup:
+            self.start = self._snap(metrics, cpu=True)
+        self.end = self._snap(metrics)
+
+    def finish(self) -> None:
+        """Close the window's CPU time (after the last mark)."""
+        if self.end is not None:
+            self.end = (self.end[0], time.process_time(), *self.end[2:])
+
+    def as_dict(self) -> dict[str, float] | None:
+        if self.start is None or self.end is None or self.count <= self.warmup:
+            return None
+        seconds = self.end[0] - self.start[0]
+        cpu = self.end[1] - self.start[1]
+        samples = self.end[2] - self.start[2]
+        wait = self.end[3] - self.start[3]
+        in_loader = self.end[4] - self.start[4]
+        batches = self.count - self.warmup
+        return {
+            "batches": batches, "samples": samples, "seconds": seconds, "cpu_seconds": cpu,
+            "wait_seconds": wait, "loader_seconds": in_loader,
+            "samples_per_second": samples / seconds if seconds > 0 else 0.0,
+            "seconds_per_batch": seconds / batches,
+            "stall_fraction": wait / seconds if seconds > 0 else 0.0,
+            "loader_fraction": in_loader / seconds if seconds > 0 else 0.0,
+        }
+
+
+def count_reads(session: Any, meter: SteadyMeter) -> None:
+    """Mark ``meter`` after every iteration a dedicated reader publishes (measurement only:
+    wraps this session's ``read_iteration``)."""
+    read = session.read_iteration
+
+    def counted(iteration: int) -> Any:
+        stats = read(iteration)
+        meter.mark()
+        return stats
+
+    session.read_iteration = counted
+
+
+def totals(summaries: list[dict[str, Any]], nodes: int, strategy: str, mode: str,
+           step: float) -> dict[str, Any]:
+    """Job-wide figures from every rank's summary (rank 0, after the gather)."""
+    workers = [s for s in summaries if s["worker"]]
+    n = max(len(workers), 1)
+    total: dict[str, Any] = {
+        "ranks": len(summaries), "nodes": nodes, "strategy": strategy, "mode": mode,
+        "workers": len(workers), "step_seconds": step,
+        "samples": sum(s["samples"] for s in workers),
+        "seconds": max(s["seconds"] for s in summaries),
+        "stall_fraction_mean": sum(s["stall_fraction"] for s in workers) / n,
+    }
+    total["samples_per_second"] = total["samples"] / total["seconds"]
+    steady = [s["steady"] for s in workers if s.get("steady")]
+    if steady and len(steady) == len(workers):
+        seconds = max(s["seconds"] for s in steady)
+        samples = sum(s["samples"] for s in steady)
+        total["steady"] = {
+            "samples": samples, "seconds": seconds,
+            "samples_per_second": samples / seconds if seconds > 0 else 0.0,
+            "samples_per_second_per_worker": samples / seconds / n if seconds > 0 else 0.0,
+            "seconds_per_batch_mean": sum(s["seconds_per_batch"] for s in steady) / n,
+            "stall_fraction_mean": sum(s["stall_fraction"] for s in steady) / n,
+            "stall_fraction_max": max(s["stall_fraction"] for s in steady),
+            "loader_fraction_mean": sum(s["loader_fraction"] for s in steady) / n,
+            "loader_fraction_max": max(s["loader_fraction"] for s in steady),
+        }
+        readers = [s["reader_steady"] for s in summaries if s.get("reader_steady")]
+        cpu = sum(s["cpu_seconds"] for s in steady) + sum(r["cpu_seconds"] for r in readers)
+        total["steady"]["cpu_seconds"] = cpu  # workers' and dedicated readers' processes
+        total["steady"]["cpu_microseconds_per_sample"] = 1e6 * cpu / max(samples, 1)
+    total["cpu_seconds"] = sum(s["loop"]["cpu_seconds"] for s in summaries)
+    total["cpu_microseconds_per_sample"] = 1e6 * total["cpu_seconds"] / max(total["samples"], 1)
+    ages = [s["startup"] for s in summaries if s.get("startup")]
+    if ages:
+        total["startup"] = {k: max(a[k] for a in ages if a.get(k) is not None)
+                            for k in ("to_open", "open_seconds", "to_first_batch")
+                            if any(a.get(k) is not None for a in ages)}
+    return total
 
 
 def main(args: argparse.Namespace) -> int:
     from lmdbio.mpiutil import abort_on_error
     from loaders import open as open_loader
 
+    step = float(getattr(args, "step_seconds", 0.0) or 0.0)
+    warmup = int(getattr(args, "warmup", 2))
     with abort_on_error():
-        loader = open_loader(args.config, args.overrides)
+        age0 = process_age()
+        t_open = time.perf_counter()
+        checksum = getattr(args, "slot_checksum", "xxh64")
+        loader = open_loader(args.config, args.overrides,
+                             slot_checksum=False if checksum == "none" else checksum)
+        open_seconds = time.perf_counter() - t_open
         with loader:
             log = None
             if args.record_log and loader.is_worker:
@@ -36,10 +204,27 @@ def main(args: argparse.Namespace) -> int:
                 d.mkdir(parents=True, exist_ok=True)
                 log = open(d / f"rank-{loader.topo.rank:05d}.log", "w")  # noqa: SIM115
                 log.write("# epoch iteration key label padding\n")
+            meter = SteadyMeter(warmup)
+            meter.begin(loader.metrics)
+            reader_meter = None
+            if loader.session.reads and not loader.is_worker:  # a dedicated reader
+                reader_meter = SteadyMeter(warmup)
+                reader_meter.begin()
+                count_reads(loader.session, reader_meter)
+            t_loop, cpu_loop = time.perf_counter(), time.process_time()
+            faults_loop = _minor_faults()
             try:
                 for epoch in range(loader.cfg.epochs):
                     loader.set_epoch(epoch)
-                    for batch in loader:
+                    batches = iter(loader)
+                    while True:
+                        t0 = time.perf_counter()
+                        batch = next(batches, None)
+                        meter.in_loader += time.perf_counter() - t0
+                        if batch is None:
+                            break
+                        if meter.first_batch_at is None:
+                            meter.first_batch_at = time.perf_counter()
                         if log is not None:
                             labels = [int(x) for x in batch.label.tolist()] \
                                 if hasattr(batch.label, "tolist") else list(batch.label)
@@ -47,25 +232,46 @@ def main(args: argparse.Namespace) -> int:
                                                        batch.padding.tolist(), strict=False):
                                 log.write(f"{epoch} {batch.iteration} {key.hex()} {label} "
                                           f"{int(pad)}\n")
+                        if step > 0:
+                            time.sleep(step)
+                        meter.mark(loader.metrics)
             finally:
                 if log is not None:
                     log.close()
-            summaries = loader.topo.world.gather(loader.summary(), root=0)
+            meter.finish()
+            if reader_meter is not None:
+                reader_meter.finish()
+            loop_seconds = time.perf_counter() - t_loop
+            loop_cpu = time.process_time() - cpu_loop
+            summary = loader.summary()
+            # CPU time of this process over every epoch (all threads): what the data path
+            # costs, apart from how the OS shared the cores among oversubscribed ranks
+            summary["loop"] = {"seconds": loop_seconds, "cpu_seconds": loop_cpu,
+                               "minor_page_faults": _minor_faults() - faults_loop}
+            ring = getattr(loader.session, "ring", None)
+            summary["ring"] = ring.stats.as_dict() if ring is not None else None
+            summary["steady"] = meter.as_dict() if loader.is_worker else None
+            summary["reader_steady"] = reader_meter.as_dict() if reader_meter else None
+            summary["startup"] = {
+                "to_open": age0, "open_seconds": open_seconds,
+                "to_first_batch": (meter.first_batch_at - t_loop)
+                if meter.first_batch_at is not None else None,
+            }
+            summaries = loader.topo.world.gather(summary, root=0)
             if loader.topo.rank == 0:
-                workers = [s for s in summaries if s["worker"]]
-                total = {
-                    "ranks": loader.topo.size, "nodes": loader.topo.n_nodes,
-                    "strategy": loader.cfg.readers.strategy,
-                    "samples": sum(s["samples"] for s in workers),
-                    "seconds": max(s["seconds"] for s in summaries),
-                    "stall_fraction_mean": sum(s["stall_fraction"] for s in workers)
-                    / max(len(workers), 1),
-                }
-                total["samples_per_second"] = total["samples"] / total["seconds"]
+                total = totals(summaries, loader.topo.n_nodes, loader.cfg.readers.strategy,
+                               loader.cfg.readers.mode, step)
+                total["slot_checksum"] = checksum
                 result = {"totals": total, "per_rank": summaries}
-                print(f"[lmdbio] done: {total['samples']} samples in {total['seconds']:.2f} s "
-                      f"({total['samples_per_second']:.0f} samples/s), mean stall "
-                      f"{100 * total['stall_fraction_mean']:.1f}%", flush=True)
+                line = (f"[lmdbio] done: {total['samples']} samples in {total['seconds']:.2f} s "
+                        f"({total['samples_per_second']:.0f} samples/s), mean stall "
+                        f"{100 * total['stall_fraction_mean']:.1f}%")
+                if "steady" in total:
+                    st = total["steady"]
+                    line += (f"; steady state: {st['samples_per_second']:.0f} samples/s, "
+                             f"mean stall {100 * st['stall_fraction_mean']:.1f}% (in the "
+                             f"loader {100 * st['loader_fraction_mean']:.1f}%)")
+                print(line, flush=True)
                 if args.metrics_json:
                     Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

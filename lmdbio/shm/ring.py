@@ -569,6 +569,17 @@ class BatchRing:
         self._win.Sync()  # our reads of the slot complete before the reader may write
         self._send(_RELEASED, view.slot, view.seq, self.reader_rank)
 
+    def poll(self) -> bool:
+        """Worker: whether :meth:`next_slot` would return without waiting (a published slot
+        or STOP has arrived). Never blocks; lets a worker take the next batch early only
+        when it is already there."""
+        self._require(False)
+        self._check_usable()
+        if self._stop_seen:
+            return True
+        self._pump()
+        return bool(self._inbox)
+
     def iter_slots(self, *, timeout: float | None = None) -> Iterator[SlotView]:
         """Worker: yield this worker's part of every slot until STOP.
 

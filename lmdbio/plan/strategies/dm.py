@@ -87,8 +87,11 @@ class DmSerial(ReadStrategy):
         src = r - 1 if r > 0 else n - 1
         with Timer(stats, "wait_cursor"):
             req = self.ctx.readers.irecv(source=src, tag=_TAG)
+            # short sleeps: the hand-off is on the critical path of every iteration, and a
+            # waiting reader that sleeps up to the default 10 ms adds that much per hop
             data = wait_with_timeout(req, self.ctx.timeout,
-                                     f"cursor for iteration {iteration} from reader {src}")
+                                     f"cursor for iteration {iteration} from reader {src}",
+                                     max_sleep=5e-4)
         self.cursor = self.db.cursor_from_bytes(data)
 
     def _send(self, iteration: int) -> None:

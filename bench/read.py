@@ -1,0 +1,278 @@
+"""The read-strategy figure set: pages and throughput of every strategy under mpiexec.
+
+Databases (generated with py-lmdb from random bytes, committed 1,000 records at a time as
+Caffe's converter does; said so in every result):
+  cifar     20,000 records of 3,072 B  (one overflow page each, CIFAR10-Large-like)
+  imagenet   1,600 records of 150 KB   (37 overflow pages each, ImageNet-like)
+  mnist     60,000 records of 784 B    (inline, five to a leaf page, MNIST-like)
+
+Experiments (each one ``lmdbio bench read`` run under ``mpiexec -n R``, Open MPI,
+oversubscribed on this machine's cores; results in bench/results/read/*.json):
+  pages       every strategy, R = 1, 2, 4, 8, 16 ranks on max(1, R/2) simulated nodes
+              (a reader and a worker per node), every database: pages per rank and node
+  estimator   dm-spec, 8 ranks on 4 nodes, 300 iterations: missed/redundant per iteration
+  throughput  every strategy, 8 ranks on 4 nodes, colocated (every rank trains, so every
+              strategy delivers the same batches), warm and cold (the file dropped from
+              the page cache after setup; each node reads its own copy of the file, so
+              nodes do not share a page cache), with the node's resident pages afterwards
+              (mincore), the py-lmdb baseline for the naive strategies and a sequential
+              read of the file; cold twice: with the kernel's default read-around on page
+              faults (8 MiB on this machine) and with it off (MADV_RANDOM, page-exact I/O)
+  production  warm throughput without per-iteration page accounting (as a training job
+              runs), cifar and mnist, 8 ranks on 4 nodes, colocated
+  replay      no MPI: dm-spec's estimate replayed from each database's record table for
+              4 and 16 readers, 32 and 128 records per reader, with the reference code's
+              estimator and lmdbio's (missed and redundant pages after two iterations)
+Then ``bench/plot_read.py`` draws docs/figures/read-*.png from the JSON files.
+
+Run: .venv/bin/python bench/read.py [--only pages,estimator,throughput] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.lmdbgen import random_items, write_db  # noqa: E402
+
+STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
+SHAPES = {  # name: (records, value bytes, per-consumer batch)
+    "cifar": (20_000, 3072, 32),
+    "imagenet": (1_600, 150_000, 4),
+    "mnist": (60_000, 784, 64),
+}
+ENV = {
+    "OMPI_ALLOW_RUN_AS_ROOT": "1",
+    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
+    "OMPI_MCA_rmaps_base_oversubscribe": "1",
+    "OMPI_MCA_osc": "^ucx",
+    "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache"),
+}
+
+
+def generate(data: Path, name: str) -> Path:
+    n, size, _ = SHAPES[name]
+    d = data / f"read-{name}"
+    if not (d / "data.mdb").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        print(f"generating {d}: {n} records of {size} random bytes", flush=True)
+        write_db(d, random_items(n, size, seed=3), map_size=1 << 32, commit_every=1000)
+    return d
+
+
+def node_copies(src: Path, nodes: int) -> str:
+    """Byte-identical copies of the database, one per simulated node; returns the path
+    template with ``{node}``."""
+    for k in range(nodes):
+        dst = src.parent / f"{src.name}-node{k}"
+        if not (dst / "data.mdb").exists() or \
+                (dst / "data.mdb").stat().st_size != (src / "data.mdb").stat().st_size:
+            dst.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src / "data.mdb", dst / "data.mdb")
+    return str(src.parent / f"{src.name}-node{{node}}")
+
+
+def bench(out: Path, ranks: int, path: str, strategy: str, *extra: str,
+          timeout: float = 900) -> dict | None:
+    """One ``lmdbio bench read`` run; its JSON (also kept in ``out``), or None on failure."""
+    if out.exists():
+        return json.loads(out.read_text())
+    cmd = [str(REPO / ".venv" / "bin" / "mpiexec"), "-n", str(ranks),
+           str(REPO / ".venv" / "bin" / "lmdbio"), "bench", "read", path,
+           "--strategy", strategy, "--json", str(out), *extra]
+    env = dict(os.environ, **ENV)
+    load_before = os.getloadavg()[0]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    took = time.perf_counter() - t0
+    if proc.returncode or not out.exists():
+        print(f"FAILED ({proc.returncode}): {' '.join(cmd)}\n{proc.stderr[-3000:]}", flush=True)
+        return None
+    result = json.loads(out.read_text())
+    result["command"] = " ".join(["mpiexec", "-n", str(ranks), "lmdbio", "bench", "read",
+                                  path, "--strategy", strategy, *extra])
+    result["launch_seconds"] = took
+    # other work on the machine shows in the timings: the 1-minute load before and after
+    result["loadavg"] = [load_before, os.getloadavg()[0]]
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"{took:6.1f} s  {result['command']}", flush=True)
+    return result
+
+
+def pages(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    rank_counts = [1, 2, 4] if quick else [1, 2, 4, 8, 16]
+    for name in ("cifar", "mnist", "imagenet"):
+        batch = SHAPES[name][2]
+        iters = 6 if quick else 20
+        for r in rank_counts:
+            nodes = max(1, r // 2)
+            for s in STRATEGIES:
+                bench(res / f"pages-{name}-{s}-r{r}.json", r, str(dbs[name]), s,
+                      "--batch-size", str(batch), "--iters", str(iters),
+                      "--simulate-nodes", str(nodes))
+
+
+def estimator(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    for name in ("cifar", "imagenet"):
+        iters = 30 if quick else (300 if name == "cifar" else 100)
+        bench(res / f"estimator-{name}.json", 8, str(dbs[name]), "dm-spec",
+              "--batch-size", str(SHAPES[name][2]), "--iters", str(iters),
+              "--simulate-nodes", "4", "--mode", "colocated")
+
+
+def throughput(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    for name in ("cifar", "mnist", "imagenet"):
+        batch = SHAPES[name][2]
+        iters = 20 if quick else (150 if name != "imagenet" else 60)
+        copies = node_copies(dbs[name], 4)
+        for s in STRATEGIES:
+            common = ["--batch-size", str(batch), "--iters", str(iters), "--warmup", "5",
+                      "--simulate-nodes", "4", "--mode", "colocated", "--sequential"]
+            if s.startswith("naive"):
+                common.append("--pylmdb")
+            bench(res / f"throughput-{name}-{s}-warm.json", 8, str(dbs[name]), s, *common)
+            bench(res / f"throughput-{name}-{s}-cold.json", 8, copies, s, *common,
+                  "--cold", "--footprint")
+            bench(res / f"throughput-{name}-{s}-coldrandom.json", 8, copies, s, *common,
+                  "--cold", "--footprint", "--advice", "random")
+
+
+class ReferenceEstimator:
+    """The reference code's estimator (branch ``icpads-multiple-readers``), for comparison:
+    the range observed is from the first value's page to the end of the last value; min and
+    max of the stride and max of the pages over all iterations; next start = previous end +
+    min stride, next length = max stride - min stride + max pages."""
+
+    def __init__(self) -> None:
+        self.prev_end: int | None = None
+        self.strides: list[int] = []
+        self.max_pages = 0
+
+    def observe_refs(self, first: int, end: int, pages) -> None:
+        if self.prev_end is not None:
+            self.strides.append(first - self.prev_end)
+        self.max_pages = max(self.max_pages, end - first)
+        self.prev_end = end
+
+    def predict(self) -> tuple[int, int] | None:
+        if not self.strides or self.prev_end is None:
+            return None
+        lo, hi = min(self.strides), max(self.strides)
+        return max(self.prev_end + lo, 2), max(hi - lo + self.max_pages, 1)
+
+
+class LmdbioEstimator:
+    """:class:`lmdbio.plan.strategies.PageRangeEstimator` behind the same interface."""
+
+    def __init__(self) -> None:
+        from lmdbio.plan.strategies import PageRangeEstimator
+
+        self.e = PageRangeEstimator()
+
+    def observe_refs(self, first: int, end: int, pages) -> None:
+        self.e.observe_pages(pages)
+
+    def predict(self) -> tuple[int, int] | None:
+        return self.e.predict()
+
+
+def replay(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """dm-spec's estimate replayed from the record table, without MPI: ``n`` readers take
+    ``count`` records each per iteration in key order (one epoch), as DM's chain does.
+    Needed pages: the values' pages and the records' leaf pages (branch pages, read by the
+    walk at leaf boundaries, are left out). Same first guess for both estimators."""
+    import numpy as np
+
+    from lmdbio.lmdb import Database
+
+    out = []
+    for name in ("cifar", "imagenet", "mnist"):
+        db = Database(dbs[name])
+        t, ps = db.record_table(), db.psize
+        first_pg = t.val_off // ps
+        last_pg = (t.val_off + np.maximum(t.val_len, 1) - 1) // ps
+        ppr = max(1, -(-(int(t.val_len[0]) + db.layout.header_size) // ps))
+        for readers in (4, 16):
+            for count in (32, 128):
+                for est_cls in (ReferenceEstimator, LmdbioEstimator):
+                    ests = [est_cls() for _ in range(readers)]
+                    missed = redundant = needed = 0
+                    iters = len(db) // (readers * count)
+                    for i in range(iters):
+                        for r in range(readers):
+                            lo = (i * readers + r) * count
+                            hi = lo + count
+                            g = ests[r].predict() if i >= 2 else None
+                            start, length = g or (2 + lo * ppr, count * ppr)
+                            counts = last_pg[lo:hi] - first_pg[lo:hi] + 1
+                            ramp = np.arange(counts.sum()) - np.repeat(
+                                np.cumsum(counts) - counts, counts)
+                            values = np.unique(np.repeat(first_pg[lo:hi], counts) + ramp)
+                            pages = np.union1d(values, t.leaf_pg[lo:hi])
+                            inside = (pages >= start) & (pages < start + length)
+                            vin = (values >= start) & (values < start + length)
+                            if i >= 2:
+                                missed += int((~vin).sum())
+                                redundant += int(length - inside.sum())
+                                needed += int(pages.size)
+                            ests[r].observe_refs(int(first_pg[lo]), int(last_pg[hi - 1]) + 1,
+                                                 pages)
+                    row = {"db": name, "readers": readers, "records_per_reader": count,
+                           "estimator": "reference" if est_cls is ReferenceEstimator
+                           else "lmdbio", "iterations": iters, "needed_pages": needed,
+                           "missed_value_pages": missed, "redundant_pages": redundant,
+                           "redundant_percent": 100 * redundant / max(needed, 1),
+                           "missed_percent": 100 * missed / max(needed, 1)}
+                    out.append(row)
+                    print(row, flush=True)
+        db.close()
+    (res / "estimator-replay.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """Warm throughput as a training job runs: no per-iteration page accounting."""
+    for name in ("cifar", "mnist"):
+        batch = SHAPES[name][2]
+        for s in STRATEGIES:
+            extra = ["--pylmdb"] if s.startswith("naive") else []
+            bench(res / f"production-{name}-{s}.json", 8, str(dbs[name]), s,
+                  "--batch-size", str(batch), "--iters", "20" if quick else "150",
+                  "--warmup", "5", "--simulate-nodes", "4", "--mode", "colocated",
+                  "--no-accounting", *extra)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "read"))
+    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--only", default="replay,pages,estimator,throughput,production")
+    parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
+    args = parser.parse_args()
+    res = Path(args.out)
+    res.mkdir(parents=True, exist_ok=True)
+    data = Path(args.data)
+    dbs = {name: generate(data, name) for name in SHAPES}
+    for part in args.only.split(","):
+        {"pages": pages, "estimator": estimator, "throughput": throughput,
+         "replay": replay, "production": production}[part](
+            res, dbs, args.quick)
+    (res / "databases.json").write_text(json.dumps(
+        {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,
+                "batch_per_consumer": b, "data": f"generated: {n} records of {size} random "
+                "bytes, py-lmdb, committed every 1,000 records"}
+         for name, (n, size, b) in SHAPES.items()}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Read strategies when things go wrong: a crashing rank, a changed database under a saved
+leaf directory. (Cursors between ranks and the symmetric-mapping fallback are checked in
+test_read_strategies.py, on its launches.)"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import lmdb
+import numpy as np
+import pytest
+from lmdbgen import random_items, write_db
+from mpi_harness import run_mpi
+
+from lmdbio.lmdb import Database
+from lmdbio.plan.strategies import Indexed, ReaderContext, sidecar_path
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list]:
+    """301 records of 100..5000 random bytes (inline and overflow values)."""
+    path = tmp_path_factory.mktemp("readf") / "small"
+    return path, write_db(path, random_items(301, (100, 5000), seed=21), commit_every=60)
+
+
+def crc(k: bytes, v: bytes) -> int:
+    return zlib.crc32(v, zlib.crc32(k))
+
+
+def _run(path: Path, nranks: int, cases: list[dict], timeout: float = 90,
+         check: bool = True):
+    spec = json.dumps({"path": str(path), "cases": cases})
+    return run_mpi(nranks, "read_epochs.py", [spec], timeout=timeout, check=check)
+
+
+@pytest.mark.parametrize(("nranks", "nodes", "strategy", "bad"), [
+    (4, 2, "dm-spec", 2),  # the reader of the second node, in the middle of the chain
+    (2, 0, "indexed", 1),  # a dedicated worker while its reader fills the ring
+])
+def test_a_rank_that_raises_ends_the_job(small, nranks, nodes, strategy, bad) -> None:
+    """The failing rank aborts the job: nobody waits for the cursor, the ring or a
+    collective until a timeout (the sessions' timeouts are far beyond the harness's)."""
+    path, _ = small
+    case = {"strategy": strategy, "nodes": nodes, "batch": 4, "timeout": 600.0,
+            "fail": {"rank": bad, "iteration": 3}}
+    run = _run(path, nranks, [case], timeout=60, check=False)
+    assert run.returncode != 0, run.output()
+    assert f"injected failure on rank {bad}" in run.stderr, run.output()
+    assert "aborting the MPI job" in run.stderr, run.output()
+    assert not any(run.results.values()), "no rank may have finished the case"
+
+
+# --------------------------------------------------------------------------- sidecar
+
+
+def _indexed(path: Path) -> tuple[Database, Indexed]:
+    db = Database(path)
+    strategy = Indexed(ReaderContext(db, None, 0, 1))
+    strategy.setup()
+    return db, strategy
+
+
+def _read_all(db: Database) -> list[tuple[bytes, bytes]]:
+    refs = db.locate(np.arange(len(db)))
+    buf, offs = db.gather_refs(refs)
+    koffs, kdata = db.keys_of(refs)
+    return [(bytes(kdata[koffs[i]:koffs[i + 1]]), bytes(buf[offs[i]:offs[i + 1]]))
+            for i in range(len(db))]
+
+
+def test_indexed_sidecar_is_reused_and_rebuilt_when_the_database_changes(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    path = tmp_path / "db"
+    items = write_db(path, random_items(400, (50, 3000), seed=4), commit_every=100)
+    db, s = _indexed(path)
+    first_sidecar = sidecar_path(db)
+    assert s.source == "built" and first_sidecar.exists()
+    assert _read_all(db) == items
+    db.close()
+
+    db, s = _indexed(path)
+    assert s.source == "sidecar" and sidecar_path(db) == first_sidecar
+    assert _read_all(db) == items
+    db.close()
+
+    # a writer adds and overwrites records: another snapshot, so another directory
+    env = lmdb.open(str(path), map_size=1 << 28)
+    extra = random_items(450, (50, 3000), seed=9)[380:]
+    with env.begin(write=True) as txn:
+        for k, v in extra:
+            txn.put(k, v)
+    env.close()
+    items = sorted(dict(items + extra).items())
+    db, s = _indexed(path)
+    assert s.source == "built" and sidecar_path(db) != first_sidecar
+    assert len(db) == len(items) and _read_all(db) == items
+    changed = sidecar_path(db)
+    db.close()
+
+    # a damaged sidecar, and one under the right name with another database's directory
+    for damage in ("garbage", "wrong"):
+        if damage == "garbage":
+            changed.write_bytes(b"not an npz file")
+        else:
+            with np.load(first_sidecar) as z:
+                leaves, first = z["leaves"], z["first"]
+            first = np.round(first * (len(items) / first[-1])).astype(np.int64)
+            np.savez(changed.with_suffix(".tmp.npz"), leaves=leaves, first=first)
+            changed.with_suffix(".tmp.npz").replace(changed)
+        caplog.clear()
+        db, s = _indexed(path)
+        assert s.source == "built", damage
+        assert _read_all(db) == items
+        db.close()
+    assert "does not match the database" in caplog.text
