@@ -112,17 +112,22 @@ def _free(comm: Any) -> None:
 _LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_STEP_ID")
 
 
-def _prepare_singleton() -> None:
+def _prepare_singleton() -> list[str]:
     """A process started without mpiexec is an MPI singleton: Open MPI's shared-memory
     transport would leave its 16 MiB segment file in /dev/shm after exit, and one process
     needs no transport but ``self``. Only before MPI starts, and only when nothing says the
-    process was launched."""
+    process was launched. Returns the variables it set, to be removed once MPI started (so
+    that programs this process starts, e.g. an mpiexec, do not inherit them)."""
     import os
     import sys
 
+    added = []
     if "mpi4py.MPI" not in sys.modules and not any(k in os.environ for k in _LAUNCHED):
-        os.environ.setdefault("OMPI_MCA_btl", "self")
-        os.environ.setdefault("OMPI_MCA_osc", "^ucx")  # nothing remote to reach
+        for key, value in (("OMPI_MCA_btl", "self"), ("OMPI_MCA_osc", "^ucx")):
+            if key not in os.environ:
+                os.environ[key] = value
+                added.append(key)
+    return added
 
 
 @dataclass(eq=False)
@@ -179,8 +184,13 @@ class Topology:
         clamped to the node size. Every argument must be the same on every rank; a wrong
         value raises :class:`~lmdbio.errors.ConfigError` on every rank.
         """
-        _prepare_singleton()
-        from mpi4py import MPI
+        import os
+
+        added = _prepare_singleton()
+        from mpi4py import MPI  # MPI starts here and reads the variables
+
+        for key in added:
+            os.environ.pop(key, None)
 
         from lmdbio.mpiutil import agree
 
