@@ -270,7 +270,7 @@ def main() -> int:
                     (out / "service.json").write_text(json.dumps(results, indent=1) + "\n")
             continue
         entry: dict[str, Any] = {"records": spec["records"], "shape": list(spec["shape"]),
-                                 "value_bytes": int((db / "data.mdb").stat().st_size),
+                                 "file_bytes": int((db / "data.mdb").stat().st_size),
                                  "configs": {}}
         results["datasets"][name] = entry
         for ranks in rank_counts:

@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     import lmdb
     from mpi4py import MPI
 
-    from lmdbio.commands.run import process_age
+    from lmdbio.commands.run import minor_page_faults, process_age
 
     age = process_age()  # interpreter start and imports, reported as startup
     world = MPI.COMM_WORLD
@@ -153,10 +153,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                          f"records ({idx.shape[0]} at {size} ranks)")
     pos = 0
     world.Barrier()
-    from lmdbio.commands.run import _minor_faults
-
     t_start, cpu_start = time.perf_counter(), time.process_time()
-    faults_start = _minor_faults()
+    faults_start = minor_page_faults()
     for _ in range(want):
         tg = time.perf_counter()
         if pos + bs > idx.shape[0]:  # DataLoader(drop_last=True): full batches only
@@ -190,7 +188,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     mine: dict[str, Any] = {
         "rank": rank, "batches": len(marks), "samples": samples, "bytes": nbytes,
         "seconds": t_end - t_start, "open_seconds": open_seconds, "cpu_seconds": cpu,
-        "to_open": age, "minor_page_faults": _minor_faults() - faults_start,
+        "to_open": age, "minor_page_faults": minor_page_faults() - faults_start,
         "samples_per_second": samples / (t_end - t_start) if t_end > t_start else 0.0,
         "steady": None,
     }

@@ -62,7 +62,7 @@ def process_age() -> float | None:
         return None
 
 
-def _minor_faults() -> int:
+def minor_page_faults() -> int:
     """Minor page faults of this process so far (mapping pages: a cost of fresh memory)."""
     import resource
 
@@ -212,7 +212,7 @@ def main(args: argparse.Namespace) -> int:
                 reader_meter.begin()
                 count_reads(loader.session, reader_meter)
             t_loop, cpu_loop = time.perf_counter(), time.process_time()
-            faults_loop = _minor_faults()
+            faults_loop = minor_page_faults()
             try:
                 for epoch in range(loader.cfg.epochs):
                     loader.set_epoch(epoch)
@@ -247,7 +247,7 @@ def main(args: argparse.Namespace) -> int:
             # CPU time of this process over every epoch (all threads): what the data path
             # costs, apart from how the OS shared the cores among oversubscribed ranks
             summary["loop"] = {"seconds": loop_seconds, "cpu_seconds": loop_cpu,
-                               "minor_page_faults": _minor_faults() - faults_loop}
+                               "minor_page_faults": minor_page_faults() - faults_loop}
             ring = getattr(loader.session, "ring", None)
             summary["ring"] = ring.stats.as_dict() if ring is not None else None
             summary["steady"] = meter.as_dict() if loader.is_worker else None
