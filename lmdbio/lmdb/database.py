@@ -95,11 +95,16 @@ class RecordRefs:
     def concat(cls, parts: list[RecordRefs]) -> RecordRefs:
         if not parts:
             return cls.empty(0)
-        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in (
-            "val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len")))
+        return cls(*(np.concatenate([getattr(p, f) for p in parts]) for f in cls._FIELDS))
 
     def __len__(self) -> int:
         return int(self.val_off.shape[0])
+
+    _FIELDS = ("val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len")
+
+    def take(self, indices: np.ndarray) -> RecordRefs:
+        """The records at positions ``indices`` (a whole-array selection)."""
+        return RecordRefs(*(getattr(self, f)[indices] for f in self._FIELDS))
 
     def head(self, n: int) -> RecordRefs:
         return RecordRefs(self.val_off[:n], self.val_len[:n], self.leaf_pg[:n],

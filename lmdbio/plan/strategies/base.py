@@ -117,3 +117,10 @@ class ReadStrategy(ABC):
         if steps:
             self.db.walk_collect(cursor, steps, wrap=True)
         return index
+
+
+class WalkingStrategy(ReadStrategy):
+    """A strategy whose readers find records by walking a cursor from the first record."""
+
+    def begin_epoch(self, plan: EpochPlan) -> None:
+        self.start_walk()

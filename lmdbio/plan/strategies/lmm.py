@@ -12,16 +12,13 @@ import numpy as np
 
 from lmdbio.lmdb import RecordRefs
 from lmdbio.plan.epoch import EpochPlan
-from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
+from lmdbio.plan.strategies.base import IterationStats, Timer, WalkingStrategy
 
 
-class Lmm(ReadStrategy):
+class Lmm(WalkingStrategy):
     """One reader per node; each reader walks to its own range (LMDBIO-LMM)."""
 
     name = "lmm"
-
-    def begin_epoch(self, plan: EpochPlan) -> None:
-        self.start_walk()
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:

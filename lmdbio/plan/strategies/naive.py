@@ -13,18 +13,15 @@ import numpy as np
 
 from lmdbio.lmdb import RecordRefs
 from lmdbio.plan.epoch import EpochPlan
-from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
+from lmdbio.plan.strategies.base import IterationStats, Timer, WalkingStrategy
 
 
-class NaiveStride(ReadStrategy):
+class NaiveStride(WalkingStrategy):
     """Walk every record; keep every ``ranks``-th (BVLC Caffe, Caffe-MPI)."""
 
     name = "naive-stride"
     scheme = "stride"
     shared = False
-
-    def begin_epoch(self, plan: EpochPlan) -> None:
-        self.start_walk()
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
@@ -38,19 +35,15 @@ class NaiveStride(ReadStrategy):
             refs, _, _ = self.db.walk_collect(self.cursor, span, wrap=True)
             keep = (ids - self.position) % n
             self.position = int(ids[-1] + 1) % n
-        return RecordRefs(*(getattr(refs, f)[keep] for f in (
-            "val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len")))
+        return refs.take(keep)
 
 
-class NaiveContig(ReadStrategy):
+class NaiveContig(WalkingStrategy):
     """Contiguous shards reached by walking from the first record (DALI)."""
 
     name = "naive-contig"
     scheme = "shard"
     shared = False
-
-    def begin_epoch(self, plan: EpochPlan) -> None:
-        self.start_walk()
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
