@@ -63,6 +63,10 @@ class ReadOptions:
     #: "crc32" or False. It catches stray writes into the ring, at the price of one pass
     #: over the batch on the reader and one on the workers (see docs/service.md)
     checksum: bool | str = True
+    #: every (simulated) node reads the file into its own cache with O_DIRECT reads
+    #: (:mod:`lmdbio.io.direct`), so nodes on one host stop sharing the page cache; the
+    #: caches start empty when the session is ready. Implies page accounting.
+    direct_io: bool = False
 
 
 @dataclass
@@ -183,6 +187,12 @@ class ReadSession:
         t0 = time.perf_counter()
         self.db, self.mapping, self.totals = _open_database(
             path, topo, cls.name.startswith("dm"), opts)
+        self.node_cache = None
+        if opts.direct_io:
+            from lmdbio.io.direct import NodeCache
+
+            self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
+            self.db.accounting.enable()  # walks report the pages they read through it
         if opts.accounting:
             self.db.accounting.enable()
         if self.shared:
@@ -206,6 +216,10 @@ class ReadSession:
             self._share_codec_model()
         if self.shared:
             self._create_ring()
+        if self.node_cache is not None:
+            if self.reads:
+                self.db.node_cache = self.node_cache
+            self.node_cache.clear()  # every node starts cold (collective over the node)
         self.totals.setup_seconds = time.perf_counter() - t0
         self.db.accounting.reset()
         self.epoch = -1
@@ -411,6 +425,10 @@ class ReadSession:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
+        if self.node_cache is not None:
+            self.db.node_cache = None
+            self.node_cache.close()
+            self.node_cache = None
         self.db.close()
         if self.mapping is not None:
             self.mapping.close()

@@ -228,7 +228,24 @@ def four_ranks(mixed: Generated, cifar: Generated) -> Launch:
     # by earlier commits; every strategy's pages on it
     cases += [{"strategy": s, "nodes": 2, "batch": 16, "path": str(cifar.path),
                "role": "pages", "iters": 30} for s in (*WALKERS, "indexed")]
+    # every node reads into its own O_DIRECT cache (where the file system allows O_DIRECT)
+    if supports_o_direct(mixed.path):
+        cases += [{"strategy": s, "nodes": 2, "batch": 5, "direct": True, "role": "direct",
+                   "mode": "colocated" if s == "dm-spec" else "dedicated"}
+                  for s in (*WALKERS, "indexed")]
     return Launch(4, cases, run_cases(mixed, 4, cases, timeout=240))
+
+
+def supports_o_direct(path) -> bool:
+    """Whether the database's file system accepts O_DIRECT reads (tmpfs does not)."""
+    import os
+
+    try:
+        fd = os.open(os.path.join(path, "data.mdb"), os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
 
 
 def check_launch(launch: Launch, db: Generated) -> None:
@@ -338,3 +355,30 @@ def test_pages_on_a_cifar_like_file(four_ranks: Launch, cifar: Generated) -> Non
     assert sum(s["missed_pages"] for s in its) <= 0.05 * needed
     assert sum(s["redundant_pages"] for s in its) <= 0.25 * needed
     assert all(s["prefetched_pages"] > 0 for r in spec for s in r["iterations"])
+
+
+# --------------------------------------------------------------------------- O_DIRECT
+
+
+def test_direct_io_nodes_read_into_their_own_caches(four_ranks: Launch,
+                                                     mixed: Generated) -> None:
+    """``direct``: every simulated node reads the pages it needs into its own cache with
+    O_DIRECT reads, and the values delivered (gathered from that cache) are the ones
+    written; every reading rank did read; a node holds at least the pages of its records
+    and, for the node-level strategies, no more than the file."""
+    if not four_ranks.indices("direct"):
+        pytest.skip("the file system of the test database refuses O_DIRECT")
+    for i in four_ranks.indices("direct"):
+        case, results = four_ranks.cases[i], four_ranks.results(i)
+        check_case(mixed, case, results)  # exactly once, and the CRC of every record
+        readers = [r for r in results if r["reader"]]
+        assert all(r["direct_io"]["pages"] > 0 and r["direct_io"]["reads"] > 0
+                   for r in readers), case
+        assert all(r["direct_io"]["bytes"] == r["direct_io"]["pages"] * 4096
+                   for r in readers), case
+        for node in {r["node"] for r in results}:
+            # the ranks of a node share one cache (each counted it when it finished)
+            held = max(r["node_pages"] for r in results if r["node"] == node)
+            mine = [r for r in readers if r["node"] == node]
+            assert held >= max(r["own_pages"] for r in mine) > 0, (case, node)
+            assert held <= sum(r["direct_io"]["pages"] for r in mine), (case, node)

@@ -64,6 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-accounting", action="store_true",
                         help="no per-iteration page accounting (as a training job runs; "
                              "page fields are then 0, except dm-spec's own estimate)")
+    parser.add_argument("--direct", action="store_true",
+                        help="every (simulated) node reads its pages into its own cache with "
+                             "O_DIRECT reads (nodes stop sharing the host's page cache; "
+                             "the caches start empty after the setup)")
     parser.add_argument("--footprint", action="store_true",
                         help="count each node's resident file pages after the run (mincore)")
     parser.add_argument("--sequential", action="store_true",
@@ -158,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                            last=args.last, shuffle=args.shuffle, seed=args.seed,
                            prefetch_depth=args.prefetch_depth, timeout=args.timeout,
                            symmetric=not args.no_symmetric,
-                           accounting=not args.no_accounting)
+                           accounting=not args.no_accounting, direct_io=args.direct)
         world.Barrier()
         t_start = time.perf_counter()
         session = ReadSession(path, topo, opts)
@@ -217,7 +221,11 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         elapsed = t_end - t_start
         world.Barrier()
         resident = None
-        if args.footprint and topo.local_rank == 0:
+        cache = session.node_cache
+        direct = cache.stats() if cache is not None else None
+        if cache is not None and topo.local_rank == 0:
+            resident = cache.present_count()  # the node's O_DIRECT footprint
+        elif args.footprint and topo.local_rank == 0:
             from lmdbio.io.prefetch import resident_count
             from lmdbio.lmdb.database import _resolve_file
 
@@ -262,6 +270,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "symmetric_attempts": totals.symmetric_attempts,
             "pylmdb_seconds": baseline,
             "resident_pages": resident,
+            "direct_io": direct,
         }
         n_records = len(session.db)
         psize = session.db.psize
@@ -341,6 +350,15 @@ def _add_page_totals(result: dict, ranks: list[dict], bitmaps: list, psize: int)
     tot["resident_pages"] = sum(res) if res else None
 
 
+def _direct_totals(ranks: list[dict]) -> dict[str, Any]:
+    """O_DIRECT reads summed over the ranks (``--direct``): calls, pages, bytes, and the
+    largest time one rank spent in them."""
+    stats = [r["direct_io"] for r in ranks if r["direct_io"]]
+    return {"reads": sum(s["reads"] for s in stats), "pages": sum(s["pages"] for s in stats),
+            "bytes": sum(s["bytes"] for s in stats),
+            "max_rank_seconds": max((s["seconds"] for s in stats), default=0.0)}
+
+
 def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo) -> dict:
     iters: dict[int, dict] = {}
     for r in ranks:
@@ -370,6 +388,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "seed": args.seed,
         "last": args.last,
         "cold": args.cold,
+        "direct": args.direct,
         "advice": args.advice,
         "accounting": not args.no_accounting,
         "records_in_database": n_records,
@@ -391,6 +410,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
                                               default=0),
             "symmetric_mapping": all(r["symmetric"] for r in readers)
             if args.strategy.startswith("dm") else None,
+            "direct_io": _direct_totals(ranks) if args.direct else None,
             "pylmdb_seconds": max(baseline) if baseline else None,
             "pylmdb_ratio": max(baseline) / loop if baseline and loop else None,
             "pylmdb_records_per_second": delivered / max(baseline)

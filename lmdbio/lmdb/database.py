@@ -204,6 +204,10 @@ class Database:
         except BaseException:
             self.close()
             raise
+        #: a node's O_DIRECT page cache (:class:`lmdbio.io.direct.NodeCache`): when set,
+        #: walks and seeks charge the branch and leaf pages they read to it and values are
+        #: gathered from it (``lmdbio bench read --direct``; needs accounting)
+        self.node_cache: Any = None
         self._leaves: np.ndarray | None = None
         self._nbranches = 0
         self._leaf_first: np.ndarray | None = None
@@ -567,6 +571,8 @@ class Database:
             refs.key_off, refs.key_len, self.accounting.touched, self.accounting.enabled)
         if code:
             self._raise(code, page)
+        if self.node_cache is not None:
+            self.node_cache.load_touched(self.accounting.touched)
         cursor.stack = [[int(p), int(s)] for p, s in zip(stack_pg, stack_slot, strict=False)]
         if at_end:
             cursor.eof = True
@@ -593,6 +599,8 @@ class Database:
                               self.accounting.touched, self.accounting.enabled)
         if code:
             self._raise(code, page)
+        if self.node_cache is not None:
+            self.node_cache.load_touched(self.accounting.touched)
         return refs
 
     def gather_refs(self, refs: RecordRefs, out: np.ndarray | None = None
@@ -602,7 +610,11 @@ class Database:
         from lmdbio.lmdb import kernels as k
 
         every = np.arange(len(refs), dtype=np.int64)
-        code, page = k.check_overflow_headers(self.buf, self.fmt, refs.val_off, refs.ovf_pages,
+        buf = self.buf
+        if self.node_cache is not None and len(refs):
+            self.node_cache.load_pages(refs.value_pages(self.psize))
+            buf = self.node_cache.buf
+        code, page = k.check_overflow_headers(buf, self.fmt, refs.val_off, refs.ovf_pages,
                                               every, self.accounting.touched, False)
         if code:
             self._raise(code, page)
@@ -613,7 +625,7 @@ class Database:
             raise LmdbioError(f"gather: output buffer holds {out.shape[0]} bytes, "
                               f"{need} needed for {len(refs)} records")
         offsets = np.empty(len(refs) + 1, np.int64)
-        k.gather_ranges(self.buf, refs.val_off, refs.val_len, out, offsets, self.psize,
+        k.gather_ranges(buf, refs.val_off, refs.val_len, out, offsets, self.psize,
                         self.accounting.touched, self.accounting.enabled)
         return out, offsets
 

@@ -4,9 +4,10 @@ argv[1]: JSON ``{"path": ..., "cases": [case, ...]}``; a case holds ``strategy``
 optionally ``shuffle`` (none), ``last`` (pad), ``batch`` (4), ``seed`` (0), ``nodes``
 (simulated nodes, 0 = the real ones), ``mode`` (dedicated), ``symmetric`` (true), ``iters``
 (default: one epoch and two more iterations, to cross the wrap-around into the next epoch),
-``fail`` (``{"rank": R, "iteration": I}``: that rank raises inside its loop, as a crashing
-rank would), ``path`` (another database), ``env`` (variables set during the case, e.g. the
-symmetric-mapping failure hook ``LMDBIO_SYMMAP_FAIL_RANK``); a case ``{"kind": "cursor"}``
+``direct`` (every node reads into its own O_DIRECT cache), ``fail`` (``{"rank": R,
+"iteration": I}``: that rank raises inside its loop, as a crashing rank would), ``path``
+(another database), ``env`` (variables set during the case, e.g. the symmetric-mapping
+failure hook ``LMDBIO_SYMMAP_FAIL_RANK``); a case ``{"kind": "cursor"}``
 runs tests/mpi/read_cursor.py's exchange instead (two ranks or more). The loop is the one
 ``lmdbio bench read`` runs: readers read every scheduled iteration, colocated consumers
 receive as they go, dedicated workers drain their ring.
@@ -78,7 +79,8 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
                        last=case.get("last", "pad"), shuffle=case.get("shuffle", "none"),
                        seed=case.get("seed", 0), prefetch_depth=case.get("depth", 3),
                        timeout=case.get("timeout", 60.0),
-                       symmetric=case.get("symmetric", True))
+                       symmetric=case.get("symmetric", True),
+                       direct_io=case.get("direct", False))
     fail = case.get("fail")
     session = ReadSession(path, topo, opts)
     plan = session.begin_epoch(0)
@@ -136,6 +138,9 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         "symmetric_attempts": t.symmetric_attempts,
         "source": getattr(session.strategy, "source", None) if session.reads else None,
         "n_records": len(session.db),
+        "direct_io": session.node_cache.stats() if session.node_cache is not None else None,
+        "node_pages": session.node_cache.present_count()
+        if session.node_cache is not None else None,
     })
     session.close()
 

@@ -217,7 +217,9 @@ class DmSpec(DmSerial):
         lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
                             zip(guesses, starts.tolist(), strict=True)], np.int64)
         with Timer(stats, "prefetch"):
-            if lengths.any():
+            if lengths.any() and self.db.node_cache is not None:
+                self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
+            elif lengths.any():
                 touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         refs = self.walk_share(iteration, ids, stats)
         if not len(refs):
