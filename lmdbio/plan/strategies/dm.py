@@ -184,6 +184,7 @@ class DmSpec(DmSerial):
         super().begin_epoch(plan)
         self.estimator = PageRangeEstimator()
         self._expect: int | None = None
+        self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
         t = self.db.record_table(0, 1) if len(self.db) else None
         first_size = int(t.val_len[0]) if t is not None and len(t) else 1
@@ -226,22 +227,20 @@ class DmSpec(DmSerial):
             return refs
         # needed: the pages of the values (read in parallel after the chain) and the leaf and
         # branch pages the walk read (the bitmap holds just those: the session resets it per
-        # iteration and prefetching does not mark it)
-        psize = self.db.psize
-        values = value_pages(refs.val_off, refs.val_len, psize)
-        walked = self.db.accounting.pages()
-        needed = np.union1d(values, walked)
-        self.estimator.observe_pages(needed)
-        ranges = np.unique(np.concatenate([np.arange(st, st + ln) for st, ln in
-                                           zip(starts.tolist(), lengths.tolist(),
-                                               strict=True)]))
+        # iteration and prefetching does not mark it); one compiled pass
+        from lmdbio.plan.strategies._spec_kernels import observe_iteration
 
-        def inside(p: np.ndarray) -> np.ndarray:
-            return np.isin(p, ranges, assume_unique=True)
-
-        stats.prefetched_pages = int(ranges.size)
-        stats.missed_pages = int(np.count_nonzero(~inside(values)))
-        stats.missed_walk_pages = int(np.count_nonzero(~inside(walked)))
-        stats.redundant_pages = int(ranges.size - np.count_nonzero(inside(needed)))
+        touched = self.db.accounting.touched
+        if self._scratch is None or self._scratch.shape[0] != touched.shape[0]:
+            self._scratch = np.zeros(touched.shape[0], np.uint8)
+        run_start, run_end, _, missed, missed_walk, redundant, prefetched = \
+            observe_iteration(refs.val_off, refs.val_len, self.db.psize, touched,
+                              self._scratch, starts, lengths)
+        if run_start >= 0:
+            self.estimator.observe(int(run_start), int(run_end))
+        stats.prefetched_pages = int(prefetched)
+        stats.missed_pages = int(missed)
+        stats.missed_walk_pages = int(missed_walk)
+        stats.redundant_pages = int(redundant)
         self.last_prefetch = (int(starts[0]), int(lengths[0]))
         return refs
