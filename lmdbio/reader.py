@@ -65,7 +65,8 @@ class ReadOptions:
     checksum: bool | str = True
     #: every (simulated) node reads the file into its own cache with O_DIRECT reads
     #: (:mod:`lmdbio.io.direct`), so nodes on one host stop sharing the page cache; the
-    #: caches start empty when the session is ready. Implies page accounting.
+    #: caches start empty when the session is ready and are emptied at every new epoch
+    #: (a data set larger than a node's memory). Implies page accounting.
     direct_io: bool = False
 
 
@@ -293,6 +294,11 @@ class ReadSession:
         start there (exact mid-epoch resume, no replay of earlier batches)."""
         self.epoch = epoch
         self.plan = self.plan_for(epoch)
+        if self.node_cache is not None and epoch > 0 and self.topo.local_rank == 0:
+            # every epoch reads from storage again, as when the data set is larger than a
+            # node's memory (not collective: a page another rank of the node still reads
+            # is at worst read again, the bytes in the cache stay valid)
+            self.node_cache.forget()
         if self.reads:
             self.strategy.begin_epoch(self.plan)
             if start_iteration and start_iteration < self.plan.iterations:

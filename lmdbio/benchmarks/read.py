@@ -67,7 +67,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--direct", action="store_true",
                         help="every (simulated) node reads its pages into its own cache with "
                              "O_DIRECT reads (nodes stop sharing the host's page cache; "
-                             "the caches start empty after the setup)")
+                             "the caches start empty after the setup and at every epoch)")
     parser.add_argument("--footprint", action="store_true",
                         help="count each node's resident file pages after the run (mincore)")
     parser.add_argument("--sequential", action="store_true",

@@ -20,7 +20,8 @@ How the page engine uses it (:class:`lmdbio.lmdb.Database` with ``node_cache`` s
 * dm-spec's speculative prefetch reads its estimated page ranges into the node cache.
 
 What is read is counted (``reads``, ``pages``, ``bytes``, ``seconds``); the present-page
-bitmap after a run is the node's real I/O footprint.
+bitmap is the node's real I/O footprint since it was last emptied (``lmdbio bench read
+--direct`` empties it after the setup and at every new epoch).
 """
 
 from __future__ import annotations
@@ -103,6 +104,12 @@ class NodeCache:
         if self.node.Get_rank() == 0:
             self.present[:] = 0
         self.node.Barrier()
+
+    def forget(self) -> None:
+        """Mark every page absent, on one rank (not collective): the next use of a page
+        reads it again. Safe while other ranks of the node read: the bytes stay valid, a
+        page is at worst read twice."""
+        self.present[:] = 0
 
     # ------------------------------------------------------------------ reading
     def _read_run(self, start: int, count: int) -> None:
