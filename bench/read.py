@@ -20,6 +20,9 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               faults (8 MiB on this machine) and with it off (MADV_RANDOM, page-exact I/O)
   production  warm throughput without per-iteration page accounting (as a training job
               runs), cifar and mnist, 8 ranks on 4 nodes, colocated
+  direct      every simulated node reads into its own O_DIRECT cache, emptied every epoch
+              (``--direct``), every database and strategy, 8 ranks on 4 nodes, colocated
+              and dedicated, three repeats
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -239,6 +242,81 @@ def replay(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     (res / "estimator-replay.json").write_text(json.dumps(out, indent=1) + "\n")
 
 
+DIRECT_ITERS = {"cifar": 400, "mnist": 600, "imagenet": 120}
+
+
+def direct(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """Every simulated node reads into its own cache with O_DIRECT reads, emptied at every
+    epoch (``--direct``): storage reads that one host's shared page cache hides. 8 ranks on
+    4 nodes, every strategy colocated (the consumers and batches of naive-stride) and the
+    node-level ones also dedicated; three repeats, interleaved, so that the machine's other
+    load falls on every strategy alike. Runs span several epochs, so every epoch reads from
+    storage again (a data set larger than a node's memory)."""
+    repeats = 1 if quick else 3
+    for rep in range(repeats):
+        for name in ("cifar", "mnist", "imagenet"):
+            batch = SHAPES[name][2]
+            iters = 30 if quick else DIRECT_ITERS[name]
+            for s in STRATEGIES:
+                for mode in ("colocated", "dedicated"):
+                    if mode == "dedicated" and s.startswith("naive"):
+                        continue  # every rank reads for itself: the mode does not apply
+                    bench(res / f"direct-{name}-{s}-{mode}-r{rep}.json", 8, str(dbs[name]), s,
+                          "--batch-size", str(batch), "--iters", str(iters), "--warmup", "5",
+                          "--simulate-nodes", "4", "--mode", mode, "--direct")
+
+
+def direct_table(res: Path) -> str:
+    """Markdown table of the ``direct`` runs: medians over repeats, ratios to naive-stride
+    (colocated) of the same repeat set."""
+    import statistics
+
+    rows: dict[tuple[str, str, str], list[dict]] = {}
+    for f in sorted(res.glob("direct-*.json")):
+        r = json.loads(f.read_text())
+        mode = "dedicated" if "--mode dedicated" in r.get("command", "") else "colocated"
+        rows.setdefault((Path(r["path"]).name.replace("read-", ""), r["strategy"], mode),
+                        []).append(r)
+
+    def med(runs: list[dict], get) -> float:
+        return statistics.median(get(r) for r in runs)
+
+    def steady(r: dict) -> float:
+        return r["totals"]["steady"]["records_per_second"]
+
+    def loop(r: dict) -> float:
+        return r["totals"]["loop_records_per_second"]
+
+    def whole(r: dict) -> float:
+        return r["totals"]["records_per_second"]
+
+    out = ["| db | strategy | mode | consumers | steady records/s | x naive-stride | loop "
+           "records/s | x naive-stride | whole run records/s | x naive-stride | storage "
+           "pages read per record | pread calls per record | runs |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for db in ("cifar", "mnist", "imagenet"):
+        base = rows.get((db, "naive-stride", "colocated"))
+        if not base:
+            continue
+        for s in STRATEGIES:
+            for mode in ("colocated", "dedicated"):
+                runs = rows.get((db, s, mode))
+                if not runs:
+                    continue
+                consumers = sum(1 for p in runs[0]["per_rank"] if p["worker"])
+                pages = med(runs, lambda r: r["totals"]["direct_io"]["pages"]
+                            / max(r["totals"]["records_delivered"], 1))
+                calls = med(runs, lambda r: r["totals"]["direct_io"]["reads"]
+                            / max(r["totals"]["records_delivered"], 1))
+                cells = [db, s, mode, str(consumers)]
+                for get in (steady, loop, whole):
+                    v = med(runs, get)
+                    cells += [f"{v:,.0f}", f"{v / med(base, get):.2f}"]
+                cells += [f"{pages:.3f}", f"{calls:.3f}", str(len(runs))]
+                out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     """Warm throughput as a training job runs: no per-iteration page accounting."""
     for name in ("cifar", "mnist"):
@@ -255,16 +333,22 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "read"))
     parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
-    parser.add_argument("--only", default="replay,pages,estimator,throughput,production")
+    parser.add_argument("--only",
+                        default="replay,pages,estimator,throughput,production,direct")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
+    parser.add_argument("--direct-table", action="store_true",
+                        help="print the markdown table of the direct runs in --out and exit")
     args = parser.parse_args()
     res = Path(args.out)
+    if args.direct_table:
+        print(direct_table(res))
+        return 0
     res.mkdir(parents=True, exist_ok=True)
     data = Path(args.data)
     dbs = {name: generate(data, name) for name in SHAPES}
     for part in args.only.split(","):
         {"pages": pages, "estimator": estimator, "throughput": throughput,
-         "replay": replay, "production": production}[part](
+         "replay": replay, "production": production, "direct": direct}[part](
             res, dbs, args.quick)
     (res / "databases.json").write_text(json.dumps(
         {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,

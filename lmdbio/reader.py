@@ -216,6 +216,8 @@ class ReadSession:
         if self.opts.codec == "ibp":
             self._share_codec_model()
         if self.shared:
+            if not self.reads:
+                self._warm_up_worker()
             self._create_ring()
         if self.node_cache is not None:
             if self.reads:
@@ -251,6 +253,18 @@ class ReadSession:
             colocated=topo.mode == "colocated", timeout=self.opts.timeout,
             checksum=self.opts.checksum,
             spin=0.0 if _host_oversubscribed(topo) else 2e-4)
+
+    def _warm_up_worker(self) -> None:
+        """Load the compiled checksum a worker verifies slots with, while the readers set
+        up (the workers would otherwise wait for them in the next collective): numba's
+        first call in a process costs ~0.5 s of CPU, which then no batch pays."""
+        from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
+
+        if checksum_kind(self.opts.checksum) == CHECKSUM_XXH64:
+            from lmdbio.shm._hash import part_hash
+
+            empty = np.zeros(0, np.uint8)
+            part_hash(empty, empty, empty, empty, empty)
 
     def _share_codec_model(self) -> None:
         """The reader fits the transport model; the node's workers get it (collective)."""
