@@ -115,6 +115,18 @@ def test_mutated_records(data: st.DataObject) -> None:
     assert lab is None or lab.shape == (len(x),)
 
 
+@pytest.mark.parametrize("dtype", [b"2i1", b"b,b"])
+def test_label_dtype_that_is_not_one_number_per_row(dtype: bytes) -> None:
+    """A mutated label dtype string that numpy parses as a subarray or a record (found by
+    the fuzzer above, which then got numpy's ValueError) is a CodecError."""
+    model, x = MODELS[4]
+    rec = encode_record(model.compress(x, "condensed").to_bytes(False),
+                        np.arange(len(x), dtype=np.int16), len(x))
+    assert rec.count(b"<i2") == 1
+    with pytest.raises(CodecError, match="label dtype"):
+        decode_record(rec.replace(b"<i2", dtype), model)
+
+
 row_dtypes = st.sampled_from(["<f2", "<f4", "<f8", "<i4", "<u8", ">f4", "u1", "<c8"])
 
 

@@ -177,8 +177,10 @@ def decode_record(value: Any, model: Any, xp: Any = np,
             ldt = np.dtype(bytes(buf[_REC_HEAD.size:_REC_HEAD.size + dtlen]).decode("ascii"))
         except (UnicodeDecodeError, TypeError, ValueError) as exc:
             raise CodecError(f"IBP record: bad label dtype ({exc})") from None
-        if ldt.hasobject or ldt.itemsize == 0:
-            raise CodecError(f"IBP record: unsupported label dtype {ldt}")
+        if ldt.hasobject or ldt.itemsize == 0 or ldt.subdtype is not None \
+                or ldt.fields is not None:
+            raise CodecError(f"IBP record: unsupported label dtype {ldt} (labels are one "
+                             "plain number per row)")
         nlab = nrows * ldt.itemsize
         if pos + nlab > buf.nbytes:
             raise CodecError("IBP record: labels run past the end of the record")
