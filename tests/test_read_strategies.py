@@ -364,8 +364,8 @@ def test_direct_io_nodes_read_into_their_own_caches(four_ranks: Launch,
                                                      mixed: Generated) -> None:
     """``direct``: every simulated node reads the pages it needs into its own cache with
     O_DIRECT reads, and the values delivered (gathered from that cache) are the ones
-    written; every reading rank did read; a node holds at least the pages of its records
-    and, for the node-level strategies, no more than the file."""
+    written; every reading rank did read, and a node read at least every page of its
+    records."""
     if not four_ranks.indices("direct"):
         pytest.skip("the file system of the test database refuses O_DIRECT")
     for i in four_ranks.indices("direct"):
@@ -377,8 +377,10 @@ def test_direct_io_nodes_read_into_their_own_caches(four_ranks: Launch,
         assert all(r["direct_io"]["bytes"] == r["direct_io"]["pages"] * 4096
                    for r in readers), case
         for node in {r["node"] for r in results}:
-            # the ranks of a node share one cache (each counted it when it finished)
-            held = max(r["node_pages"] for r in results if r["node"] == node)
+            # every page a node's records occupy came from storage at least once; what a
+            # node holds at the end (emptied when the next epoch began) it read
             mine = [r for r in readers if r["node"] == node]
-            assert held >= max(r["own_pages"] for r in mine) > 0, (case, node)
-            assert held <= sum(r["direct_io"]["pages"] for r in mine), (case, node)
+            read = sum(r["direct_io"]["pages"] for r in mine)
+            assert read >= max(r["own_pages"] for r in mine) > 0, (case, node)
+            held = max(r["node_pages"] for r in results if r["node"] == node)
+            assert 0 < held <= read, (case, node)
