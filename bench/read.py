@@ -22,7 +22,9 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               runs), cifar and mnist, 8 ranks on 4 nodes, colocated
   direct      every simulated node reads into its own O_DIRECT cache, emptied every epoch
               (``--direct``), every database and strategy, 8 ranks on 4 nodes, colocated
-              and dedicated, three repeats
+              and dedicated, three repeats (table: ``--table direct``)
+  warm        the same matrix on cifar with one warm page cache, no accounting
+              (``--table warm``)
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -245,6 +247,12 @@ def replay(res: Path, dbs: dict[str, Path], quick: bool) -> None:
 DIRECT_ITERS = {"cifar": 400, "mnist": 600, "imagenet": 120}
 
 
+def warm(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """The ``direct`` matrix on the CIFAR-like database with one shared, warm page cache
+    and no per-iteration accounting (as a training job runs): what one host shows."""
+    _matrix(res, dbs, quick, "warm", ("cifar",), ["--no-accounting"])
+
+
 def direct(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     """Every simulated node reads into its own cache with O_DIRECT reads, emptied at every
     epoch (``--direct``): storage reads that one host's shared page cache hides. 8 ranks on
@@ -252,27 +260,34 @@ def direct(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     node-level ones also dedicated; three repeats, interleaved, so that the machine's other
     load falls on every strategy alike. Runs span several epochs, so every epoch reads from
     storage again (a data set larger than a node's memory)."""
+    _matrix(res, dbs, quick, "direct", ("cifar", "mnist", "imagenet"), ["--direct"])
+
+
+def _matrix(res: Path, dbs: dict[str, Path], quick: bool, prefix: str, names: tuple,
+            extra: list[str]) -> None:
+    """Every strategy colocated, the node-level ones also dedicated, 8 ranks on 4 nodes,
+    three repeats interleaved; results ``{prefix}-{db}-{strategy}-{mode}-r{k}.json``."""
     repeats = 1 if quick else 3
     for rep in range(repeats):
-        for name in ("cifar", "mnist", "imagenet"):
+        for name in names:
             batch = SHAPES[name][2]
             iters = 30 if quick else DIRECT_ITERS[name]
             for s in STRATEGIES:
                 for mode in ("colocated", "dedicated"):
                     if mode == "dedicated" and s.startswith("naive"):
                         continue  # every rank reads for itself: the mode does not apply
-                    bench(res / f"direct-{name}-{s}-{mode}-r{rep}.json", 8, str(dbs[name]), s,
-                          "--batch-size", str(batch), "--iters", str(iters), "--warmup", "5",
-                          "--simulate-nodes", "4", "--mode", mode, "--direct")
+                    bench(res / f"{prefix}-{name}-{s}-{mode}-r{rep}.json", 8, str(dbs[name]),
+                          s, "--batch-size", str(batch), "--iters", str(iters), "--warmup",
+                          "5", "--simulate-nodes", "4", "--mode", mode, *extra)
 
 
-def direct_table(res: Path) -> str:
-    """Markdown table of the ``direct`` runs: medians over repeats, ratios to naive-stride
-    (colocated) of the same repeat set."""
+def direct_table(res: Path, prefix: str = "direct") -> str:
+    """Markdown table of the ``direct`` (or ``warm``) runs: medians over repeats, ratios to
+    naive-stride (colocated) of the same repeat set."""
     import statistics
 
     rows: dict[tuple[str, str, str], list[dict]] = {}
-    for f in sorted(res.glob("direct-*.json")):
+    for f in sorted(res.glob(f"{prefix}-*.json")):
         r = json.loads(f.read_text())
         mode = "dedicated" if "--mode dedicated" in r.get("command", "") else "colocated"
         rows.setdefault((Path(r["path"]).name.replace("read-", ""), r["strategy"], mode),
@@ -304,15 +319,17 @@ def direct_table(res: Path) -> str:
                 if not runs:
                     continue
                 consumers = sum(1 for p in runs[0]["per_rank"] if p["worker"])
+                io = [r["totals"].get("direct_io") for r in runs]
                 pages = med(runs, lambda r: r["totals"]["direct_io"]["pages"]
-                            / max(r["totals"]["records_delivered"], 1))
+                            / max(r["totals"]["records_delivered"], 1)) if all(io) else None
                 calls = med(runs, lambda r: r["totals"]["direct_io"]["reads"]
-                            / max(r["totals"]["records_delivered"], 1))
+                            / max(r["totals"]["records_delivered"], 1)) if all(io) else None
                 cells = [db, s, mode, str(consumers)]
                 for get in (steady, loop, whole):
                     v = med(runs, get)
                     cells += [f"{v:,.0f}", f"{v / med(base, get):.2f}"]
-                cells += [f"{pages:.3f}", f"{calls:.3f}", str(len(runs))]
+                cells += ["-" if pages is None else f"{pages:.3f}",
+                          "-" if calls is None else f"{calls:.3f}", str(len(runs))]
                 out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
@@ -334,21 +351,21 @@ def main() -> int:
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "read"))
     parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
     parser.add_argument("--only",
-                        default="replay,pages,estimator,throughput,production,direct")
+                        default="replay,pages,estimator,throughput,production,direct,warm")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
-    parser.add_argument("--direct-table", action="store_true",
-                        help="print the markdown table of the direct runs in --out and exit")
+    parser.add_argument("--table", choices=["direct", "warm"], default=None,
+                        help="print the markdown table of those runs in --out and exit")
     args = parser.parse_args()
     res = Path(args.out)
-    if args.direct_table:
-        print(direct_table(res))
+    if args.table:
+        print(direct_table(res, args.table))
         return 0
     res.mkdir(parents=True, exist_ok=True)
     data = Path(args.data)
     dbs = {name: generate(data, name) for name in SHAPES}
     for part in args.only.split(","):
         {"pages": pages, "estimator": estimator, "throughput": throughput,
-         "replay": replay, "production": production, "direct": direct}[part](
+         "replay": replay, "production": production, "direct": direct, "warm": warm}[part](
             res, dbs, args.quick)
     (res / "databases.json").write_text(json.dumps(
         {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,

@@ -119,8 +119,10 @@ def _advise(session: Any, advice: str) -> None:
         _libc.madvise(buf.ctypes.data, buf.shape[0], code)
 
 
-def _sequential_read(path: str, cold: bool) -> dict[str, Any]:
-    """Seconds to read the whole file front to back with 8 MiB ``pread`` calls."""
+def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, Any]:
+    """Seconds to read the whole file front to back with 8 MiB ``pread`` calls (with
+    ``O_DIRECT`` when ``direct``: the limit of the ``--direct`` runs)."""
+    import mmap
     import os
 
     from lmdbio.io.prefetch import drop_cache
@@ -129,9 +131,9 @@ def _sequential_read(path: str, cold: bool) -> dict[str, Any]:
     file = str(_resolve_file(path))
     if cold:
         drop_cache(file)
-    buf = bytearray(8 << 20)
+    buf = mmap.mmap(-1, 8 << 20)  # page aligned, as O_DIRECT needs
     mv = memoryview(buf)
-    fd = os.open(file, os.O_RDONLY)
+    fd = os.open(file, os.O_RDONLY | (os.O_DIRECT if direct else 0))
     try:
         t0 = time.perf_counter()
         total = 0
@@ -143,7 +145,9 @@ def _sequential_read(path: str, cold: bool) -> dict[str, Any]:
         seconds = time.perf_counter() - t0
     finally:
         os.close(fd)
-    return {"bytes": total, "seconds": seconds, "cold": cold,
+        mv.release()
+        buf.close()
+    return {"bytes": total, "seconds": seconds, "cold": cold, "direct": direct,
             "bytes_per_second": total / seconds if seconds else 0.0}
 
 
@@ -281,7 +285,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         if args.sequential:
             world.Barrier()
             if topo.rank == 0:
-                sequential = _sequential_read(path, args.cold)
+                sequential = _sequential_read(path, args.cold, args.direct)
     if topo.rank != 0:
         return None
     result = summarize(args, everyone, n_records, topo)
