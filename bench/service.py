@@ -26,8 +26,9 @@ compute) for two meanings of "a step as long as reading a batch": ``lmdbio_perio
 steady time per batch lmdbio needed without a step in the same configuration and mode, and
 ``baseline_read``, the time a baseline rank needed to read and decode a batch itself.
 Reported: the share of time workers spent inside the loader's iterator (waiting for the
-ring, decoding, converting) and the share spent waiting for the ring alone, for lmdbio in
-both modes, and the baseline's share of time getting batches (it reads synchronously).
+ring, decoding, converting), the share spent receiving slots (blocked on the ring, then
+validating them) and the share blocked on the ring alone, for lmdbio in both modes, and
+the baseline's share of time getting batches (it reads synchronously).
 
 Writes bench/results/service.json; docs/service.md has the numbers and what they mean.
 Run: .venv/bin/python bench/service.py [--repeat 3] [--only cifar] [--ranks 8]
@@ -164,7 +165,9 @@ def run_lmdbio(tmp: Path, cfg: Path, spec: dict[str, Any], ranks: int, mode: str
         "seconds_per_batch": st["seconds_per_batch_mean"],
         "waiting_fraction": st["loader_fraction_mean"],
         "waiting_fraction_max": st["loader_fraction_max"],
-        "ring_wait_fraction": st["stall_fraction_mean"],
+        "receive_fraction": st["stall_fraction_mean"],
+        "blocked_fraction": st["blocked_fraction_mean"],
+        "blocked_fraction_max": st["blocked_fraction_max"],
         "cpu_microseconds_per_sample": st["cpu_microseconds_per_sample"],
         "whole_run_samples_per_second": t["samples_per_second"],
         "startup": t.get("startup"), "launch_seconds": r["launch_seconds"],
@@ -212,7 +215,8 @@ def median_of(runs: list[dict]) -> dict[str, Any]:
     med["samples_per_second_range"] = [min(r["samples_per_second"] for r in runs),
                                        max(r["samples_per_second"] for r in runs)]
     fixed = {k: v for k, v in runs[0].items() if k not in keys and k not in
-             ("startup", "launch_seconds", "waiting_fraction_max", "ring_wait_fraction")}
+             ("startup", "launch_seconds", "waiting_fraction_max", "ring_wait_fraction",
+              "receive_fraction", "blocked_fraction", "blocked_fraction_max")}
     startup = [r["startup"] for r in runs if r.get("startup")]
     if startup:
         med["startup"] = {k: statistics.median(s[k] for s in startup if s.get(k) is not None)
@@ -383,10 +387,14 @@ def markdown(results: dict[str, Any]) -> str:
                              f"| {r['samples_per_second']:,.0f} ({lo:,.0f}-{hi:,.0f}) "
                              f"| {r['samples_per_second_per_consuming_rank']:,.0f} "
                              f"| {r['cpu_microseconds_per_sample']:.1f} {rat}")
-    lines += ["\n**Waiting for data with a training step** (medians; waiting = time inside "
-              "the loader's iterator, ring = time blocked on the node ring alone)\n",
-              "| data | ranks | step | length | lmdbio mode | lmdbio waiting | ring | "
-              "baseline waiting |", "|---|---:|---|---:|---|---:|---:|---:|"]
+    lines += ["\n**Waiting for data with a training step** (medians; in the loader = time "
+              "inside the loader's iterator (receiving, validating, decoding, converting); "
+              "receiving = receiving slots (blocked on the ring, then validating the slot and "
+              "verifying its checksum); blocked = blocked on the node ring alone, nothing to "
+              "do but wait for the reader (mean over workers / worst worker); older result "
+              "files lack it)\n",
+              "| data | ranks | step | length | lmdbio mode | in the loader | receiving | "
+              "blocked | baseline getting batches |", "|---|---:|---|---:|---|---:|---:|---:|---:|"]
     for name, entry in results["datasets"].items():
         for key, c in entry["configs"].items():
             stall = c.get("stall", {})
@@ -395,12 +403,20 @@ def markdown(results: dict[str, Any]) -> str:
             for kind, modes in stall.items():
                 for mode, st_ in modes.items():
                     lm, bl = st_["lmdbio"], st_["baseline"]
-                    ring = statistics.median(r["ring_wait_fraction"] for r in lm["runs"] if r)
+                    runs = [r for r in lm["runs"] if r]
+                    recv = statistics.median(r.get("receive_fraction",
+                                                   r.get("ring_wait_fraction", 0.0))
+                                             for r in runs)
+                    blocked = "-"
+                    if all("blocked_fraction" in r for r in runs):
+                        b = statistics.median(r["blocked_fraction"] for r in runs)
+                        bmax = statistics.median(r["blocked_fraction_max"] for r in runs)
+                        blocked = f"{100 * b:.1f}% / {100 * bmax:.1f}%"
                     lines.append(
                         f"| {name} | {key.split('_')[0]} | {kind} "
                         f"| {1e3 * st_['step_seconds']:.1f} ms | {mode} "
-                        f"| {100 * lm['waiting_fraction']:.1f}% | {100 * ring:.1f}% "
-                        f"| {100 * bl['waiting_fraction']:.1f}% |")
+                        f"| {100 * lm['waiting_fraction']:.1f}% | {100 * recv:.1f}% "
+                        f"| {blocked} | {100 * bl['waiting_fraction']:.1f}% |")
     lines += ["\n**Startup** (medians, slowest rank; not in the figures above)\n",
               "| data | ranks | variant | interpreter + imports | opening | first batch |",
               "|---|---:|---|---:|---:|---:|"]

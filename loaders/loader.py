@@ -61,12 +61,18 @@ class Batch:
 
 @dataclass
 class LoaderMetrics:
-    """What a worker measured: batches, samples, bytes, time waiting for data."""
+    """What a worker measured: batches, samples, bytes, time waiting for data.
+
+    ``wait_seconds`` is the time spent receiving batches (blocked on the node's ring, then
+    validating the slot and verifying its checksum); ``blocked_seconds`` the part of it
+    spent blocked on the ring alone, with nothing to do but wait for the reader.
+    """
 
     batches: int = 0
     samples: int = 0
     bytes: int = 0
     wait_seconds: float = 0.0
+    blocked_seconds: float = 0.0
     decode_seconds: float = 0.0
     skipped: int = 0
     substituted: int = 0
@@ -77,10 +83,12 @@ class LoaderMetrics:
         return {
             "batches": self.batches, "samples": self.samples, "bytes": self.bytes,
             "seconds": elapsed, "wait_seconds": self.wait_seconds,
+            "blocked_seconds": self.blocked_seconds,
             "decode_seconds": self.decode_seconds,
             "samples_per_second": self.samples / elapsed if elapsed else 0.0,
             "megabytes_per_second": self.bytes / elapsed / 1e6 if elapsed else 0.0,
             "stall_fraction": self.wait_seconds / elapsed if elapsed else 0.0,
+            "blocked_fraction": self.blocked_seconds / elapsed if elapsed else 0.0,
             "skipped_records": self.skipped, "substituted_records": self.substituted,
         }
 
@@ -275,9 +283,7 @@ class Loader:
         """
         if self.xp is not np or not self.session.poll():
             return
-        t0 = time.perf_counter()
-        got = self.session.receive(timeout=self.opts.timeout)
-        self.metrics.wait_seconds += time.perf_counter() - t0
+        got = self._receive()
         if got is None:  # the reader stopped: said when this batch is asked for
             self._ahead = (it, None, None)
             return
@@ -316,10 +322,18 @@ class Loader:
             s.read_iteration(self._published)
             self._published += 1
 
-    def _next_batch(self, it: int) -> Batch:
+    def _receive(self) -> Any:
+        """The next batch from the session, timed (``wait_seconds``, ``blocked_seconds``)."""
         t0 = time.perf_counter()
         got = self.session.receive(timeout=self.opts.timeout)
         self.metrics.wait_seconds += time.perf_counter() - t0
+        ring = self.session.ring
+        if ring is not None:
+            self.metrics.blocked_seconds = ring.stats.worker_wait_s
+        return got
+
+    def _next_batch(self, it: int) -> Batch:
+        got = self._receive()
         if got is None:
             raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
         try:

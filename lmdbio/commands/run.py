@@ -86,8 +86,8 @@ class SteadyMeter:
         self.warmup = max(0, int(warmup))
         self.count = 0
         self.in_loader = 0.0
-        self.start: tuple[float, float, int, float, float] | None = None
-        self.end: tuple[float, float, int, float, float] | None = None
+        self.start: tuple[float, float, int, float, float, float] | None = None
+        self.end: tuple[float, float, int, float, float, float] | None = None
         self.first_batch_at: float | None = None
 
     def begin(self, metrics: Any = None) -> None:
@@ -95,10 +95,11 @@ class SteadyMeter:
         if self.warmup == 0 and self.start is None:
             self.start = self._snap(metrics, cpu=True)
 
-    def _snap(self, m: Any, cpu: bool = False) -> tuple[float, float, int, float, float]:
-        samples, wait = (m.samples, m.wait_seconds) if m is not None else (0, 0.0)
+    def _snap(self, m: Any, cpu: bool = False) -> tuple[float, float, int, float, float, float]:
+        samples, wait, blocked = (m.samples, m.wait_seconds, m.blocked_seconds) \
+            if m is not None else (0, 0.0, 0.0)
         return (time.perf_counter(), time.process_time() if cpu else 0.0, samples, wait,
-                self.in_loader)
+                self.in_loader, blocked)
 
     def mark(self, metrics: Any = None) -> None:
         self.count += 1
@@ -119,6 +120,7 @@ class SteadyMeter:
         samples = self.end[2] - self.start[2]
         wait = self.end[3] - self.start[3]
         in_loader = self.end[4] - self.start[4]
+        blocked = self.end[5] - self.start[5]
         batches = self.count - self.warmup
         return {
             "batches": batches, "samples": samples, "seconds": seconds, "cpu_seconds": cpu,
@@ -126,6 +128,8 @@ class SteadyMeter:
             "samples_per_second": samples / seconds if seconds > 0 else 0.0,
             "seconds_per_batch": seconds / batches,
             "stall_fraction": wait / seconds if seconds > 0 else 0.0,
+            "blocked_seconds": blocked,
+            "blocked_fraction": blocked / seconds if seconds > 0 else 0.0,
             "loader_fraction": in_loader / seconds if seconds > 0 else 0.0,
         }
 
@@ -167,6 +171,8 @@ def totals(summaries: list[dict[str, Any]], nodes: int, strategy: str, mode: str
             "seconds_per_batch_mean": sum(s["seconds_per_batch"] for s in steady) / n,
             "stall_fraction_mean": sum(s["stall_fraction"] for s in steady) / n,
             "stall_fraction_max": max(s["stall_fraction"] for s in steady),
+            "blocked_fraction_mean": sum(s["blocked_fraction"] for s in steady) / n,
+            "blocked_fraction_max": max(s["blocked_fraction"] for s in steady),
             "loader_fraction_mean": sum(s["loader_fraction"] for s in steady) / n,
             "loader_fraction_max": max(s["loader_fraction"] for s in steady),
         }
@@ -269,7 +275,8 @@ def main(args: argparse.Namespace) -> int:
                 if "steady" in total:
                     st = total["steady"]
                     line += (f"; steady state: {st['samples_per_second']:.0f} samples/s, "
-                             f"mean stall {100 * st['stall_fraction_mean']:.1f}% (in the "
+                             f"mean stall {100 * st['stall_fraction_mean']:.1f}% (blocked on "
+                             f"the ring {100 * st['blocked_fraction_mean']:.1f}%, in the "
                              f"loader {100 * st['loader_fraction_mean']:.1f}%)")
                 print(line, flush=True)
                 if args.metrics_json:
