@@ -55,6 +55,7 @@ Phase = Literal["train", "test"]
 CodecName = Literal["none", "ibp", "toc"]
 Device = Literal["auto", "cpu", "cuda"]
 OnError = Literal["raise", "skip", "substitute"]
+SlotChecksum = Literal["xxh64", "crc32", "none"]
 
 #: strategies whose read order is free, so they can serve a shuffled epoch order
 SHUFFLE_CAPABLE_STRATEGIES = ("indexed",)
@@ -176,6 +177,19 @@ class ReadersConfig:
         default=4,
         metadata=_meta(
             "Batches read ahead of the consumers (slots in the node's shared ring).", minimum=1
+        ),
+    )
+    checksum: SlotChecksum = field(
+        default="xxh64",
+        metadata=_meta(
+            "Checksum of each worker's part of a node batch in shared memory: computed by the "
+            "reader, verified by the worker before it reads (catches stray writes into the "
+            "ring; costs a pass over the batch on each side).",
+            choices={
+                "xxh64": "XXH64 (compiled; the fastest)",
+                "crc32": "zlib's CRC-32",
+                "none": "no checksum (trusted nodes; the header keeps its own CRC)",
+            },
         ),
     )
 

@@ -93,6 +93,11 @@ class LoaderMetrics:
         }
 
 
+def _slot_checksum(value: bool | str) -> bool | str:
+    """The ring's checksum setting for ``readers.checksum`` (``"none"`` -> off)."""
+    return False if value == "none" else value
+
+
 def _device(cfg: Any, topo: Any) -> Any:
     """numpy, or cupy with the device picked from the worker's local index."""
     want = cfg.workers.device
@@ -118,7 +123,7 @@ def _device(cfg: Any, topo: Any) -> Any:
 class Loader:
     """The iterable of batches (see the module docstring). Use :func:`open`."""
 
-    def __init__(self, cfg: Any, comm: Any = None, *, slot_checksum: bool | str = True
+    def __init__(self, cfg: Any, comm: Any = None, *, slot_checksum: bool | str | None = None
                  ) -> None:
         from lmdbio.reader import ReadOptions, ReadSession
         from lmdbio.topology import Topology
@@ -155,7 +160,8 @@ class Loader:
             prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb,
             codec=cfg.codec.name, codec_options=cfg.codec.options_dict(),
             accounting=False,  # page accounting is for `lmdbio bench read`, not training
-            checksum=slot_checksum)
+            checksum=_slot_checksum(cfg.readers.checksum if slot_checksum is None
+                                    else slot_checksum))
         if cfg.dataset.layout == "pcr":
             self.set_scan_groups(cfg.dataset.scan_groups)
         self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
@@ -497,13 +503,13 @@ class Loader:
 
 
 def open(config: Any, overrides: list[str] | tuple[str, ...] = (), comm: Any = None, *,
-         slot_checksum: bool | str = True) -> Loader:
+         slot_checksum: bool | str | None = None) -> Loader:
     """Open a loader from a config path, a dict or a :class:`lmdbio.config.JobConfig`.
 
     Collective: call it on every rank of the job. ``slot_checksum`` (True / ``"xxh64"``,
-    ``"crc32"``, False) checksums each worker's part of every node batch in shared memory
-    (on by default; off saves a pass over every batch on each side where the path is
-    trusted).
+    ``"crc32"``, False / ``"none"``) overrides the config's ``readers.checksum``: the
+    checksum of each worker's part of every node batch in shared memory (XXH64 by default;
+    off saves a pass over every batch on each side where the path is trusted).
     """
     from lmdbio.config import load_config
 

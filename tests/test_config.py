@@ -160,6 +160,7 @@ def test_unknown_key_suggests_the_closest():
     ({"readers": {"strategy": "dm_spec"}}, "readers.strategy", "did you mean 'dm-spec'"),
     ({"on_error": False}, "on_error", "quote the value"),
     ({"dataset": {"layout": "lmdb"}}, "dataset.layout", "allowed: caffe-datum, tensor"),
+    ({"readers": {"checksum": "md5"}}, "readers.checksum", "allowed: xxh64, crc32, none"),
 ])
 def test_wrong_types_and_values(raw, path, needle):
     base = {"dataset": {"path": "/x"}}

@@ -95,3 +95,20 @@ def test_torch_adapter(db_with_corrupt_record):
         data, label = got[0]
         assert data.dtype == torch.float32 and data.shape == (8, 1, 4, 4)
         assert label.dtype == torch.int64
+
+
+@pytest.mark.parametrize(("configured", "argument", "kind"), [
+    (None, None, "xxh64"), ("crc32", None, "crc32"), ("none", None, "none"),
+    ("crc32", "xxh64", "xxh64"), ("xxh64", "none", "none"), ("xxh64", False, "none")])
+def test_slot_checksum_from_the_config_or_the_argument(db_with_corrupt_record, configured,
+                                                       argument, kind):
+    """``readers.checksum`` sets the ring's slot checksum; ``slot_checksum=`` overrides it;
+    the batches arrive either way."""
+    from lmdbio.shm.layout import checksum_kind
+
+    over = {} if configured is None else {"readers__checksum": configured}
+    cfg = config(db_with_corrupt_record, **over)
+    cfg["on_error"] = "skip"
+    with loaders.open(cfg, slot_checksum=argument) as loader:
+        assert loader.session.ring.checksum == checksum_kind(kind)
+        assert sum(len(b) for b in loader) == 39  # one record is corrupt (skipped)

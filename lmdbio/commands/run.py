@@ -35,9 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers sleep S seconds per batch to simulate the trainer's "
                         "compute; the stall fraction is the share of time spent waiting for "
                         "data")
-    parser.add_argument("--slot-checksum", choices=["xxh64", "crc32", "none"], default="xxh64",
+    parser.add_argument("--slot-checksum", choices=["xxh64", "crc32", "none"], default=None,
                         help="checksum of each worker's part of a node batch in shared memory "
-                        "(default xxh64; none where the batch path is trusted)")
+                        "(overrides readers.checksum, default xxh64; none where the batch path "
+                        "is trusted)")
     parser.add_argument("--warmup", type=int, default=2, metavar="N",
                         help="batches per worker left out of the steady-state figures "
                         "(default 2)")
@@ -199,9 +200,9 @@ def main(args: argparse.Namespace) -> int:
     with abort_on_error():
         age0 = process_age()
         t_open = time.perf_counter()
-        checksum = getattr(args, "slot_checksum", "xxh64")
-        loader = open_loader(args.config, args.overrides,
-                             slot_checksum=False if checksum == "none" else checksum)
+        checksum = getattr(args, "slot_checksum", None)
+        loader = open_loader(args.config, args.overrides, slot_checksum=checksum)
+        checksum = loader.cfg.readers.checksum if checksum is None else checksum
         open_seconds = time.perf_counter() - t_open
         with loader:
             log = None
