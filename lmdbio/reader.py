@@ -88,6 +88,12 @@ class Delivered:
         ko, kd = self.key_offsets, self.key_data
         return [bytes(kd[ko[i]:ko[i + 1]]) for i in range(len(ko) - 1)]
 
+    def verify(self) -> None:
+        """Verify the slot checksum of a batch received with ``defer_verify`` (raises
+        :class:`~lmdbio.shm.SlotCorruptError`); a no-op otherwise."""
+        if self.view is not None:
+            self.view.verify()
+
     def release(self) -> None:
         if self.view is not None:
             self.view.release()
@@ -413,15 +419,22 @@ class ReadSession:
         assert self.ring is not None
         return self.ring.poll()
 
-    def receive(self, timeout: float | None = None) -> Delivered | None:
-        """Consumer side: the next batch for this rank (None when the reader stopped)."""
+    def receive(self, timeout: float | None = None, *, defer_verify: bool = False
+                ) -> Delivered | None:
+        """Consumer side: the next batch for this rank (None when the reader stopped).
+
+        ``defer_verify``: the slot checksum is left to :meth:`Delivered.verify` (call it
+        before reading the records, e.g. on a decoding thread); encoded slots are verified
+        here, before they are decoded."""
         if not self.shared:
             out, self.last_private = self.last_private, None
             return out
         assert self.ring is not None
-        view = self.ring.next_slot(timeout=timeout)
+        view = self.ring.next_slot(timeout=timeout, defer_verify=defer_verify)
         if view is None:
             return None
+        if view.encoded:
+            view.verify()
         labels = np.asarray(view.labels)
         pad = labels < 0
         ids = np.where(pad, -labels - 1, labels)

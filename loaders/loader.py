@@ -289,7 +289,7 @@ class Loader:
         """
         if self.xp is not np or not self.session.poll():
             return
-        got = self._receive()
+        got = self._receive(defer_verify=True)  # verified on the decoding thread
         if got is None:  # the reader stopped: said when this batch is asked for
             self._ahead = (it, None, None)
             return
@@ -328,10 +328,10 @@ class Loader:
             s.read_iteration(self._published)
             self._published += 1
 
-    def _receive(self) -> Any:
+    def _receive(self, defer_verify: bool = False) -> Any:
         """The next batch from the session, timed (``wait_seconds``, ``blocked_seconds``)."""
         t0 = time.perf_counter()
-        got = self.session.receive(timeout=self.opts.timeout)
+        got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify)
         self.metrics.wait_seconds += time.perf_counter() - t0
         ring = self.session.ring
         if ring is not None:
@@ -393,6 +393,7 @@ class Loader:
 
     def _make_batch(self, got: Any, iteration: int) -> Batch:
         t0 = time.perf_counter()
+        got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
         ko = np.array(got.key_offsets, np.int64)
         kd = np.array(got.key_data, np.uint8)
 

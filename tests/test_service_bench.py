@@ -138,16 +138,19 @@ def test_loader_batches_are_the_pixels_as_float32(small_db, checksum, scale):
 
 def test_steady_meter_leaves_out_the_warmup():
     m = SteadyMeter(2)
-    metrics = SimpleNamespace(samples=0, wait_seconds=0.0)
+    metrics = SimpleNamespace(samples=0, wait_seconds=0.0, blocked_seconds=0.0)
     m.begin(metrics)
     for i in range(1, 6):
         metrics.samples, metrics.wait_seconds = 10 * i, 0.5 * i
+        metrics.blocked_seconds = 0.1 * i
         m.in_loader += 1.0
         m.mark(metrics)
     m.finish()
     d = m.as_dict()
     assert d["batches"] == 3 and d["samples"] == 30
     assert d["wait_seconds"] == pytest.approx(1.5) and d["loader_seconds"] == pytest.approx(3.0)
+    assert d["blocked_seconds"] == pytest.approx(0.3)  # the window's share only
+    assert d["blocked_fraction"] == pytest.approx(0.3 / d["seconds"])
     assert d["cpu_seconds"] >= 0
     short = SteadyMeter(5)
     short.mark(metrics)
@@ -162,8 +165,8 @@ def test_steady_meter_leaves_out_the_warmup():
 def test_totals_sum_workers_and_count_reader_cpu():
     def rank(worker, samples, seconds, cpu, reader_cpu=None):
         steady = {"samples": samples, "seconds": seconds, "seconds_per_batch": 0.1,
-                  "stall_fraction": 0.2, "loader_fraction": 0.3, "cpu_seconds": cpu} \
-            if worker else None
+                  "stall_fraction": 0.2, "loader_fraction": 0.3, "cpu_seconds": cpu,
+                  "blocked_fraction": 0.01 * samples / 100} if worker else None
         return {"worker": worker, "samples": samples, "seconds": seconds + 1,
                 "stall_fraction": 0.2, "steady": steady, "loop": {"cpu_seconds": 1.0},
                 "reader_steady": {"cpu_seconds": reader_cpu} if reader_cpu else None,
@@ -174,6 +177,8 @@ def test_totals_sum_workers_and_count_reader_cpu():
     assert st_["samples"] == 400 and st_["seconds"] == 4.0
     assert st_["samples_per_second"] == 100.0 and st_["samples_per_second_per_worker"] == 50.0
     assert st_["cpu_microseconds_per_sample"] == pytest.approx(1e6 * 4.0 / 400)
+    assert st_["blocked_fraction_mean"] == pytest.approx(0.02)
+    assert st_["blocked_fraction_max"] == pytest.approx(0.03)
     assert t["startup"] == {"to_open": 1.0, "open_seconds": 2.0, "to_first_batch": 0.5}
 
 

@@ -342,6 +342,27 @@ def test_any_flipped_bit_is_detected_by_its_reader(seed, pick, bit, checksum):
     assert detected >= 1, f"flip at byte {pos} bit {bit} went unnoticed by every part"
 
 
+@pytest.mark.parametrize("checksum", ["xxh64", "crc32"])
+def test_deferred_verification_detects_what_the_immediate_one_does(checksum):
+    """``defer=True`` validates the header and ranges at once and leaves the part checksum
+    to ``view.verify()`` (a worker's decoding thread), which raises on a changed byte."""
+    _, bufs = new_slot(n_parts=2)
+    payload, offsets, labels, keys = gen_batch(np.random.default_rng(9), 10)
+    write(bufs, payload, offsets, labels, keys, checksum=checksum)
+    v = read_slot(bufs, part=1, slot=0, seq=7, defer=True)
+    assert not v.verified
+    v.verify()
+    assert v.verified
+    v.verify()  # once verified, a no-op
+    bufs.payload[int(offsets[-1]) - 1] ^= 0x01  # the last byte: part 1's
+    v = read_slot(bufs, part=1, slot=0, seq=7, defer=True)  # the header is intact
+    with pytest.raises(SlotCorruptError, match="checksum mismatch") as e:
+        v.verify()
+    assert e.value.part == 1
+    with pytest.raises(SlotCorruptError, match="checksum mismatch"):
+        read_slot(bufs, part=1, slot=0, seq=7)  # what the immediate check says
+
+
 def test_checksum_off_still_checks_the_header():
     _, bufs = new_slot(n_parts=1)
     payload, offsets, labels, keys = gen_batch(np.random.default_rng(5), 8)

@@ -698,6 +698,7 @@ class SlotView:
         key_data: np.ndarray,
         release: Callable[[SlotView], None] | None = None,
         pin: Callable[[Any], None] | None = None,
+        verify: Callable[[], None] | None = None,
     ) -> None:
         self.slot = slot
         self.seq = seq
@@ -717,7 +718,23 @@ class SlotView:
         self._key_data: np.ndarray | None = key_data
         self._release_cb = release
         self._pin = pin
+        self._verify = verify
         self.released = False
+
+    @property
+    def verified(self) -> bool:
+        """Whether the part's checksum was verified (or there is none to verify)."""
+        return self._verify is None
+
+    def verify(self) -> None:
+        """Verify the part's checksum now, if :func:`read_slot` was asked to defer it (so
+        that a worker can do it on another thread); raises :class:`SlotCorruptError` on a
+        mismatch. A no-op once verified, or when the slot has no checksum."""
+        check = self._verify
+        if check is not None:
+            self._get(self._payload)  # not after release
+            check()
+            self._verify = None
 
     def _get(self, arr: np.ndarray | None) -> np.ndarray:
         if arr is None:
@@ -835,14 +852,17 @@ def read_slot(
     verify: bool = True,
     release: Callable[[SlotView], None] | None = None,
     pin: Callable[[Any], None] | None = None,
+    defer: bool = False,
 ) -> SlotView:
     """Validate a published slot and return worker ``part``'s :class:`SlotView`.
 
     Checks (never reading outside the slot): magic and version; the header crc (always);
     that the header's slot and sequence are the ones announced; every count and range
     against the capacities and the record table; that the part's offsets do not decrease;
-    with ``verify`` and a checksummed slot, the part's checksum. Any failure raises
-    :class:`SlotCorruptError` naming the slot, sequence, epoch, iteration and part.
+    with ``verify`` and a checksummed slot, the part's checksum - at once, or with
+    ``defer`` when the caller calls :meth:`SlotView.verify` (before reading the payload).
+    Any failure raises :class:`SlotCorruptError` naming the slot, sequence, epoch,
+    iteration and part.
     """
     lo = bufs.layout
     mem = bufs.mem
@@ -905,11 +925,18 @@ def read_slot(
                    f"key range {ks}..{ke}")
     if kind not in _CHECKSUM_NAMES.values():
         raise fail(f"unknown checksum kind {kind}")
-    if verify and kind != CHECKSUM_NONE:
+    def check() -> None:
         h = _part_checksum(kind, bufs, first, count, bs, be, ks, ke)
         if h != stored_sum:
             raise fail(f"checksum mismatch (stored 0x{stored_sum:x}, computed 0x{h:x}): "
                        "the batch was corrupted in shared memory")
+
+    deferred = None
+    if verify and kind != CHECKSUM_NONE:
+        if defer:
+            deferred = check
+        else:
+            check()
     offs -= o0
     koffs -= ks
     return SlotView(
@@ -931,4 +958,5 @@ def read_slot(
         key_data=_readonly(bufs.keys[ks:ke]),
         release=release,
         pin=pin,
+        verify=deferred,
     )

@@ -521,8 +521,12 @@ class BatchRing:
             self._send(_STOP, -1, self._next_seq, r)
 
     # ================================================================== worker side
-    def next_slot(self, *, timeout: float | None = None) -> SlotView | None:
+    def next_slot(self, *, timeout: float | None = None,
+                  defer_verify: bool = False) -> SlotView | None:
         """Worker: wait for the next published slot and return this worker's part of it.
+
+        With ``defer_verify`` the part's checksum is verified only when the caller calls
+        ``view.verify()`` (e.g. on a decoding thread, before reading the payload).
 
         Returns ``None`` once the reader stopped (and on every later call). Raises
         :class:`SlotCorruptError` if validation fails (the slot is then already released,
@@ -554,7 +558,7 @@ class BatchRing:
         try:
             view = read_slot(self._bufs[slot], part=self.worker_index, slot=slot, seq=seq,
                              verify=bool(self.checksum), release=self._release_view,
-                             pin=self._pin)
+                             pin=self._pin, defer=defer_verify)
         except SlotCorruptError:
             self.stats.corrupt += 1
             self._send(_RELEASED, slot, seq, self.reader_rank)
