@@ -389,10 +389,10 @@ def markdown(results: dict[str, Any]) -> str:
                              f"| {r['cpu_microseconds_per_sample']:.1f} {rat}")
     lines += ["\n**Waiting for data with a training step** (medians; in the loader = time "
               "inside the loader's iterator (receiving, validating, decoding, converting); "
-              "receiving = receiving slots (blocked on the ring, then validating the slot and "
-              "verifying its checksum); blocked = blocked on the node ring alone, nothing to "
-              "do but wait for the reader (mean over workers / worst worker); older result "
-              "files lack it)\n",
+              "receiving = receiving slots (blocked on the ring, then validating the slot; "
+              "its checksum too unless decoded ahead); blocked = blocked on the node ring "
+              "alone, nothing to do but wait for the reader (mean over workers / worst "
+              "worker); older result files lack it)\n",
               "| data | ranks | step | length | lmdbio mode | in the loader | receiving | "
               "blocked | baseline getting batches |", "|---|---:|---|---:|---|---:|---:|---:|---:|"]
     for name, entry in results["datasets"].items():
