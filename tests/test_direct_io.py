@@ -73,3 +73,12 @@ def test_refuses_what_it_cannot_read(file_of_pages: tuple[Path, bytes], tmp_path
                 assert "O_DIRECT" in str(exc) and str(shm) in str(exc)
         finally:
             shm.unlink()
+
+
+def test_a_cache_that_cannot_fit_is_refused_by_name(tmp_path: Path) -> None:
+    from lmdbio.io.direct import _shared_memory_shortfall
+
+    assert _shared_memory_shortfall(1, "x.mdb", str(tmp_path)) is None
+    why = _shared_memory_shortfall(1 << 62, "x.mdb", str(tmp_path))
+    assert why is not None and "x.mdb" in why and "bytes free" in why
+    assert _shared_memory_shortfall(1 << 62, "x.mdb", str(tmp_path / "absent")) is None

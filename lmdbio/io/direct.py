@@ -49,6 +49,21 @@ def page_runs(pages: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts.astype(np.int64), (ends - starts).astype(np.int64)
 
 
+def _shared_memory_shortfall(nbytes: int, path: str, shm: str = "/dev/shm") -> str | None:
+    """Why ``nbytes`` of node shared memory cannot be had (None if they can, or if the host
+    has no ``/dev/shm`` to ask): a whole copy of the file per node must fit in memory."""
+    try:
+        st = os.statvfs(shm)
+    except OSError:
+        return None
+    free = st.f_bavail * st.f_frsize
+    if nbytes <= free:
+        return None
+    return (f"{path}: a node's O_DIRECT page cache holds the whole file ({nbytes:,} bytes) "
+            f"in node shared memory, but {shm} has {free:,} bytes free; use a smaller "
+            f"database or fewer simulated nodes per host")
+
+
 class NodeCache:
     """One node's copy of a file's pages (see the module docstring).
 
@@ -87,6 +102,8 @@ class NodeCache:
         agree(node, error is None, error or "", "opening the file for O_DIRECT reads")
         # the data, one byte per page (present), and alignment slack, on the node's first rank
         nbytes = self.npages * self.psize + self.npages + _ALIGN
+        error = _shared_memory_shortfall(nbytes, self.path) if node.Get_rank() == 0 else None
+        agree(node, error is None, error or "", "sizing the node's page cache")
         self._win = MPI.Win.Allocate_shared(nbytes if node.Get_rank() == 0 else 0, 1,
                                             comm=node)
         mem, _ = self._win.Shared_query(0)
