@@ -266,7 +266,8 @@ class TocMatrix:
         self._off = meta[16:24]
         values = raw[h[13]:h[14]].view(stored)
         self._values = values.astype(native) if stored is not native else values.copy()
-        self._pval = self._values.astype(np.float64)[store[h[17]:h[18]]]
+        with np.errstate(invalid="ignore"):  # a signalling NaN payload widens quietly
+            self._pval = self._values.astype(np.float64)[store[h[17]:h[18]]]
         self._sched = None
         self._payload = (bytes(mv), None)
         return self
