@@ -199,8 +199,7 @@ class ReadSession:
             from lmdbio.io.direct import NodeCache
 
             self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
-            self.db.accounting.enable()  # walks report the pages they read through it
-        if opts.accounting:
+        if opts.accounting or opts.direct_io:  # direct: walks report the pages they read
             self.db.accounting.enable()
         if self.shared:
             comm = topo.readers if topo.is_reader else None

@@ -146,13 +146,11 @@ class NodeCache:
     def load_runs(self, starts: np.ndarray, lengths: np.ndarray) -> int:
         """Read the pages of runs ``(starts[i], lengths[i])`` the node does not hold yet, one
         ``pread`` per run of missing consecutive pages. Returns the pages read."""
-        if starts.size == 0:
-            return 0
-        pages = np.unique(np.concatenate([np.arange(s, s + n) for s, n in
-                                          zip(starts.tolist(), lengths.tolist(),
-                                              strict=True) if n > 0] or [np.empty(0,
-                                                                                   np.int64)]))
-        return self.load_pages(pages)
+        keep = lengths > 0
+        first, count = starts[keep].astype(np.int64), lengths[keep].astype(np.int64)
+        # every page of every run without a Python loop: ramps restarting at each run
+        ramp = np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+        return self.load_pages(np.unique(np.repeat(first, count) + ramp))
 
     def load_pages(self, pages: np.ndarray, *, one_by_one: bool = False) -> int:
         """Read the pages of ``pages`` (sorted, distinct) the node lacks: one ``pread`` per

@@ -124,16 +124,6 @@ class DmSerial(ReadStrategy):
             wait_with_timeout(self._pending, self.ctx.timeout, "cursor sends")
 
 
-def value_pages(val_off: np.ndarray, val_len: np.ndarray, psize: int) -> np.ndarray:
-    """Distinct pages covered by the byte ranges of some values."""
-    from lmdbio.lmdb.database import RecordRefs
-
-    n = val_off.shape[0]
-    refs = RecordRefs(val_off, val_len, np.empty(0, np.int64), *(np.empty(n, np.int64)
-                                                                 for _ in range(3)))
-    return refs.value_pages(psize)
-
-
 def main_run(pages: np.ndarray, gap: int) -> tuple[int, int] | None:
     """``[start, end)`` of the largest run of ``pages`` (sorted, distinct) in which
     consecutive pages are at most ``gap`` apart; None for no pages."""
