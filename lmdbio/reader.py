@@ -266,10 +266,10 @@ class ReadSession:
         from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
 
         if checksum_kind(self.opts.checksum) == CHECKSUM_XXH64:
-            from lmdbio.shm._hash import part_hash
+            from lmdbio.shm._hash import part_hash_at
 
             empty = np.zeros(0, np.uint8)
-            part_hash(empty, empty, empty, empty, empty)
+            part_hash_at(empty, empty, empty, empty, empty, 0, 0, 0, 0, 0, 0)
 
     def _share_codec_model(self) -> None:
         """The reader fits the transport model; the node's workers get it (collective)."""
@@ -337,8 +337,7 @@ class ReadSession:
         if self.shared:
             ids = plan.group_records(iteration, self.first_consumer, self.node_consumers)
             sizes = plan.group_sizes(iteration, self.first_consumer, self.node_consumers)
-            pad = np.concatenate([plan.padding(iteration, c) for c in range(
-                self.first_consumer, self.first_consumer + self.node_consumers)])
+            pad = plan.group_padding(iteration, self.first_consumer, self.node_consumers)
         else:
             ids = plan.records(iteration, self.topo.rank)
             sizes = np.array([ids.size])
@@ -353,21 +352,29 @@ class ReadSession:
             assert self.ring is not None
             w = self.ring.acquire_slot(self.epoch, iteration)
             with Timer(stats, "copy"):
-                offsets = np.zeros(len(refs) + 1, np.int64)
-                np.cumsum(refs.val_len, out=offsets[1:])
-                koffs, kdata = self.db.keys_of(refs)
                 labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
-                if self.codec_model is None:
-                    self.db.gather_refs(refs, out=w.payload(refs.nbytes))
-                    w.set_records(offsets, labels, keys=(koffs, kdata))
+                if self.codec_model is None and self.db.node_cache is None:
+                    # values, keys and both offset tables straight into the slot, one pass
+                    n = len(refs)
+                    nbytes, kbytes = self.db.gather_batch(refs, *w.record_buffers(n))
+                    w.records_written(n, labels, nbytes, kbytes)
                     w.set_parts(sizes)
                 else:
-                    from lmdbio.transport import compress_parts
+                    offsets = np.zeros(len(refs) + 1, np.int64)
+                    np.cumsum(refs.val_len, out=offsets[1:])
+                    koffs, kdata = self.db.keys_of(refs)
+                    if self.codec_model is None:  # values through the node's O_DIRECT cache
+                        self.db.gather_refs(refs, out=w.payload(refs.nbytes))
+                        w.set_records(offsets, labels, keys=(koffs, kdata))
+                        w.set_parts(sizes)
+                    else:
+                        from lmdbio.transport import compress_parts
 
-                    raw, _ = self.db.gather_refs(refs)
-                    w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
-                    w.set_parts(sizes)
-                    w.write_part_blobs(compress_parts(self.codec_model, raw, offsets, sizes))
+                        raw, _ = self.db.gather_refs(refs)
+                        w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
+                        w.set_parts(sizes)
+                        w.write_part_blobs(compress_parts(self.codec_model, raw, offsets,
+                                                          sizes))
             w.publish(codec="ibp" if self.codec_model is not None else "none")
             self.last_private = None
         else:

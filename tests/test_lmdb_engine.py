@@ -385,3 +385,52 @@ def test_located_records_carry_their_keys(medium_db):
             [k for k, _ in items[10:30]]
         koffs, kdata = db.keys_of(db.locate(np.array([7, 3])))
         assert bytes(kdata[koffs[0]:koffs[1]]) == items[7][0]
+
+
+def test_gather_batch_equals_gather_refs_and_keys_of(medium_db):
+    path, items = medium_db
+    with lmdbio.open(path) as db:
+        idx = np.array([2999, 0, 5, 1500, 5, 17])
+        refs = db.locate(idx)
+        buf, off = db.gather_refs(refs)
+        koffs, kdata = db.keys_of(refs)
+        payload = np.full(int(off[-1]) + 10, 0xEE, np.uint8)
+        keys = np.full(int(koffs[-1]) + 3, 0xEE, np.uint8)
+        offsets = np.full(idx.size + 1, -7, np.int64)
+        key_offsets = np.full(idx.size + 1, -7, np.int64)
+        nbytes, kbytes = db.gather_batch(refs, payload, offsets, keys, key_offsets)
+        assert (nbytes, kbytes) == (int(off[-1]), int(koffs[-1]))
+        np.testing.assert_array_equal(offsets, off)
+        np.testing.assert_array_equal(key_offsets, koffs)
+        assert bytes(payload[:nbytes]) == bytes(buf) and (payload[nbytes:] == 0xEE).all()
+        assert bytes(keys[:kbytes]) == bytes(kdata) and (keys[kbytes:] == 0xEE).all()
+        for j, i in enumerate(idx):
+            assert bytes(keys[key_offsets[j]:key_offsets[j + 1]]) == items[i][0]
+        # too small outputs: named, nothing read outside them
+        with pytest.raises(LmdbioError, match=f"values holds {nbytes - 1} bytes, {nbytes}"):
+            db.gather_batch(refs, payload[:nbytes - 1], offsets, keys, key_offsets)
+        with pytest.raises(LmdbioError, match=f"keys holds {kbytes - 1} bytes, {kbytes}"):
+            db.gather_batch(refs, payload, offsets, keys[:kbytes - 1], key_offsets)
+        with pytest.raises(LmdbioError, match="offset tables"):
+            db.gather_batch(refs, payload, offsets[:-1], keys, key_offsets)
+
+
+def test_gather_batch_names_a_bad_overflow_page(tmp_path):
+    import shutil
+
+    src = tmp_path / "src"
+    write_db(src, [(b"k%03d" % i, bytes([i]) * 5000) for i in range(4)])
+    dst = tmp_path / "bad"
+    shutil.copytree(src, dst)
+    with lmdbio.open(dst) as db:
+        refs = db.locate(np.arange(4))
+        pg = int((refs.val_off[2] - db.layout.header_size) // db.psize)
+    with open(dst / "data.mdb", "r+b") as f:  # the run's first page claims another number
+        f.seek(pg * 4096)
+        f.write((pg + 1000).to_bytes(8, "little"))
+    with lmdbio.open(dst) as db:
+        refs = db.locate(np.arange(4))
+        out = np.empty(30000, np.uint8)
+        offs = np.empty(5, np.int64)
+        with pytest.raises(LmdbFormatError, match=f"page {pg}"):
+            db.gather_batch(refs, out, offs, np.empty(100, np.uint8), offs.copy())

@@ -45,6 +45,15 @@ def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, ep
             assert max(row) <= batch
             if scheme == "blocked":
                 assert max(row) - min(row) <= 1
+    for i in range(plan.iterations):  # a node's records and padding, consumer after consumer
+        for first, count in ((0, consumers), (consumers // 2, consumers - consumers // 2)):
+            cs = range(first, first + count)
+            np.testing.assert_array_equal(
+                plan.group_records(i, first, count),
+                np.concatenate([plan.records(i, c) for c in cs] or [np.empty(0, np.int64)]))
+            np.testing.assert_array_equal(
+                plan.group_padding(i, first, count),
+                np.concatenate([plan.padding(i, c) for c in cs] or [np.empty(0, bool)]))
     if scheme == "blocked" and shuffle == "none" and n:
         # a node's consumers read one contiguous range of records (mod n for padding)
         for i in range(plan.iterations):
@@ -78,3 +87,12 @@ def test_bad_arguments():
         plan_epoch(10, 1, 1, last="wrap")
     with pytest.raises(ValueError, match="leaf directory"):
         plan_epoch(10, 1, 1, shuffle="block")
+
+
+def test_group_records_never_let_a_caller_write_into_the_plan():
+    plan = plan_epoch(100, 4, 5, "pad", "global", 0, 0)
+    got = plan.group_records(0, 0, 4)
+    with pytest.raises(ValueError):
+        got[0] = -1
+    with pytest.raises(ValueError):
+        plan.group_padding(0, 0, 4)[0] = True

@@ -248,6 +248,53 @@ def test_part_encoded_round_trip():
             v.record(0)
 
 
+
+@SETTINGS
+@given(n=st.integers(0, 32), n_parts=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+       checksum=st.sampled_from(["xxh64", "crc32", "none"]))
+def test_records_written_in_place_read_back_as_written(n, n_parts, seed, checksum):
+    """A producer that fills the slot's buffers itself (the reader's compiled gather) gets
+    the same slot as one that hands its arrays to write()."""
+    rng = np.random.default_rng(seed)
+    layout, bufs = new_slot(n_parts=n_parts)
+    _, ref = new_slot(n_parts=n_parts)
+    payload, offsets, labels, keys = gen_batch(rng, n, max_size=250)
+    write(ref, payload, offsets, labels, keys, checksum=checksum)
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=2, iteration=11, checksum=checksum)
+    pay, offs, kbuf, koffs = w.record_buffers(n)
+    assert offs.size == koffs.size == n + 1
+    pay[: offsets[-1]] = payload
+    offs[:] = offsets
+    kd = b"".join(keys)
+    kbuf[: len(kd)] = np.frombuffer(kd, np.uint8)
+    koffs[0] = 0
+    np.cumsum([len(k) for k in keys], out=koffs[1:])
+    w.records_written(n, labels, int(offsets[-1]), len(kd))
+    w.seal()
+    for got, want in zip(read_all(bufs, layout), read_all(ref, layout), strict=True):
+        assert np.array_equal(got.payload, want.payload)
+        assert np.array_equal(got.offsets, want.offsets)
+        assert np.array_equal(got.labels, want.labels)
+        assert got.keys() == want.keys() and got.count == want.count
+    assert bytes(bufs.mem[: layout.slot_size]) == bytes(ref.mem[: layout.slot_size])
+
+
+def test_records_written_checks_the_ends_it_is_told():
+    _, bufs = new_slot(n_parts=2, max_records=4, payload=100, keys=8)
+    w = SlotWriter(bufs, slot=0, seq=0, epoch=0, iteration=0)
+    with pytest.raises(SlotCapacityError, match="needs 5 records"):
+        w.record_buffers(5)
+    _, offs, _, koffs = w.record_buffers(2)
+    offs[:] = [0, 10, 30]
+    koffs[:] = [0, 1, 2]
+    with pytest.raises(RingError, match="do not run from 0 to 31 payload"):
+        w.records_written(2, [1, 2], 31, 2)
+    with pytest.raises(RingError, match="1 labels for 2 records"):
+        w.records_written(2, [1], 30, 2)
+    offs[:] = [0, 60, 120]
+    with pytest.raises(SlotCapacityError, match="needs 120 payload bytes"):
+        w.records_written(2, [1, 2], 120, 2)
+
 # ------------------------------------------------------------------ errors on the writer
 def test_capacity_errors_name_sizes():
     _, bufs = new_slot(n_parts=2, max_records=4, payload=100, keys=8)

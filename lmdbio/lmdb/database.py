@@ -89,7 +89,7 @@ class RecordRefs:
 
     @classmethod
     def empty(cls, n: int) -> RecordRefs:
-        return cls(*(np.empty(n, np.int64) for _ in range(6)))
+        return cls(*np.empty((6, n), np.int64))  # one allocation, six rows
 
     @classmethod
     def concat(cls, parts: list[RecordRefs]) -> RecordRefs:
@@ -628,6 +628,37 @@ class Database:
         k.gather_ranges(buf, refs.val_off, refs.val_len, out, offsets, self.psize,
                         self.accounting.touched, self.accounting.enabled)
         return out, offsets
+
+    def gather_batch(self, refs: RecordRefs, payload: np.ndarray, offsets: np.ndarray,
+                     keys: np.ndarray, key_offsets: np.ndarray) -> tuple[int, int]:
+        """Values and keys of ``refs`` in one compiled pass: the values back to back into
+        ``payload`` and the keys into ``keys``, with their offset tables (``len(refs) + 1``
+        entries each) - what :meth:`gather_refs` and :meth:`keys_of` give, written straight
+        into caller buffers (a ring slot). Returns ``(payload_bytes, key_bytes)``.
+
+        Not for node O_DIRECT caches (use :meth:`gather_refs`, which loads the pages first).
+        """
+        from lmdbio.lmdb import kernels as k
+
+        if self.node_cache is not None:
+            raise LmdbioError(f"{self.path}: gather_batch reads the mapping; with a node "
+                              "O_DIRECT cache use gather_refs")
+        n = len(refs)
+        if offsets.shape[0] < n + 1 or key_offsets.shape[0] < n + 1:
+            raise LmdbioError(f"gather: offset tables hold {offsets.shape[0]} and "
+                              f"{key_offsets.shape[0]} entries, {n + 1} needed")
+        acc = self.accounting
+        code, page, nbytes, kbytes = k.gather_batch(
+            self.buf, self.fmt, refs.val_off, refs.val_len, refs.ovf_pages, refs.key_off,
+            refs.key_len, payload, offsets, keys, key_offsets, acc.touched, acc.enabled)
+        if code == k.E_COUNT and page < 0:
+            what, have, need = ("values", payload.shape[0], nbytes) if page == -1 else \
+                ("keys", keys.shape[0], kbytes)
+            raise LmdbioError(f"gather: the output buffer for the {what} holds {have} bytes, "
+                              f"{need} needed for {n} records")
+        if code:
+            self._raise(code, page)
+        return int(nbytes), int(kbytes)
 
     def keys_of(self, refs: RecordRefs) -> tuple[np.ndarray, np.ndarray]:
         """The keys of ``refs`` packed as ``(offsets, bytes)`` (the slot format)."""

@@ -474,6 +474,59 @@ def locate(buf, fmt, leaves, leaf_first, last_pg, indices, val_off, val_len, lea
 
 
 @njit(cache=True, nogil=True)
+def gather_batch(buf, fmt, val_off, val_len, ovf_pages, key_off, key_len, payload,
+                 offsets, keys, key_offsets, touched, account):
+    """A batch in one pass: check each record's overflow header, copy the values back to
+    back into ``payload`` and the keys into ``keys``, and write both offset tables
+    (``n + 1`` entries each, starting at 0).
+
+    What the reader fills a ring slot with, without a call (and a Python round trip) per
+    step. Returns ``(code, page, payload_bytes, key_bytes)``; the copy stops at the first
+    bad overflow header (``E_OVERFLOW_HEADER``, its page), or when ``payload`` or ``keys``
+    is too small (``E_COUNT``, page ``-1`` or ``-2``, with the bytes needed in place of the
+    sizes). Ranges come from the validating kernels (locate, walks): inside ``buf``.
+    """
+    psize = fmt[0]
+    hdr = fmt[1]
+    n = val_off.shape[0]
+    need = 0
+    kneed = 0
+    for t in range(n):
+        need += val_len[t]
+        kneed += key_len[t]
+    if need > payload.shape[0]:
+        return E_COUNT, -1, need, kneed
+    if kneed > keys.shape[0]:
+        return E_COUNT, -2, need, kneed
+    pos = 0
+    kpos = 0
+    offsets[0] = 0
+    key_offsets[0] = 0
+    for t in range(n):
+        m = ovf_pages[t]
+        s = val_off[t]
+        if m > 0:
+            pg = (s - hdr) // psize
+            base = pg * psize
+            if _u64(buf, base) != pg:
+                return E_OVERFLOW_HEADER, pg, 0, 0
+            if not _u16(buf, base + fmt[2]) & 0x04 or _u32(buf, base + fmt[3]) < m:
+                return E_OVERFLOW_HEADER, pg, 0, 0
+        v = val_len[t]
+        copy_bytes(payload, pos, buf, s, v)
+        if account and v > 0:
+            for p in range(s // psize, (s + v - 1) // psize + 1):
+                touched[p] = 1
+        pos += v
+        offsets[t + 1] = pos
+        kl = key_len[t]
+        copy_bytes(keys, kpos, buf, key_off[t], kl)
+        kpos += kl
+        key_offsets[t + 1] = kpos
+    return OK, 0, pos, kpos
+
+
+@njit(cache=True, nogil=True)
 def gather_ranges(buf, val_off, val_len, out, out_offsets, psize, touched, account):
     """Copy byte ranges (``val_off[t]``, ``val_len[t]``) back to back into ``out``.
 

@@ -67,8 +67,21 @@ class EpochPlan:
     def group_records(self, iteration: int, first: int, count: int) -> np.ndarray:
         """Records of consumers ``first .. first+count-1`` (a node's workers) in one
         iteration, consumer after consumer."""
-        parts = [self.records(iteration, c) for c in range(first, first + count)]
-        return np.concatenate(parts) if parts else np.empty(0, np.int64)
+        return self._group(self.table, iteration, first, count)
+
+    def group_padding(self, iteration: int, first: int, count: int) -> np.ndarray:
+        """:meth:`padding` of :meth:`group_records`' entries."""
+        return self._group(self.pad, iteration, first, count)
+
+    def _group(self, arr: np.ndarray, iteration: int, first: int, count: int) -> np.ndarray:
+        rows = arr[iteration, first:first + count]
+        sizes = self.sizes[iteration, first:first + count]
+        if bool((sizes == arr.shape[2]).all()):  # full batches: one contiguous block
+            view = rows.reshape(-1)  # a view of the plan: read-only
+            view.flags.writeable = False
+            return view
+        parts = [rows[k, :sizes[k]] for k in range(rows.shape[0])]
+        return np.concatenate(parts) if parts else np.empty(0, arr.dtype)
 
     def group_sizes(self, iteration: int, first: int, count: int) -> np.ndarray:
         return self.sizes[iteration, first:first + count].copy()

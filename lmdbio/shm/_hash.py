@@ -12,7 +12,7 @@ from __future__ import annotations
 import numba as nb
 import numpy as np
 
-__all__ = ["part_hash", "xxh64"]
+__all__ = ["part_hash_at", "xxh64"]
 
 _P1 = np.uint64(0x9E3779B185EBCA87)
 _P2 = np.uint64(0xC2B2AE3D27D4EB4F)
@@ -92,11 +92,15 @@ def xxh64(data: np.ndarray, seed: np.uint64) -> np.uint64:
 
 
 @nb.njit(nogil=True, cache=True)
-def part_hash(payload: np.ndarray, offsets: np.ndarray, labels: np.ndarray,
-              key_offsets: np.ndarray, keys: np.ndarray) -> np.uint64:
-    """XXH64 over the five byte ranges a worker reads, each seeded with the previous hash."""
-    h = xxh64(payload, np.uint64(0))
-    h = xxh64(offsets, h)
-    h = xxh64(labels, h)
-    h = xxh64(key_offsets, h)
-    return xxh64(keys, h)
+def part_hash_at(payload: np.ndarray, offsets: np.ndarray, labels: np.ndarray,
+                 key_offsets: np.ndarray, keys: np.ndarray, first: int, count: int,
+                 bs: int, be: int, ks: int, ke: int) -> np.uint64:
+    """XXH64 over the five byte ranges a worker reads, each seeded with the previous hash:
+    payload ``[bs, be)``, the part's entries of the offset, label and key-offset tables
+    (records ``[first, first + count)``) and keys ``[ks, ke)``, given the slot's whole
+    sections as bytes (sliced here: a call costs the caller no views)."""
+    h = xxh64(payload[bs:be], np.uint64(0))
+    h = xxh64(offsets[first * 8:(first + count + 1) * 8], h)
+    h = xxh64(labels[first * 8:(first + count) * 8], h)
+    h = xxh64(key_offsets[first * 8:(first + count + 1) * 8], h)
+    return xxh64(keys[ks:ke], h)

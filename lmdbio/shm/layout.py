@@ -242,11 +242,14 @@ class SlotBuffers:
     __slots__ = (
         "header",
         "key_offsets",
+        "key_offsets_bytes",
         "keys",
         "labels",
+        "labels_bytes",
         "layout",
         "mem",
         "offsets",
+        "offsets_bytes",
         "parts",
         "payload",
     )
@@ -274,6 +277,10 @@ class SlotBuffers:
         self.keys = mem[p : p + lo.key_capacity]
         p = lo.offset("payload")
         self.payload = mem[p : p + lo.payload_capacity]
+        # the int64 tables as bytes (what the checksum reads), made once per slot
+        self.offsets_bytes = self.offsets.view(np.uint8)
+        self.labels_bytes = self.labels.view(np.uint8)
+        self.key_offsets_bytes = self.key_offsets.view(np.uint8)
 
 
 def _int_array(name: str, values: Any, owner: Any) -> np.ndarray:
@@ -316,13 +323,15 @@ def checksum_kind(value: bool | str | int | None) -> int:
 def _part_checksum(kind: int, bufs: SlotBuffers, first: int, count: int, bs: int, be: int,
                    ks: int, ke: int) -> int:
     """Checksum of the bytes part ``[first, first + count)`` reads (see the module doc)."""
+    if kind == CHECKSUM_XXH64:
+        from lmdbio.shm._hash import part_hash_at
+
+        return int(part_hash_at(bufs.payload, bufs.offsets_bytes, bufs.labels_bytes,
+                                bufs.key_offsets_bytes, bufs.keys, first, count, bs, be, ks,
+                                ke))
     pieces = (bufs.payload[bs:be], bufs.offsets[first : first + count + 1],
               bufs.labels[first : first + count], bufs.key_offsets[first : first + count + 1],
               bufs.keys[ks:ke])
-    if kind == CHECKSUM_XXH64:
-        from lmdbio.shm._hash import part_hash
-
-        return int(part_hash(*(p.view(np.uint8) for p in pieces)))
     crc = 0
     for p in pieces:
         crc = zlib.crc32(p, crc)
@@ -457,6 +466,45 @@ class SlotWriter:
         self._set_keys(bufs, keys, n)
         self._n = n
         self._decoded = bool(decoded)
+        self._counts = None
+        self._blob_ranges = None
+
+    def record_buffers(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Writable views ``(payload, offsets, keys, key_offsets)`` for a producer that
+        writes ``n`` records into the slot itself (one compiled gather, no copies through
+        :meth:`set_records`): the whole payload and key areas, and ``n + 1`` entries of each
+        offset table. Then call :meth:`records_written`."""
+        bufs = self._live()
+        n = operator.index(n)
+        if not 0 <= n <= self.layout.max_records:
+            raise SlotCapacityError("records", n, self.layout.max_records, self.where)
+        return bufs.payload, bufs.offsets[: n + 1], bufs.keys, bufs.key_offsets[: n + 1]
+
+    def records_written(self, n: int, labels: Any, payload_bytes: int, key_bytes: int
+                        ) -> None:
+        """Describe ``n`` records written through :meth:`record_buffers` (their offset
+        tables filled by the producer, from 0 to ``payload_bytes`` and ``key_bytes``) with
+        their ``labels``. The ends are checked here; the workers check the tables."""
+        bufs = self._live()
+        n = operator.index(n)
+        if not 0 <= n <= self.layout.max_records:
+            raise SlotCapacityError("records", n, self.layout.max_records, self.where)
+        if int(bufs.offsets[0]) != 0 or int(bufs.offsets[n]) != payload_bytes or \
+                int(bufs.key_offsets[0]) != 0 or int(bufs.key_offsets[n]) != key_bytes:
+            raise RingError(f"{self.where}: the offset tables written do not run from 0 to "
+                            f"{payload_bytes} payload and {key_bytes} key bytes")
+        if payload_bytes > self.capacity:
+            raise SlotCapacityError("payload bytes", payload_bytes, self.capacity, self.where)
+        if key_bytes > self.layout.key_capacity:
+            raise SlotCapacityError("key bytes", key_bytes, self.layout.key_capacity,
+                                    self.where)
+        lab = _int_array("labels", labels, self)
+        if lab.size != n:
+            raise RingError(f"{self.where}: {lab.size} labels for {n} records")
+        bufs.labels[:n] = lab
+        self._n = n
+        self._key_bytes = int(key_bytes)
+        self._decoded = False
         self._counts = None
         self._blob_ranges = None
 
