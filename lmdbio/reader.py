@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.errors import ConfigError
+from lmdbio.errors import ConfigError, LmdbioError
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import EpochPlan, plan_epoch
 from lmdbio.plan.strategies import (
@@ -46,6 +46,9 @@ class ReadOptions:
     block_pages: int = 64
     window_blocks: int = 8
     prefetch_depth: int = 4
+    #: consecutive batches per ring slot (0: chosen from the batch, see
+    #: :func:`choose_batches_per_slot`); ``lmdbio bench read`` keeps one per slot
+    batches_per_slot: int = 1
     subdb: str | None = None
     timeout: float = 120.0
     symmetric: bool = True
@@ -83,6 +86,9 @@ class Delivered:
     key_offsets: np.ndarray
     key_data: np.ndarray
     view: Any = None  # the ring slot view to release, when shared
+    #: consecutive iterations in this delivery, from ``iteration`` on (a ring slot may
+    #: carry several batches of each worker, back to back)
+    batches: int = 1
 
     def keys(self) -> list[bytes]:
         ko, kd = self.key_offsets, self.key_data
@@ -154,7 +160,8 @@ def _host_oversubscribed(topo: Topology) -> bool:
 
 def batch_capacity(db: Database, comm: Any, rank: int, size: int, batch: int) -> int:
     """Bytes a slot needs so that any ``batch`` records fit: the sum of the ``batch``
-    largest values. Collective over ``comm``: each rank reads its share of the leaves."""
+    largest values (records may repeat when ``batch`` exceeds the database). Collective
+    over ``comm``: each rank reads its share of the leaves."""
     from lmdbio.mpiutil import agree
 
     leaves, err = None, None
@@ -171,7 +178,38 @@ def batch_capacity(db: Database, comm: Any, rank: int, size: int, batch: int) ->
     top = np.sort(sizes)[-batch:]
     if comm is not None:
         top = np.concatenate(comm.allgather(top))
-    return int(np.sort(top)[-batch:].sum()) if top.size else 0
+    if not top.size:
+        return 0
+    top = np.sort(top)[-batch:]
+    # a batch larger than the database repeats records (padding): the largest stands in
+    # for each repeat
+    return int(top.sum()) + (batch - top.size) * int(top[-1])
+
+
+#: a slot's flags carry how many batches it holds from this bit on (the ring's caller bits)
+SLOT_BATCHES_SHIFT = 16
+
+#: what ``batches_per_slot: 0`` aims at: records per worker and slot, batches per slot,
+#: payload bytes per slot
+SLOT_TARGET_RECORDS = 1024
+SLOT_MAX_BATCHES = 16
+SLOT_MAX_BYTES = 16 << 20
+
+
+def choose_batches_per_slot(per_worker: int, batch_bytes: int) -> int:
+    """Batches per ring slot for ``batches_per_slot: 0``: about :data:`SLOT_TARGET_RECORDS`
+    records per worker (``per_worker`` records per batch), at most :data:`SLOT_MAX_BATCHES`
+    batches and :data:`SLOT_MAX_BYTES` of payload (``batch_bytes`` per node batch)."""
+    g = -(-SLOT_TARGET_RECORDS // max(per_worker, 1))
+    g = min(g, SLOT_MAX_BATCHES, SLOT_MAX_BYTES // max(batch_bytes, 1))
+    return max(g, 1)
+
+
+def slot_groups(start: int, end: int, per_slot: int) -> list[tuple[int, int]]:
+    """The ``(first iteration, batches)`` of the slots that carry iterations ``start ..
+    end - 1``: runs of ``per_slot`` from ``start`` on, the last one shorter. Readers and
+    workers derive the same runs from the same arguments."""
+    return [(i, min(per_slot, end - i)) for i in range(start, end, max(per_slot, 1))]
 
 
 class ReadSession:
@@ -217,6 +255,7 @@ class ReadSession:
         if self.reads:
             self.strategy.setup()
         self.ring = None
+        self.batches_per_slot = 1  # a node ring may carry several (see _create_ring)
         self.codec_model = None
         if self.opts.codec == "ibp":
             self._share_codec_model()
@@ -240,9 +279,17 @@ class ReadSession:
         topo = self.topo
         node_batch = self.opts.batch_size * self.node_consumers
         cap = None
+        per_slot = max(int(self.opts.batches_per_slot), 0)
         if topo.is_reader:
             cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
                                  node_batch)
+            if per_slot == 0:  # the same on every reader: the capacity is agreed on
+                per_slot = 1 if self.codec_model is not None else \
+                    choose_batches_per_slot(self.opts.batch_size, cap)
+            if per_slot > 1:
+                cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
+                                     node_batch * per_slot)
+            node_batch *= per_slot
             if self.codec_model is not None:  # raw rows plus every part's frame header
                 from lmdbio.codecs.ibp import max_packed_nbytes
 
@@ -258,6 +305,9 @@ class ReadSession:
             colocated=topo.mode == "colocated", timeout=self.opts.timeout,
             checksum=self.opts.checksum,
             spin=0.0 if _host_oversubscribed(topo) else 2e-4)
+        #: consecutive batches in one slot, as the node's reader chose them
+        self.batches_per_slot = int(topo.node.bcast(per_slot if topo.is_reader else None,
+                                                    root=0))
 
     def _warm_up_worker(self) -> None:
         """Load the compiled checksum a worker verifies slots with, while the readers set
@@ -329,20 +379,61 @@ class ReadSession:
     # ----------------------------------------------------------------- reading
     def read_iteration(self, iteration: int) -> IterationStats:
         """Reader side of one iteration: locate, gather into a slot (or privately), publish."""
+        return self.read_group(iteration, 1)
+
+    def _node_share(self, plan: EpochPlan, first: int, count: int
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Records, padding flags and per-worker counts of iterations ``first .. first +
+        count - 1`` for this node's workers, worker after worker (each worker's records in
+        iteration order: a worker's part of the slot is its batches back to back)."""
+        c0, nc = self.first_consumer, self.node_consumers
+        if count == 1:
+            return (plan.group_records(first, c0, nc), plan.group_padding(first, c0, nc),
+                    plan.group_sizes(first, c0, nc))
+        its = range(first, first + count)
+        ids = np.concatenate([plan.records(i, c) for c in range(c0, c0 + nc) for i in its])
+        pad = np.concatenate([plan.padding(i, c) for c in range(c0, c0 + nc) for i in its])
+        return ids, pad, plan.sizes[first:first + count, c0:c0 + nc].sum(axis=0)
+
+    def _fetch_group(self, plan: EpochPlan, first: int, count: int, ids: np.ndarray,
+                     stats: IterationStats) -> RecordRefs:
+        """Where the records of a slot are. A random-access strategy locates them in one
+        call; the others read iteration by iteration, as their chains and walks are built
+        to, and the records are then put in worker-major order."""
+        if count == 1 or self.strategy.shuffles:
+            return self.strategy.fetch(plan, first, ids, stats)
+        c0, nc = self.first_consumer, self.node_consumers
+        parts = [self.strategy.fetch(plan, i, plan.group_records(i, c0, nc), stats)
+                 for i in range(first, first + count)]
+        refs = RecordRefs.concat(parts)
+        # iteration-major (as fetched) -> worker-major (as the slot holds them)
+        sizes = plan.sizes[first:first + count, c0:c0 + nc]
+        start = np.zeros(sizes.size, np.int64)
+        np.cumsum(sizes.reshape(-1)[:-1], out=start[1:])
+        start = start.reshape(sizes.shape).T.reshape(-1)
+        lens = sizes.T.reshape(-1)
+        order = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
+        return refs.take(order)
+
+    def read_group(self, first: int, count: int) -> IterationStats:
+        """Reader side of iterations ``first .. first + count - 1`` in one ring slot (count
+        1 without a ring): locate, gather, publish."""
         plan = self.plan
         assert plan is not None
+        if count != 1 and not self.shared:
+            raise LmdbioError("several iterations per read need a node ring (a node-level "
+                              "strategy)")
+        iteration = first
         stats = IterationStats(iteration)
         acc = self.db.accounting
         acc.reset()
         if self.shared:
-            ids = plan.group_records(iteration, self.first_consumer, self.node_consumers)
-            sizes = plan.group_sizes(iteration, self.first_consumer, self.node_consumers)
-            pad = plan.group_padding(iteration, self.first_consumer, self.node_consumers)
+            ids, pad, sizes = self._node_share(plan, first, count)
         else:
             ids = plan.records(iteration, self.topo.rank)
             sizes = np.array([ids.size])
             pad = plan.padding(iteration, self.topo.rank)
-        refs = self.strategy.fetch(plan, iteration, ids, stats)
+        refs = self._fetch_group(plan, first, count, ids, stats)
         if self.opts.value_prefix is not None and len(refs):
             refs = self._prefixes(refs)
         if len(refs) != ids.size:
@@ -375,7 +466,8 @@ class ReadSession:
                         w.set_parts(sizes)
                         w.write_part_blobs(compress_parts(self.codec_model, raw, offsets,
                                                           sizes))
-            w.publish(codec="ibp" if self.codec_model is not None else "none")
+            w.publish(codec="ibp" if self.codec_model is not None else "none",
+                      flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
             self.last_private = None
         else:
             with Timer(stats, "copy"):
@@ -449,8 +541,9 @@ class ReadSession:
             from lmdbio.transport import decompress_part
 
             payload = decompress_part(self.codec_model, payload, int(view.count))
+        batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         return Delivered(view.epoch, view.iteration, ids, pad, payload, view.offsets,
-                         view.key_offsets, view.key_data, view)
+                         view.key_offsets, view.key_data, view, batches)
 
     def stop(self) -> None:
         """Reader: tell the node's workers that no more batches come."""

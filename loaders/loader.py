@@ -157,7 +157,8 @@ class Loader:
             strategy=cfg.readers.strategy, batch_size=per_worker, last=cfg.batch.last,
             shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
             block_pages=cfg.shuffle.block_pages, window_blocks=cfg.shuffle.window,
-            prefetch_depth=cfg.readers.prefetch_depth, subdb=cfg.dataset.subdb,
+            prefetch_depth=cfg.readers.prefetch_depth,
+            batches_per_slot=cfg.readers.batches_per_slot, subdb=cfg.dataset.subdb,
             codec=cfg.codec.name, codec_options=cfg.codec.options_dict(),
             accounting=False,  # page accounting is for `lmdbio bench read`, not training
             checksum=_slot_checksum(cfg.readers.checksum if slot_checksum is None
@@ -249,6 +250,8 @@ class Loader:
 
     # ----------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
+        from lmdbio.reader import slot_groups
+
         if self._closed:
             raise LmdbioError("the loader is closed")
         self._drain()
@@ -259,35 +262,59 @@ class Loader:
         self.position = start
         end = plan.iterations
         depth = self.opts.prefetch_depth
+        # the slots this epoch's batches travel in (several consecutive batches per slot)
+        groups = slot_groups(start, end, s.batches_per_slot)
         if s.shared and s.reads and not self.is_worker:  # dedicated reader
-            for it in range(start, end):
-                s.read_iteration(it)
+            for first, count in groups:
+                s.read_group(first, count)
             self._end_epoch()
             return
         self._open = (end, start)  # an epoch in progress: drained if left early
-        self._published = start
-        for it in range(start, end):
-            if s.reads:  # colocated reader, or a naive strategy: read ahead, then consume
-                self._read_ahead(it, end, depth)
-            batch = self._take(it)
-            self.position = it + 1
-            self._report(it)
-            if it + 1 < end:
-                self._look_ahead(it + 1)
-            yield batch
+        self._groups = groups
+        self._published = 0  # slots this rank published (a colocated reader)
+        self._received = 0  # slots this rank received
+        self._decoded = None
+        try:
+            for it in range(start, end):
+                if s.reads:  # colocated reader, or a naive strategy: read ahead, consume
+                    self._read_ahead(it, depth)
+                batch = self._take(it)
+                self.position = it + 1
+                self._report(it)
+                if it + 1 < end:
+                    self._look_ahead(it + 1)
+                yield batch
+        except Exception:
+            # reading or decoding failed: what the ring still holds is not what the rule of
+            # _drain expects; closing must not wait for it (the job aborts, or the trainer
+            # handles the error and closes)
+            self._open = None
+            raise
         self._open = None
         self._end_epoch()
 
+    def _slot_of(self, it: int) -> int:
+        """Index (in this epoch's :func:`~lmdbio.reader.slot_groups`) of the slot carrying
+        iteration ``it``."""
+        _, start = self._open  # type: ignore[misc]
+        return (it - start) // max(self.session.batches_per_slot, 1)
+
+    def _have(self, it: int) -> bool:
+        """Whether batch ``it`` is among those decoded from the last slot received."""
+        d = self._decoded
+        return d is not None and d[0] <= it < d[0] + len(d[1])
+
     def _look_ahead(self, it: int) -> None:
-        """If batch ``it`` has already arrived, start decoding it on the loader's thread, so
-        that it decodes while the trainer computes on the batch just yielded.
+        """If the slot of batch ``it`` has already arrived, start decoding it on the
+        loader's thread, so that it decodes while the trainer computes on the batch just
+        yielded (nothing to do when ``it`` came in the slot already decoded).
 
         The decoding kernels release the GIL, so the two really overlap. Only the arrival is
         checked here (MPI stays on the calling thread: receiving, and releasing the slot
-        once decoded, happen in :meth:`_take`); a batch not there yet is received and
+        once decoded, happen in :meth:`_take`); a slot not there yet is received and
         decoded when asked for, as before. Device (cupy) workers decode in line.
         """
-        if self.xp is not np or not self.session.poll():
+        if self.xp is not np or self._have(it) or not self.session.poll():
             return
         got = self._receive(defer_verify=True)  # verified on the decoding thread
         if got is None:  # the reader stopped: said when this batch is asked for
@@ -297,39 +324,60 @@ class Loader:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmdbio-decode")
-        self._ahead = (it, got, self._pool.submit(self._make_batch, got, it))
+        self._ahead = (it, got, self._pool.submit(self._make_batches, got, it))
 
     def _take(self, it: int) -> Batch:
-        """Batch ``it``: the one decoded ahead, or received and decoded now."""
-        if self._ahead is None:
-            return self._next_batch(it)
-        ahead_it, got, future = self._ahead
-        self._ahead = None
-        if ahead_it != it:  # cannot happen: look-ahead is always for the next iteration
-            raise LmdbioError(f"internal: batch {ahead_it} was decoded ahead, {it} asked for")
-        if got is None:
-            raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
-        try:
-            batch = future.result()
-        finally:
-            got.release()
-        self._count(batch, got)
-        return batch
-
-    def _count(self, batch: Batch, got: Any) -> None:
-        """Metrics of a delivered batch (on the calling thread, when it is delivered)."""
+        """Batch ``it``: from the slot already decoded, the one decoded ahead, or a slot
+        received and decoded now."""
+        if not self._have(it):
+            if self._ahead is None:
+                got = self._receive()
+                if got is None:
+                    raise LmdbioError(f"the reader stopped before epoch {self.epoch} "
+                                      f"iteration {it}")
+                try:
+                    batches = self._make_batches(got, it)
+                finally:
+                    got.release()
+            else:
+                ahead_it, got, future = self._ahead
+                self._ahead = None
+                if ahead_it != it:  # cannot happen: look-ahead is always for the next one
+                    raise LmdbioError(f"internal: batch {ahead_it} was decoded ahead, {it} "
+                                      "asked for")
+                if got is None:
+                    raise LmdbioError(f"the reader stopped before epoch {self.epoch} "
+                                      f"iteration {it}")
+                try:
+                    batches = future.result()
+                finally:
+                    got.release()
+            self._received += 1
+            self._decoded = (it, batches)
+        first, batches = self._decoded  # type: ignore[misc]
+        item = batches[it - first]
+        batches[it - first] = None  # the loader keeps no reference to a delivered batch
+        if it == first + len(batches) - 1:
+            self._decoded = None
+        if isinstance(item, Exception):  # this batch's records failed under on_error raise
+            raise item
+        batch, nbytes = item
         self.metrics.batches += 1
         self.metrics.samples += len(batch.ids)
-        self.metrics.bytes += int(np.asarray(got.offsets)[-1])
+        self.metrics.bytes += nbytes
+        return batch
 
-    def _read_ahead(self, it: int, end: int, depth: int) -> None:
+    def _read_ahead(self, it: int, depth: int) -> None:
+        """Colocated reader (or a naive strategy): publish the slots up to ``depth`` ahead
+        of the one carrying ``it`` (just that one for a rank reading for itself)."""
         s = self.session
-        while self._published < min(end, it + (depth if s.shared else 1)):
-            s.read_iteration(self._published)
+        limit = min(len(self._groups), self._slot_of(it) + (depth if s.shared else 1))
+        while self._published < limit:
+            s.read_group(*self._groups[self._published])
             self._published += 1
 
     def _receive(self, defer_verify: bool = False) -> Any:
-        """The next batch from the session, timed (``wait_seconds``, ``blocked_seconds``)."""
+        """The next slot from the session, timed (``wait_seconds``, ``blocked_seconds``)."""
         t0 = time.perf_counter()
         got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify)
         self.metrics.wait_seconds += time.perf_counter() - t0
@@ -338,30 +386,19 @@ class Loader:
             self.metrics.blocked_seconds = ring.stats.worker_wait_s
         return got
 
-    def _next_batch(self, it: int) -> Batch:
-        got = self._receive()
-        if got is None:
-            raise LmdbioError(f"the reader stopped before epoch {self.epoch} iteration {it}")
-        try:
-            batch = self._make_batch(got, it)
-        finally:
-            got.release()
-        self._count(batch, got)
-        return batch
-
     def _drain(self) -> None:
         """Finish an epoch the trainer left early, so readers and workers stay in step.
 
-        Workers of a dedicated reader take (and drop) the rest of the epoch, which the
-        reader publishes anyway; in colocated mode only the batches already read ahead are
-        dropped (every rank computes the same count from its position).
+        Workers of a dedicated reader take (and drop) the rest of the epoch's slots, which
+        the reader publishes anyway; in colocated mode only the slots already read ahead
+        are dropped (every rank computes the same count from its position).
         """
         if getattr(self, "_open", None) is None:
             return
-        end, _ = self._open
-        self._open = None
+        _, start = self._open
         s = self.session
-        taken = 0  # a batch received for decoding ahead is already out of the ring
+        self._decoded = None
+        taken = 0  # a slot received for decoding ahead is already out of the ring
         if self._ahead is not None:
             _, got, future = self._ahead
             self._ahead = None
@@ -374,14 +411,16 @@ class Loader:
                               exc)
                 finally:
                     got.release()
+        n_slots = len(self._groups)
         if s.shared and self.topo.mode == "dedicated":  # the dedicated reader reads it all
-            remaining = end - self.position
-        else:  # colocated: what was read ahead of the position, by the deterministic rule
-            depth = self.opts.prefetch_depth if s.shared else 1
-            remaining = min(end, max(self.position - 1, 0) + depth) - self.position
-            if not s.shared:
-                remaining = 0
-        for _ in range(max(remaining - taken, 0)):
+            published = n_slots
+        elif s.shared:  # colocated: the read-ahead rule at the last batch taken
+            last = max(self.position - 1, start)
+            published = min(n_slots, self._slot_of(last) + self.opts.prefetch_depth)
+        else:
+            published = 0
+        self._open = None
+        for _ in range(max(published - self._received - taken, 0)):
             got = s.receive(timeout=self.opts.timeout)
             if got is not None:
                 got.release()
@@ -391,35 +430,99 @@ class Loader:
         self.epoch += 1
         self.position = 0
 
-    def _make_batch(self, got: Any, iteration: int) -> Batch:
+    def _make_batches(self, got: Any, first: int) -> list[Any]:
+        """The batches of a received slot, iterations ``first ..``: ``(Batch, payload
+        bytes)`` each, or the exception that batch raises when it is taken.
+
+        The records of every batch of the slot are decoded in one call where the layout
+        has one output row per record and all decode; otherwise (or when a record fails)
+        batch by batch, which is exactly what one slot per batch gives (the ``on_error``
+        policy, the substitute for a bad record, where a ``raise`` surfaces).
+        """
         t0 = time.perf_counter()
         got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
+        count = got.batches
+        if got.iteration != first or (self._open is not None and
+                                      count != self._expected_batches(first)):
+            raise LmdbioError(f"internal: slot of epoch {got.epoch} iteration {got.iteration} "
+                              f"({count} batches) where iteration {first} was expected")
         ko = np.array(got.key_offsets, np.int64)
         kd = np.array(got.key_data, np.uint8)
+        offsets = np.asarray(got.offsets, np.int64)
+        payload = np.asarray(got.payload)
+        bounds = self._batch_bounds(first, count, offsets.shape[0] - 1)
+        out: list[Any] = []
+        whole = None
+        if count > 1 and self.cfg.dataset.layout in ("caffe-datum", "tensor"):
+            try:
+                whole = self.decode(payload, offsets, lambda i: bytes(kd[ko[i]:ko[i + 1]]))
+            except LmdbioError:
+                whole = None  # a bad record: batch by batch, where it belongs
+            if whole is not None and (isinstance(whole[0], list) or not whole[2].all()):
+                whole = None
+        for j in range(count):
+            a, b = int(bounds[j]), int(bounds[j + 1])
+            try:
+                part = None if whole is None else (whole[0][a:b], whole[1][a:b])
+                out.append(self._finish_batch(got, first + j, a, b, payload, offsets, ko, kd,
+                                              part))
+            except LmdbioError as exc:
+                out.append(exc)
+        self.metrics.decode_seconds += time.perf_counter() - t0
+        return out
+
+    def _expected_batches(self, first: int) -> int:
+        return self._groups[self._slot_of(first)][1]
+
+    def _batch_bounds(self, first: int, count: int, n: int) -> np.ndarray:
+        """Record bounds of the slot's ``count`` batches within this worker's part."""
+        if count == 1:
+            return np.array([0, n], np.int64)
+        plan = self.session.plan
+        c = self.topo.worker_rank
+        bounds = np.zeros(count + 1, np.int64)
+        np.cumsum(plan.sizes[first:first + count, c], out=bounds[1:])
+        if int(bounds[-1]) != n:
+            raise LmdbioError(f"internal: a slot of {count} batches from iteration {first} "
+                              f"holds {n} records for worker {c}, the plan {int(bounds[-1])}")
+        return bounds
+
+    def _finish_batch(self, got: Any, iteration: int, a: int, b: int, payload: np.ndarray,
+                      offsets: np.ndarray, ko_all: np.ndarray, kd_all: np.ndarray,
+                      decoded: tuple[Any, Any] | None) -> tuple[Batch, int]:
+        """Batch ``iteration`` from records ``a .. b - 1`` of the slot: decoded here unless
+        ``decoded`` holds its rows already; then the ``on_error`` policy and the transform.
+        """
+        ko = ko_all[a:b + 1] - ko_all[a]
+        kd = kd_all[ko_all[a]:ko_all[b]]
+        lo, hi = int(offsets[a]), int(offsets[b])
 
         def key(i: int) -> bytes:
             return bytes(kd[ko[i]:ko[i + 1]])
 
-        offsets = np.asarray(got.offsets, np.int64)
-        data, labels, valid, errors = self.decode(np.asarray(got.payload), offsets, key)
-        ids, padding = got.ids.copy(), got.padding.copy()
-        if not valid.all():
-            keep = self._apply_policy(data, labels, valid, errors, key)
-            if keep is not None:
-                data, labels, ids, padding = data[keep], labels[keep], ids[keep], padding[keep]
-                lens = np.diff(ko)[keep]
-                starts = ko[:-1][keep]
-                kd = np.concatenate([kd[a:a + n] for a, n in zip(starts.tolist(),
-                                                                 lens.tolist(), strict=True)]
-                                    or [np.empty(0, np.uint8)])
-                ko = np.zeros(keep.size + 1, np.int64)
-                np.cumsum(lens, out=ko[1:])
+        ids, padding = got.ids[a:b].copy(), got.padding[a:b].copy()
+        if decoded is not None:
+            data, labels = decoded
+        else:
+            offs = offsets[a:b + 1] - lo if (a, b) != (0, offsets.shape[0] - 1) else offsets
+            data, labels, valid, errors = self.decode(payload[lo:hi], offs, key)
+            if not valid.all():
+                keep = self._apply_policy(data, labels, valid, errors, key)
+                if keep is not None:
+                    data, labels, ids, padding = (data[keep], labels[keep], ids[keep],
+                                                  padding[keep])
+                    lens = np.diff(ko)[keep]
+                    starts = ko[:-1][keep]
+                    kd = np.concatenate([kd[s:s + n] for s, n in
+                                         zip(starts.tolist(), lens.tolist(), strict=True)]
+                                        or [np.empty(0, np.uint8)])
+                    ko = np.zeros(keep.size + 1, np.int64)
+                    np.cumsum(lens, out=ko[1:])
         if self.transform is not None and not isinstance(data, list):
             data = self._transform(data, iteration)
         if self.xp is not np and isinstance(data, np.ndarray):
             data, labels = self.xp.asarray(data), self.xp.asarray(labels)
-        self.metrics.decode_seconds += time.perf_counter() - t0
-        return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd)
+        return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd), hi - lo
 
     def _transform(self, data: np.ndarray, iteration: int) -> np.ndarray:
         """Caffe's transform of a decoded batch (float32 out).

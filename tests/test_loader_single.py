@@ -8,7 +8,7 @@ import pytest
 
 import loaders
 from lmdbio.codecs.datum import datum_from_array, encode_datum
-from lmdbio.errors import ConfigError, RecordError
+from lmdbio.errors import ConfigError, LmdbioError, RecordError
 from tests.lmdbgen import write_db
 
 
@@ -112,3 +112,81 @@ def test_slot_checksum_from_the_config_or_the_argument(db_with_corrupt_record, c
     with loaders.open(cfg, slot_checksum=argument) as loader:
         assert loader.session.ring.checksum == checksum_kind(kind)
         assert sum(len(b) for b in loader) == 39  # one record is corrupt (skipped)
+
+
+def _delivered(cfg, epochs=2, stop_after=None):
+    """Every batch's content, per epoch (optionally leaving each epoch after a few)."""
+    out = []
+    with loaders.open(cfg) as loader:
+        try:
+            for epoch in range(epochs):
+                loader.set_epoch(epoch)
+                for k, b in enumerate(loader):
+                    out.append((epoch, b.iteration, b.ids.tolist(), b.padding.tolist(),
+                                b.keys, np.asarray(b.label).tolist(),
+                                np.asarray(b.data).copy()))
+                    if stop_after is not None and k + 1 == stop_after:
+                        break
+        except LmdbioError as exc:  # where and how a policy gives up is part of the result
+            out.append((type(exc).__name__, str(exc), None, None, None, None, np.empty(0)))
+        return out, loader.metrics
+
+
+@pytest.mark.parametrize("on_error", ["skip", "substitute"])
+@pytest.mark.parametrize("transform", [{}, {"crop_size": 3, "mirror": True, "scale": 0.5}])
+@pytest.mark.parametrize("last", ["pad", "partial"])
+def test_batches_are_the_same_however_many_share_a_slot(db_with_corrupt_record, on_error,
+                                                         transform, last):
+    """A slot carrying several batches (decoded in one call when every record decodes,
+    batch by batch when one fails) delivers exactly what one batch per slot delivers:
+    records, keys, labels, transformed pixels, policies, metrics."""
+    runs = {}
+    for per_slot in (1, 2, 3, 0):
+        cfg = config(db_with_corrupt_record, batch__size=6, batch__last=last,
+                     readers__batches_per_slot=per_slot, shuffle__mode="global")
+        cfg["on_error"] = on_error
+        cfg["transform"] = transform
+        runs[per_slot] = _delivered(cfg)
+    ref, ref_metrics = runs.pop(1)
+    for per_slot, (got, metrics) in runs.items():
+        assert len(got) == len(ref), per_slot
+        for a, b in zip(ref, got, strict=True):
+            assert a[:6] == b[:6], per_slot
+            assert np.array_equal(a[6], b[6]), per_slot
+        assert (metrics.batches, metrics.samples, metrics.bytes, metrics.skipped,
+                metrics.substituted) == (ref_metrics.batches, ref_metrics.samples,
+                                         ref_metrics.bytes, ref_metrics.skipped,
+                                         ref_metrics.substituted), per_slot
+
+
+@pytest.mark.parametrize("per_slot", [1, 4, 0])
+def test_raise_surfaces_at_the_batch_of_the_bad_record(db_with_corrupt_record, per_slot):
+    """The good batches before the one holding the bad record are delivered first, however
+    many batches its slot carries."""
+    cfg = config(db_with_corrupt_record, readers__batches_per_slot=per_slot)
+    got = []
+    with loaders.open(cfg) as loader, pytest.raises(RecordError, match="00000013"):
+        for b in loader:
+            got.append(b.ids.tolist())
+    assert [i for ids in got for i in ids] == list(range(8))  # batch 0; 13 is in batch 1
+
+
+@pytest.mark.parametrize("per_slot", [2, 3])
+def test_resume_and_early_exit_inside_a_slot(db_with_corrupt_record, per_slot):
+    cfg = config(db_with_corrupt_record, batch__size=4, readers__batches_per_slot=per_slot)
+    cfg["on_error"] = "skip"
+    full, _ = _delivered(cfg, epochs=1)
+    for at in (1, 2, 4, 5):  # inside a slot and at slot boundaries
+        with loaders.open(cfg) as loader:
+            for k, _ in enumerate(loader):
+                if k + 1 == at:
+                    state = loader.state_dict()
+                    break
+        with loaders.open(cfg) as loader:
+            loader.load_state_dict(state)
+            rest = [b.ids.tolist() for b in loader]
+            again = [b.ids.tolist() for b in loader]  # the next epoch starts cleanly
+        assert rest == [x[2] for x in full[at:]], at
+        assert len(again) == len(full)
+    left, _ = _delivered(cfg, epochs=3, stop_after=3)
+    assert [(e, i) for e, i, *_ in left] == [(e, i) for e in range(3) for i in range(3)]

@@ -50,6 +50,13 @@ CASES = [
     (1, ["readers.strategy=indexed", "shuffle.mode=block"]),
     (3, ["readers.strategy=naive-stride"]),
     (2, ["readers.strategy=naive-contig"]),
+    # one batch per ring slot, and a few (the default packs whole epochs of this database)
+    (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global",
+         "readers.batches_per_slot=1"]),
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
+         "readers.batches_per_slot=3"]),
+    (4, ["readers.strategy=lmm", "topology.simulate_nodes=2", "readers.batches_per_slot=2",
+         "readers.prefetch_depth=1"]),
 ]
 
 
@@ -95,13 +102,16 @@ def test_equal_batch_counts(datum_db, last):
         assert total_real == N_RECORDS
 
 
-@pytest.mark.parametrize("strategy", ["indexed", "dm-spec", "lmm"])
-def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy):
+@pytest.mark.parametrize(("strategy", "per_slot"), [("indexed", 0), ("dm-spec", 0),
+                                                    ("lmm", 0), ("indexed", 2),
+                                                    ("dm-spec", 2)])
+def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy, per_slot):
     run = run_mpi(4, "loader_job.py", [str(datum_db), "--set", "batch.size=16", "--set",
                                        f"readers.strategy={strategy}", "--set",
                                        "topology.simulate_nodes=2", "--set",
                                        "shuffle.mode=" + ("global" if strategy == "indexed"
                                                           else "none"),
+                                       "--set", f"readers.batches_per_slot={per_slot}",
                                        "--resume-at", "3"], timeout=120)
     for r, res in run.results.items():
         out = res[-1]
@@ -160,7 +170,8 @@ from lmdbio.mpiutil import abort_on_error
 from tests.mpi._result import emit
 import sys
 cfg = {"dataset": {"path": sys.argv[1], "layout": "caffe-datum"}, "metrics": {"every": 0},
-       "batch": {"size": 8}, "readers": {"mode": sys.argv[2], "strategy": "indexed"},
+       "batch": {"size": 8}, "readers": {"mode": sys.argv[2], "strategy": "indexed",
+                                         "batches_per_slot": int(sys.argv[3])},
        "topology": {"simulate_nodes": 2}}
 with abort_on_error(), loaders.open(cfg) as loader:
     got = []
@@ -174,9 +185,10 @@ emit({"got": got, "worker": loader.is_worker})
 """
 
 
+@pytest.mark.parametrize("per_slot", [1, 2, 0])
 @pytest.mark.parametrize("mode", ["dedicated", "colocated"])
-def test_leaving_an_epoch_early_keeps_ranks_in_step(datum_db, mode):
-    run = run_mpi(4, LEAVE_EARLY, [str(datum_db), mode], timeout=120)
+def test_leaving_an_epoch_early_keeps_ranks_in_step(datum_db, mode, per_slot):
+    run = run_mpi(4, LEAVE_EARLY, [str(datum_db), mode, str(per_slot)], timeout=120)
     for res in run.results.values():
         if res[-1]["worker"]:
             assert res[-1]["got"] == [[e, i] for e in range(3) for i in range(3)]

@@ -136,16 +136,18 @@ class SteadyMeter:
 
 
 def count_reads(session: Any, meter: SteadyMeter) -> None:
-    """Mark ``meter`` after every iteration a dedicated reader publishes (measurement only:
-    wraps this session's ``read_iteration``)."""
-    read = session.read_iteration
+    """Mark ``meter`` once per iteration a dedicated reader publishes, when it publishes it
+    (a slot of several iterations marks them all; measurement only: wraps this session's
+    ``read_group``)."""
+    read = session.read_group
 
-    def counted(iteration: int) -> Any:
-        stats = read(iteration)
-        meter.mark()
+    def counted(first: int, count: int) -> Any:
+        stats = read(first, count)
+        for _ in range(count):
+            meter.mark()
         return stats
 
-    session.read_iteration = counted
+    session.read_group = counted
 
 
 def totals(summaries: list[dict[str, Any]], nodes: int, strategy: str, mode: str,
