@@ -185,8 +185,8 @@ class ReadersConfig:
         metadata=_meta(
             "Consecutive batches a reader puts in one ring slot: the per-slot work (hand-off "
             "messages, checksums, validation, one decode call) is paid once for all of them. "
-            "0 chooses: about 1,024 records per worker and slot, at most 16 batches and 16 MiB "
-            "of payload per slot.", minimum=0
+            "0 chooses: the fewest batches that reach 1,024 records per worker or 4 MiB of "
+            "payload per slot, at most 16 (large records: one batch per slot).", minimum=0
         ),
     )
     checksum: SlotChecksum = field(

@@ -96,3 +96,18 @@ def test_group_records_never_let_a_caller_write_into_the_plan():
         got[0] = -1
     with pytest.raises(ValueError):
         plan.group_padding(0, 0, 4)[0] = True
+
+
+def test_slot_groups_and_the_automatic_slot_size():
+    from lmdbio.reader import choose_batches_per_slot, slot_groups
+
+    assert slot_groups(0, 7, 3) == [(0, 3), (3, 3), (6, 1)]
+    assert slot_groups(4, 7, 3) == [(4, 3)]  # a resumed epoch: slots from where it resumes
+    assert slot_groups(5, 5, 2) == []
+    assert slot_groups(0, 3, 1) == [(0, 1), (1, 1), (2, 1)]
+    # small records are grouped up to 1,024 per worker or 4 MiB; large ones are not
+    assert choose_batches_per_slot(128, 128 * 3085) == 8
+    assert choose_batches_per_slot(8, 8 * 100) == 16
+    assert choose_batches_per_slot(32, 32 * 150_541) == 1
+    assert choose_batches_per_slot(64, 2 << 20) == 2
+    assert choose_batches_per_slot(4096, 10) == 1
