@@ -288,9 +288,15 @@ class ReadSession:
         if topo.is_reader:
             cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
                                  node_batch)
-            if per_slot == 0:  # the same on every reader: the capacity is agreed on
+            if per_slot == 0:
                 per_slot = 1 if self.codec_model is not None else \
                     choose_batches_per_slot(self.opts.batch_size, cap)
+                if topo.readers is not None:
+                    from mpi4py import MPI
+
+                    # nodes of unequal size: every reader the same (all take part in the
+                    # collective below)
+                    per_slot = int(topo.readers.allreduce(per_slot, op=MPI.MIN))
             if per_slot > 1:
                 cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
                                      node_batch * per_slot)
