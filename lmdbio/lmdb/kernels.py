@@ -278,22 +278,39 @@ def check_overflow_headers(buf, fmt, val_off, ovf_pages, indices, touched, accou
 
     Returns ``(code, page)``; marks the whole run as touched when accounting.
     """
-    psize = fmt[0]
-    hdr = fmt[1]
     for t in range(indices.shape[0]):
         r = indices[t]
-        n = ovf_pages[r]
-        if n == 0:
-            continue
-        pg = (val_off[r] - hdr) // psize
-        base = pg * psize
-        if _u64(buf, base) != pg:
-            return E_OVERFLOW_HEADER, pg
-        flags = _u16(buf, base + fmt[2])
-        stored = _u32(buf, base + fmt[3])
-        if not flags & 0x04 or stored < n:
-            return E_OVERFLOW_HEADER, pg
+        bad = _bad_overflow_run(buf, fmt, val_off[r], ovf_pages[r])
+        if bad >= 0:
+            return E_OVERFLOW_HEADER, bad
     return OK, 0
+
+
+@njit(inline="always")
+def _bad_overflow_run(buf, fmt, value_off, pages):
+    """The first page of the overflow run holding a value at ``value_off`` (``pages``
+    long) when its header does not say so (its own number, the overflow flag, at least
+    ``pages`` pages); -1 when it does, or when the value is not in overflow pages."""
+    if pages == 0:
+        return -1
+    psize = fmt[0]
+    pg = (value_off - fmt[1]) // psize
+    base = pg * psize
+    if _u64(buf, base) != pg or not _u16(buf, base + fmt[2]) & 0x04 or \
+            _u32(buf, base + fmt[3]) < pages:
+        return pg
+    return -1
+
+
+@njit(inline="always")
+def _copy_range(out, pos, buf, start, n, psize, touched, account):
+    """Copy ``buf[start:start + n]`` to ``out[pos:]``, marking its pages when accounting;
+    the position after it."""
+    copy_bytes(out, pos, buf, start, n)
+    if account and n > 0:
+        for p in range(start // psize, (start + n - 1) // psize + 1):
+            touched[p] = 1
+    return pos + n
 
 
 @njit(cache=True, nogil=True)
@@ -487,7 +504,6 @@ def gather_batch(buf, fmt, val_off, val_len, ovf_pages, key_off, key_len, payloa
     sizes). Ranges come from the validating kernels (locate, walks): inside ``buf``.
     """
     psize = fmt[0]
-    hdr = fmt[1]
     n = val_off.shape[0]
     need = 0
     kneed = 0
@@ -503,25 +519,13 @@ def gather_batch(buf, fmt, val_off, val_len, ovf_pages, key_off, key_len, payloa
     offsets[0] = 0
     key_offsets[0] = 0
     for t in range(n):
-        m = ovf_pages[t]
-        s = val_off[t]
-        if m > 0:
-            pg = (s - hdr) // psize
-            base = pg * psize
-            if _u64(buf, base) != pg:
-                return E_OVERFLOW_HEADER, pg, 0, 0
-            if not _u16(buf, base + fmt[2]) & 0x04 or _u32(buf, base + fmt[3]) < m:
-                return E_OVERFLOW_HEADER, pg, 0, 0
-        v = val_len[t]
-        copy_bytes(payload, pos, buf, s, v)
-        if account and v > 0:
-            for p in range(s // psize, (s + v - 1) // psize + 1):
-                touched[p] = 1
-        pos += v
+        bad = _bad_overflow_run(buf, fmt, val_off[t], ovf_pages[t])
+        if bad >= 0:
+            return E_OVERFLOW_HEADER, bad, 0, 0
+        pos = _copy_range(payload, pos, buf, val_off[t], val_len[t], psize, touched, account)
         offsets[t + 1] = pos
-        kl = key_len[t]
-        copy_bytes(keys, kpos, buf, key_off[t], kl)
-        kpos += kl
+        copy_bytes(keys, kpos, buf, key_off[t], key_len[t])
+        kpos += key_len[t]
         key_offsets[t + 1] = kpos
     return OK, 0, pos, kpos
 
@@ -536,12 +540,6 @@ def gather_ranges(buf, val_off, val_len, out, out_offsets, psize, touched, accou
     pos = 0
     out_offsets[0] = 0
     for t in range(val_off.shape[0]):
-        n = val_len[t]
-        s = val_off[t]
-        copy_bytes(out, pos, buf, s, n)
-        if account and n > 0:
-            for p in range(s // psize, (s + n - 1) // psize + 1):
-                touched[p] = 1
-        pos += n
+        pos = _copy_range(out, pos, buf, val_off[t], val_len[t], psize, touched, account)
         out_offsets[t + 1] = pos
     return pos
