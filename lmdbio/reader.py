@@ -158,10 +158,9 @@ def _host_oversubscribed(topo: Topology) -> bool:
     return ranks > cores
 
 
-def batch_capacity(db: Database, comm: Any, rank: int, size: int, batch: int) -> int:
-    """Bytes a slot needs so that any ``batch`` records fit: the sum of the ``batch``
-    largest values (records may repeat when ``batch`` exceeds the database). Collective
-    over ``comm``: each rank reads its share of the leaves."""
+def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.ndarray:
+    """The ``k`` largest value sizes of the database, ascending (fewer when it holds fewer
+    records). Collective over ``comm``: each rank reads its share of the leaves."""
     from lmdbio.mpiutil import agree
 
     leaves, err = None, None
@@ -175,14 +174,20 @@ def batch_capacity(db: Database, comm: Any, rank: int, size: int, batch: int) ->
         leaves = comm.bcast(leaves, root=0)
     lo, hi = leaves.shape[0] * rank // size, leaves.shape[0] * (rank + 1) // size
     sizes = db._build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
-    top = np.sort(sizes)[-batch:]
+    top = np.sort(sizes)[-k:]
     if comm is not None:
         top = np.concatenate(comm.allgather(top))
+    return np.sort(top)[-k:]
+
+
+def batch_capacity(top: np.ndarray, batch: int) -> int:
+    """Bytes a slot needs so that any ``batch`` records fit, from :func:`largest_values`
+    (at least ``batch`` of them, or all): the sum of the ``batch`` largest values; records
+    repeat when ``batch`` exceeds the database (padding), the largest standing in for each
+    repeat."""
     if not top.size:
         return 0
-    top = np.sort(top)[-batch:]
-    # a batch larger than the database repeats records (padding): the largest stands in
-    # for each repeat
+    top = top[-batch:]
     return int(top.sum()) + (batch - top.size) * int(top[-1])
 
 
@@ -286,20 +291,21 @@ class ReadSession:
         cap = None
         per_slot = max(int(self.opts.batches_per_slot), 0)
         if topo.is_reader:
-            cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
-                                 node_batch)
+            # one pass over the leaves gives the capacity of any slot size; nodes of
+            # unequal size need different counts: every reader collects the largest
+            most = node_batch * (per_slot or SLOT_MAX_BATCHES)
+            if topo.readers is not None:
+                from mpi4py import MPI
+
+                most = int(topo.readers.allreduce(most, op=MPI.MAX))
+            top = largest_values(self.db, topo.readers, topo.reader_rank, topo.n_readers,
+                                 most)
+            cap = batch_capacity(top, node_batch)
             if per_slot == 0:
                 per_slot = 1 if self.codec_model is not None else \
                     choose_batches_per_slot(self.opts.batch_size, cap)
-                if topo.readers is not None:
-                    from mpi4py import MPI
-
-                    # nodes of unequal size: every reader the same (all take part in the
-                    # collective below)
-                    per_slot = int(topo.readers.allreduce(per_slot, op=MPI.MIN))
             if per_slot > 1:
-                cap = batch_capacity(self.db, topo.readers, topo.reader_rank, topo.n_readers,
-                                     node_batch * per_slot)
+                cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot
             if self.codec_model is not None:  # raw rows plus every part's frame header
                 from lmdbio.codecs.ibp import max_packed_nbytes

@@ -111,3 +111,13 @@ def test_slot_groups_and_the_automatic_slot_size():
     assert choose_batches_per_slot(32, 32 * 150_541) == 1
     assert choose_batches_per_slot(64, 2 << 20) == 2
     assert choose_batches_per_slot(4096, 10) == 1
+
+
+def test_batch_capacity_bounds_any_batch_even_beyond_the_database():
+    from lmdbio.reader import batch_capacity
+
+    top = np.array([1, 5, 9])  # the largest value sizes, ascending
+    assert batch_capacity(top, 2) == 14
+    assert batch_capacity(top, 3) == 15
+    assert batch_capacity(top, 5) == 15 + 2 * 9  # padding repeats records
+    assert batch_capacity(np.empty(0, np.int64), 4) == 0
