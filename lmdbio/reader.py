@@ -420,8 +420,11 @@ class ReadSession:
         if count == 1 or self.strategy.shuffles:
             return self.strategy.fetch(plan, first, ids, stats)
         c0, nc = self.first_consumer, self.node_consumers
-        parts = [self.strategy.fetch(plan, i, plan.group_records(i, c0, nc), stats)
-                 for i in range(first, first + count)]
+        parts = []
+        for i in range(first, first + count):
+            # per iteration, as dm-spec's estimator reads the pages one iteration walked
+            self.db.accounting.reset()
+            parts.append(self.strategy.fetch(plan, i, plan.group_records(i, c0, nc), stats))
         refs = RecordRefs.concat(parts)
         # iteration-major (as fetched) -> worker-major (as the slot holds them)
         sizes = plan.sizes[first:first + count, c0:c0 + nc]
