@@ -15,6 +15,11 @@ import numpy as np
 
 from lmdbio.errors import ConfigError, RecordError
 
+#: layouts whose decoders give one output row per record, in record order: the loader may
+#: decode the records of several batches in one call and split the rows (PCR, IBP and TOC
+#: records each hold many rows)
+ROW_PER_RECORD_LAYOUTS = frozenset({"caffe-datum", "tensor"})
+
 Decoder = Callable[[np.ndarray, np.ndarray, list[bytes]], tuple[Any, np.ndarray, np.ndarray,
                                                                list[RecordError]]]
 

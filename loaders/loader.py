@@ -439,6 +439,8 @@ class Loader:
         batch by batch, which is exactly what one slot per batch gives (the ``on_error``
         policy, the substitute for a bad record, where a ``raise`` surfaces).
         """
+        from loaders.decode import ROW_PER_RECORD_LAYOUTS
+
         t0 = time.perf_counter()
         got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
         count = got.batches
@@ -453,7 +455,7 @@ class Loader:
         bounds = self._batch_bounds(first, count, offsets.shape[0] - 1)
         out: list[Any] = []
         whole = None
-        if count > 1 and self.cfg.dataset.layout in ("caffe-datum", "tensor"):
+        if count > 1 and self.cfg.dataset.layout in ROW_PER_RECORD_LAYOUTS:
             try:
                 whole = self.decode(payload, offsets, lambda i: bytes(kd[ko[i]:ko[i + 1]]))
             except LmdbioError:
