@@ -55,9 +55,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 DATASETS: dict[str, dict[str, Any]] = {
-    "cifar": {"records": 20_000, "shape": (3, 32, 32), "batch": 128, "batches": 120,
+    "cifar": {"records": 20_000, "shape": (3, 32, 32), "batch": 128, "batches": 600,
               "classes": 10, "seed": 1},
-    "imagenet": {"records": 600, "shape": (3, 224, 224), "batch": 32, "batches": 120,
+    "imagenet": {"records": 600, "shape": (3, 224, 224), "batch": 32, "batches": 240,
                  "classes": 1000, "seed": 2},
 }
 ENV = {
@@ -248,6 +248,9 @@ def main() -> int:
                         help="run only the stall experiment, taking the steps from the "
                         "throughput figures of this earlier service.json (kept in the output)")
     parser.add_argument("--timeout", type=float, default=900)
+    parser.add_argument("--batches", type=int, default=None,
+                        help="batches per consuming rank (default: per data set, long enough "
+                        "that the steady window is several seconds, not the ranks' startup)")
     args = parser.parse_args()
     if args.markdown:
         print(markdown(json.loads(Path(args.markdown).read_text())))
@@ -268,7 +271,9 @@ def main() -> int:
         results = {**earlier, "stall_rerun": time.strftime("%Y-%m-%d %H:%M:%S"),
                    "load_average_at_stall_rerun": os.getloadavg()}
     for name in args.only.split(","):
-        spec = DATASETS[name]
+        spec = dict(DATASETS[name])
+        if args.batches:
+            spec["batches"] = args.batches
         db = generate(data, name, spec)
         cfg = write_config(data, name, db)
         if earlier is not None:
