@@ -65,6 +65,23 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Generated:
 
 
 @pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    """5 records, fewer than one global batch: padded iterations wrap around the database
+    more than once (naive-stride once took the last id for the farthest and read too few)."""
+    path = tmp_path_factory.mktemp("read") / "tiny"
+    return Generated(path, write_db(path, random_items(5, (100, 5000), seed=13)))
+
+
+def tiny_cases() -> list[dict]:
+    """Every strategy on the tiny database, two simulated nodes that both read and consume:
+    batches larger than the database (pad, partial) and a batch that fits once (drop)."""
+    return [{"strategy": s, "nodes": 2, "mode": "colocated", "last": last, "batch": batch,
+             "role": "tiny"}
+            for s in (*WALKERS, "indexed") for last, batch in
+            (("pad", 8), ("partial", 8), ("drop", 2))]
+
+
+@pytest.fixture(scope="module")
 def cifar(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     """CIFAR-like: 960 records of 3,072 random bytes (one overflow page each), committed
     100 at a time as Caffe's converter does (every 1,000): later values reuse freed pages."""
@@ -205,10 +222,11 @@ def one_rank(mixed: Generated) -> Launch:
 
 
 @pytest.fixture(scope="module")
-def two_ranks(mixed: Generated) -> Launch:
+def two_ranks(mixed: Generated, tiny: Generated) -> Launch:
     # one node (a reader and a worker), then two simulated nodes of one rank (colocated)
     cases = [dict(c, role="epochs") for c in reduced(0) + reduced(2)]
     cases.append({"kind": "cursor", "role": "cursor"})
+    cases += [dict(c, path=str(tiny.path)) for c in tiny_cases()]
     return Launch(2, cases, run_cases(mixed, 2, cases))
 
 
@@ -273,6 +291,11 @@ def test_one_rank_every_strategy_and_policy(one_rank: Launch, mixed: Generated) 
 
 def test_two_ranks(two_ranks: Launch, mixed: Generated) -> None:
     check_launch(two_ranks, mixed)
+
+
+def test_a_database_smaller_than_a_batch(two_ranks: Launch, tiny: Generated) -> None:
+    for i in two_ranks.indices("tiny"):
+        check_case(tiny, two_ranks.cases[i], two_ranks.results(i))
 
 
 def test_four_ranks(four_ranks: Launch, mixed: Generated) -> None:

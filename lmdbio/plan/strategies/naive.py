@@ -30,10 +30,13 @@ class NaiveStride(WalkingStrategy):
         n = len(self.db)
         with Timer(stats, "walk"):
             # the walk passes every record between the previous position and the last one
-            # kept (a cursor Next() per record); the ones kept are every ranks-th
-            span = int((ids[-1] - self.position) % n) + 1
-            refs, _, _ = self.db.walk_collect(self.cursor, span, wrap=True)
-            keep = (ids - self.position) % n
+            # kept (a cursor Next() per record); the ones kept are every ranks-th. Each id's
+            # place along the walk counts forward from the previous id, wrapping around the
+            # database: padded iterations of a database smaller than a batch go round more
+            # than once (the last id is not always the farthest)
+            steps = np.diff(ids, prepend=self.position) % n
+            keep = np.cumsum(steps)
+            refs, _, _ = self.db.walk_collect(self.cursor, int(keep[-1]) + 1, wrap=True)
             self.position = int(ids[-1] + 1) % n
         return refs.take(keep)
 
