@@ -33,6 +33,7 @@ def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, ep
     if last == "drop":
         assert set(real.tolist()).isdisjoint(plan.dropped.tolist())
         assert (counts <= 1).all() and real.size + plan.dropped.size == n
+        assert not any(m.any() for m in pads), "drop never pads"
         assert all(p.size == plan.iterations * batch for p in per)
     elif last == "pad":
         assert (counts == 1).all()

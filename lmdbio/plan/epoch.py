@@ -126,6 +126,15 @@ def block_order(leaf_first: np.ndarray, seed: int, epoch: int, block_leaves: int
 SCHEMES = ("blocked", "stride", "shard")
 
 
+def _shard_size(n_records: int, consumers: int, last: str) -> int:
+    """Records in each consumer's contiguous shard (``shard`` scheme): ``ceil(N/C)``, the
+    last shards padded at their own end; under ``drop`` ``floor(N/C)``, so that every shard
+    is full and the remainder is what is dropped (never padding)."""
+    if last == "drop":
+        return n_records // consumers
+    return -(-n_records // consumers)
+
+
 def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: str,
                iters: int) -> tuple[np.ndarray, np.ndarray]:
     """Positions in the epoch order for every (iteration, consumer, slot), and the sizes.
@@ -134,7 +143,8 @@ def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: st
     ``c``-th run of ``batch`` of them (a node's consumers are contiguous: one range per
     node). ``stride``: consumer ``c`` takes positions ``c, c+C, c+2C, ...`` (BVLC Caffe /
     Caffe-MPI). ``shard``: consumer ``c`` takes a contiguous shard of ``ceil(N/C)``
-    positions (DALI's ``shard_id``); shards are padded at their own end.
+    positions (DALI's ``shard_id``); shards are padded at their own end (``floor(N/C)``
+    positions under ``drop``: :func:`_shard_size`).
     """
     g = batch * consumers
     i = np.arange(iters)[:, None, None]
@@ -156,7 +166,7 @@ def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: st
             count = np.maximum(0, -(-(n_records - c[0, :, 0]) // consumers))  # per consumer
             sizes[:] = np.clip(count[None, :] - np.arange(iters)[:, None] * batch, 0, batch)
     else:  # shard
-        shard = -(-n_records // consumers) if n_records else 0
+        shard = _shard_size(n_records, consumers, last)
         pos = c * shard + i * batch + k
         if last == "partial" and iters:
             ends = np.minimum((np.arange(consumers) + 1) * shard, n_records)
@@ -198,7 +208,7 @@ def plan_epoch(
     if scheme == "blocked":
         iters = iterations_per_epoch(n_records, consumers, batch, last)
     else:
-        per = -(-n_records // consumers) if last != "drop" else n_records // consumers
+        per = _shard_size(n_records, consumers, last)
         iters = -(-per // batch) if last != "drop" else per // batch
     pos, sizes = _positions(n_records, consumers, batch, last, scheme, iters)
     if n_records == 0:
@@ -207,7 +217,7 @@ def plan_epoch(
         sizes[:] = 0
     else:
         if scheme == "shard":
-            shard = -(-n_records // consumers)
+            shard = _shard_size(n_records, consumers, last)
             c = np.arange(consumers)[None, :, None]
             beyond = (pos >= np.minimum((c + 1) * shard, n_records)) | (pos >= n_records)
         else:
