@@ -33,27 +33,34 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.commands.argtypes import (
+    non_negative_int,
+    output_file,
+    positive_float,
+    positive_int,
+)
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="LMDB directory or data.mdb")
     parser.add_argument("--strategy", default="dm-spec",
                         choices=["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec",
                                  "indexed"])
-    parser.add_argument("--batch-size", type=int, default=64, help="records per consumer")
-    parser.add_argument("--iters", type=int, default=10)
-    parser.add_argument("--simulate-nodes", type=int, default=0)
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="records per consumer")
+    parser.add_argument("--iters", type=positive_int, default=10)
+    parser.add_argument("--simulate-nodes", type=non_negative_int, default=0)
     parser.add_argument("--mode", choices=["dedicated", "colocated"], default="dedicated")
     parser.add_argument("--shuffle", nargs="?", const="global", default="none",
                         choices=["none", "global", "block"])
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last", choices=["pad", "drop", "partial"], default="pad")
-    parser.add_argument("--prefetch-depth", type=int, default=4)
+    parser.add_argument("--prefetch-depth", type=positive_int, default=4)
     parser.add_argument("--no-symmetric", action="store_true",
                         help="do not map symmetrically (cursors travel as page numbers)")
     parser.add_argument("--pylmdb", action="store_true",
                         help="naive strategies: also time py-lmdb running the same pattern")
-    parser.add_argument("--timeout", type=float, default=120.0)
-    parser.add_argument("--warmup", type=int, default=2,
+    parser.add_argument("--timeout", type=positive_float, default=120.0)
+    parser.add_argument("--warmup", type=non_negative_int, default=2,
                         help="batches per consumer left out of the steady-state figures")
     parser.add_argument("--cold", action="store_true",
                         help="drop the file from the page cache after the setup")
@@ -72,7 +79,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="count each node's resident file pages after the run (mincore)")
     parser.add_argument("--sequential", action="store_true",
                         help="rank 0 times a sequential read of the whole file after the run")
-    parser.add_argument("--json", metavar="OUT", default=None)
+    parser.add_argument("--json", metavar="OUT", default=None, type=output_file)
 
 
 def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:

@@ -23,15 +23,17 @@ import time
 from pathlib import Path
 from typing import Any
 
+from lmdbio.commands.argtypes import non_negative_float, non_negative_int, output_file
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML job configuration")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
-    parser.add_argument("--metrics-json", metavar="OUT", default=None)
+    parser.add_argument("--metrics-json", metavar="OUT", default=None, type=output_file)
     parser.add_argument("--record-log", metavar="DIR", default=None,
                         help="write each worker's received keys, in order, to DIR")
-    parser.add_argument("--step-seconds", type=float, default=0.0, metavar="S",
+    parser.add_argument("--step-seconds", type=non_negative_float, default=0.0, metavar="S",
                         help="workers sleep S seconds per batch to simulate the trainer's "
                         "compute; the stall fraction is the share of time spent waiting for "
                         "data")
@@ -39,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checksum of each worker's part of a node batch in shared memory "
                         "(overrides readers.checksum, default xxh64; none where the batch path "
                         "is trusted)")
-    parser.add_argument("--warmup", type=int, default=2, metavar="N",
+    parser.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
                         help="batches per worker left out of the steady-state figures "
                         "(default 2)")
 
