@@ -601,11 +601,39 @@ class Loader:
         finally:
             self.topo.close()
 
+    def abort(self, reason: str) -> None:
+        """Local, never collective: give up after an error on this rank.
+
+        The node's ring is aborted (its other ranks raise :class:`~lmdbio.shm.
+        RingAbortedError` at their next wait instead of waiting out a timeout), the decoding
+        thread is abandoned, nothing waits for a peer. What :meth:`close` does collectively
+        (drain, stop, free the window and communicators) cannot complete once a rank fails
+        mid-epoch: a dedicated reader blocked on a full ring would never send the STOP a
+        worker's ``close`` waits for. The process is expected to end (``lmdbio run``
+        aborts the MPI job); shared memory returns to the OS when it does.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        self._open = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        ring = self.session.ring
+        if ring is not None:
+            ring.abort(reason)
+
     def __enter__(self) -> Loader:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: object) -> None:
+        """Close collectively after a normal exit; after an exception, :meth:`abort` (a
+        collective close would wait for peers that are not coming)."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort(f"rank {self.topo.rank}: {exc_type.__name__}: {exc}")
 
 
 def open(config: Any, overrides: list[str] | tuple[str, ...] = (), comm: Any = None, *,

@@ -127,6 +127,24 @@ def _shm_files() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 
 
+@pytest.mark.parametrize("setting", ["transform: {crop_size: 9}",  # larger than 6x5
+                                     "transform: {mean_values: [1, 2]}"])  # 3 channels
+def test_an_error_while_decoding_ends_a_dedicated_job_promptly(datum_db, tmp_path, setting):
+    """A worker that raises while decoding (here: a transform that does not fit the images,
+    found only at the first decode) aborts the node's ring; the dedicated reader, blocked
+    on a full ring, raises at once instead of both waiting out the ring's 120 s timeout."""
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(f"dataset: {{path: {datum_db}, layout: caffe-datum}}\n"
+                   f"batch: {{size: 4}}\nreaders: {{strategy: indexed, prefetch_depth: 1}}\n"
+                   f"epochs: 50\nmetrics: {{every: 0}}\n{setting}\n")
+    snippet = f"import sys\nfrom lmdbio.cli import main\nsys.exit(main(['run', {str(cfg)!r}]))\n"
+    run = run_mpi(2, snippet, timeout=90, check=False)
+    out = run.stdout + run.stderr
+    assert run.returncode != 0, run.output()
+    assert "ConfigError" in out and "transform." in out, run.output()
+    assert "RingTimeoutError" not in out and run.elapsed < 45, run.output()
+
+
 def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path):
     mpiexec = require_mpiexec()
     before = _shm_files()
