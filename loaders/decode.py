@@ -71,8 +71,8 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray
     table = np.empty((n, k.NCOLS), np.int64)
     k.parse_datums(payload, bounds[:-1], bounds[1:] - bounds[:-1], table)
     shape = table[0, k.COL_CHANNELS:k.COL_WIDTH + 1].copy()
-    if (shape <= 0).any():
-        return None
+    if (shape <= 0).any() or table[0, k.COL_DATA_LEN] != int(np.prod(shape.astype(object))):
+        return None  # a header that claims more than its pixels is never allocated
     out = np.empty((n, int(shape[0]), int(shape[1]), int(shape[2])), np.float32)
     labels = np.empty(n, np.int64)
     if uniform_datums_f32(payload, table, shape, out.reshape(n, -1), labels) >= 0:

@@ -390,3 +390,19 @@ def test_fast_path_equals_the_general_path(monkeypatch, caffe_db):
     np.testing.assert_array_equal(fast.data, slow.data)
     np.testing.assert_array_equal(fast.labels, slow.labels)
     assert fast.valid.all() and slow.valid.all()
+
+
+def test_a_header_claiming_a_huge_shape_is_reported_not_allocated():
+    """A flipped byte made a Datum claim 207,061,291 channels over 8 pixel bytes: the batch
+    decoder allocated the claimed 1.64 TiB (found by the fuzz test above)."""
+    good = encode_datum(datum_from_array(np.arange(8, dtype=np.uint8).reshape(1, 2, 4), 3))
+    huge = encode_datum(Datum(channels=207_061_291, height=2, width=4356,
+                              data=bytes(8), label=1))
+    for vals in ([huge], [huge, good], [good, huge]):
+        batch = decode_datum_batch(*pack_values(vals), errors="mask")
+        assert batch.data.nbytes <= 8 * len(vals)
+        assert [bool(v) for v in batch.valid] == [v == good for v in vals]
+        with pytest.raises(RecordError, match="data holds 8 bytes"):
+            decode_datum_batch(*pack_values(vals))
+    batch = decode_datum_batch(*pack_values([huge, good]), errors="mask")
+    np.testing.assert_array_equal(batch.data[1], np.arange(8).reshape(1, 2, 4))

@@ -73,6 +73,10 @@ def test_float32_decoding_declines_what_is_not_the_common_case():
         bounds = np.array([0, len(good), len(good) + len(odd)], np.int64)
         assert uniform_datums_float32(b, bounds) is None
     assert uniform_datums_float32(np.zeros(0, np.uint8), np.zeros(1, np.int64)) is None
+    huge = encode_datum(Datum(channels=207_061_291, height=2, width=4356, data=bytes(8)))
+    b, _, _ = pack_values([huge, good])  # a corrupt header: 1.64 TiB claimed, 8 B held
+    bounds = np.array([0, len(huge), len(huge) + len(good)], np.int64)
+    assert uniform_datums_float32(b, bounds) is None
 
 
 @pytest.mark.parametrize("on_error", ["skip", "raise"])

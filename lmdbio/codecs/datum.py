@@ -397,6 +397,7 @@ def decode_datum_batch(
     ok = np.ones(n, bool)
     if bad:
         ok[list(bad)] = False
+    _mark_unfilled_shapes(h, shapes, ok, bad)
     if expected_shape is None:
         cand = np.flatnonzero(ok)
         expected = tuple(int(x) for x in shapes[cand[0]]) if cand.size else (0, 0, 0)
@@ -468,6 +469,25 @@ def decode_datum_batch(
     return DatumBatch(out, labels, ok, errs)
 
 
+def _mark_unfilled_shapes(h: DatumHeaders, shapes: np.ndarray, ok: np.ndarray,
+                          bad: dict[int, str]) -> None:
+    """Mark raw records whose pixels do not fill their own (positive) shape, so that the
+    batch's shape is never taken from such a record: a corrupt header can claim a shape
+    of terabytes, which must be reported, not allocated."""
+    raw = ok & ~h.encoded
+    positive = (shapes > 0).all(axis=1)
+    claimed = np.prod(shapes.astype(np.float64), axis=1)  # exact below 2**53
+    has_bytes = raw & (h.data_len > 0)
+    unfilled = positive & np.where(has_bytes, h.data_len != claimed,
+                                   raw & (h.float_count != claimed))
+    for i in np.flatnonzero(unfilled).tolist():
+        what = (f"data holds {int(h.data_len[i])} bytes" if has_bytes[i] else
+                f"{int(h.float_count[i])} float_data values (and no data bytes)")
+        bad[i] = (f"{what}, channels*height*width = {int(claimed[i])} for its shape "
+                  f"{tuple(int(x) for x in shapes[i])}")
+        ok[i] = False
+
+
 def _uniform_batch(k: Any, u8: np.ndarray, off: np.ndarray, ln: np.ndarray,
                    expected_shape: tuple[int, int, int] | None,
                    out: np.ndarray | None) -> DatumBatch | None:
@@ -483,6 +503,10 @@ def _uniform_batch(k: Any, u8: np.ndarray, off: np.ndarray, ln: np.ndarray,
     if (shape <= 0).any():
         return None
     c, h, w = (int(x) for x in shape)
+    if table[0, k.COL_DATA_LEN] != c * h * w:
+        # a first record whose pixels do not fill its claimed shape (a corrupt header can
+        # claim terabytes): nothing is allocated from the claim, the general path explains
+        return None
     if out is None:
         out = np.empty((n, c, h, w), np.uint8)
     elif out.shape != (n, c, h, w) or out.dtype != np.uint8 or not out.flags.c_contiguous:
