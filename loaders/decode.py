@@ -20,6 +20,8 @@ from lmdbio.errors import ConfigError, RecordError
 #: records each hold many rows)
 ROW_PER_RECORD_LAYOUTS = frozenset({"caffe-datum", "tensor"})
 
+#: ``alloc(shape, dtype)``: an uninitialised C-contiguous array (``np.empty`` or a pool's)
+Allocator = Callable[[tuple[int, ...], Any], np.ndarray]
 Decoder = Callable[[np.ndarray, np.ndarray, list[bytes]], tuple[Any, np.ndarray, np.ndarray,
                                                                list[RecordError]]]
 
@@ -35,7 +37,7 @@ def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
     return decode
 
 
-def _caffe_datum(cfg: Any, float32: bool = False) -> Decoder:
+def _caffe_datum(cfg: Any, float32: bool = False, alloc: Allocator = np.empty) -> Decoder:
     from lmdbio.codecs.datum import decode_datum_batch
 
     general = _batch_decoder(cfg, decode_datum_batch)
@@ -43,7 +45,7 @@ def _caffe_datum(cfg: Any, float32: bool = False) -> Decoder:
         return general
 
     def decode(payload, offsets, keys):
-        fast = uniform_datums_float32(payload, offsets)
+        fast = uniform_datums_float32(payload, offsets, alloc)
         if fast is not None:
             return fast[0], fast[1], np.ones(fast[1].shape[0], bool), []
         return general(payload, offsets, keys)  # anything unusual: the checked path
@@ -51,7 +53,8 @@ def _caffe_datum(cfg: Any, float32: bool = False) -> Decoder:
     return decode
 
 
-def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray
+def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
+                           alloc: Allocator = np.empty
                            ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(N, C, H, W)`` float32 pixels and int64 labels of a batch of raw uint8 Datums of
     one shape, in one compiled pass (the pixels widened as they are gathered); ``None`` when
@@ -59,7 +62,9 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray
     general decoder then handles and explains.
 
     The values equal :func:`~lmdbio.codecs.datum.decode_datum_batch` followed by
-    ``astype(np.float32)``: what an identity Caffe transform produces.
+    ``astype(np.float32)``: what an identity Caffe transform produces. ``alloc(shape,
+    dtype)`` provides the uninitialised pixel array (e.g. :meth:`BufferPool.take
+    <loaders.buffer_pool.BufferPool.take>`).
     """
     from lmdbio.codecs import _record_kernels as k
     from loaders._decode_kernels import uniform_datums_f32
@@ -73,7 +78,7 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray
     shape = table[0, k.COL_CHANNELS:k.COL_WIDTH + 1].copy()
     if (shape <= 0).any() or table[0, k.COL_DATA_LEN] != int(np.prod(shape.astype(object))):
         return None  # a header that claims more than its pixels is never allocated
-    out = np.empty((n, int(shape[0]), int(shape[1]), int(shape[2])), np.float32)
+    out = alloc((n, int(shape[0]), int(shape[1]), int(shape[2])), np.float32)
     labels = np.empty(n, np.int64)
     if uniform_datums_f32(payload, table, shape, out.reshape(n, -1), labels) >= 0:
         return None
@@ -140,16 +145,17 @@ def _pcr(cfg: Any, k: int | None) -> Decoder:
     return decode
 
 
-def make_decoder(cfg: Any, scan_groups: int | None = None, *, float32: bool = False
-                 ) -> Decoder:
+def make_decoder(cfg: Any, scan_groups: int | None = None, *, float32: bool = False,
+                 alloc: Allocator = np.empty) -> Decoder:
     """The decoder for ``cfg.dataset.layout``.
 
     ``float32``: Caffe Datum batches may come out as float32 directly (for an identity
-    transform, which would only convert them): one pass instead of decode + convert.
+    transform, which would only convert them): one pass instead of decode + convert; its
+    output array comes from ``alloc(shape, dtype)``.
     """
     layout = cfg.dataset.layout
     if layout == "caffe-datum":
-        return _caffe_datum(cfg, float32)
+        return _caffe_datum(cfg, float32, alloc)
     if layout == "tensor":
         return _tensor(cfg)
     if layout == "toc":

@@ -25,8 +25,13 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
+from loaders.buffer_pool import BufferPool
 
 log = logging.getLogger("lmdbio.loader")
+
+#: host arrays a CPU worker keeps for reuse: the slot being delivered, the one decoded
+#: ahead, and room for a trainer that holds a batch a little longer
+_POOLED_ARRAYS = 4
 
 
 @dataclass
@@ -171,9 +176,12 @@ class Loader:
             if cfg.dataset.layout in ("caffe-datum", "pcr") else None
         # an identity transform only converts to float32: the Datum decoder does it in its
         # pass over the pixels
-        self.decode = make_decoder(cfg, float32=self.transform is not None
-                                   and self.transform.is_identity)
         self.xp = _device(cfg, self.topo) if self.is_worker else np
+        #: decoded slots and transformed batches land in reused host memory (see
+        #: loaders.buffer_pool: fresh arrays cost a kernel page-zeroing pass each)
+        self.buffers = BufferPool(_POOLED_ARRAYS if self.xp is np else 0)
+        self.decode = make_decoder(cfg, float32=self.transform is not None
+                                   and self.transform.is_identity, alloc=self.buffers.take)
         self.epoch = 0
         self.start_iteration = 0
         self.position = 0  # batches consumed in the current epoch
@@ -541,7 +549,10 @@ class Loader:
             from loaders.transform import transform_rng
 
             rng = transform_rng(self.opts.seed, self.epoch, iteration, self.topo.rank)
-        return t(data, rng=rng)
+        out = None
+        if self.xp is np and isinstance(data, np.ndarray) and data.ndim == 4:
+            out = self.buffers.take((data.shape[0], *t.check(data.shape)), np.float32)
+        return t(data, rng=rng, out=out)
 
     def _apply_policy(self, data, labels, valid, errors, key) -> np.ndarray | None:
         """Apply ``on_error`` to the records that failed: ``skip`` returns the indices to

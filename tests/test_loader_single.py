@@ -190,3 +190,41 @@ def test_resume_and_early_exit_inside_a_slot(db_with_corrupt_record, per_slot):
         assert len(again) == len(full)
     left, _ = _delivered(cfg, epochs=3, stop_after=3)
     assert [(e, i) for e, i, *_ in left] == [(e, i) for e in range(3) for i in range(3)]
+
+
+@pytest.fixture(scope="module")
+def clean_db(tmp_path_factory):
+    path = tmp_path_factory.mktemp("clean-datum")
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (60, 3, 5, 5), dtype=np.uint8)
+    write_db(path, [(b"%08d" % i, encode_datum(datum_from_array(img, i)))
+                    for i, img in enumerate(images)])
+    return path, images
+
+
+@pytest.mark.parametrize("transform", [{}, {"scale": 0.5, "mean_values": [1, 2, 3]}])
+@pytest.mark.parametrize("keep", [True, False])
+def test_reused_output_memory_never_changes_a_batch_the_trainer_holds(clean_db, transform,
+                                                                      keep):
+    """Decoded slots and transformed batches land in pooled arrays (loaders.buffer_pool):
+    a trainer that keeps every batch of three epochs still holds exactly the pixels of its
+    records, and one that drops each batch gets the same pixels from reused memory."""
+    path, images = clean_db
+    cfg = config(path, batch__size=5, readers__batches_per_slot=3, shuffle__mode="global")
+    cfg["transform"] = transform
+    ref = images.astype(np.float32) * np.float32(transform.get("scale", 1.0))
+    if "mean_values" in transform:
+        ref = (images.astype(np.float32) - np.float32([1, 2, 3]).reshape(1, 3, 1, 1)) \
+            * np.float32(transform["scale"])
+    held = []
+    with loaders.open(cfg) as loader:
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            for b in loader:
+                np.testing.assert_array_equal(b.data, ref[b.ids])
+                if keep:
+                    held.append(b)
+        if not keep:
+            assert loader.buffers.reused > 0
+    for b in held:  # after every later slot was decoded
+        np.testing.assert_array_equal(b.data, ref[b.ids])
