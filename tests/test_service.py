@@ -153,9 +153,11 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
                    "batch: {size: 4}\nreaders: {strategy: dm-spec}\n"
                    "topology: {simulate_nodes: 2}\nepochs: 100000\nmetrics: {every: 0}\n")
     env = {**os.environ, **OPENMPI_ENV}
+    logs = tmp_path / "records"
     proc = subprocess.Popen(
         [sys.executable, "-m", "lmdbio.cli", "launch", "-n", "4", "--mpiexec", str(mpiexec),
-         str(cfg)],
+         str(cfg), "--", sys.executable, "-m", "lmdbio.cli", "run", str(cfg),
+         "--record-log", str(logs)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         time.sleep(8)  # let the job get going
@@ -180,6 +182,16 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
     # included) in a private folder of /dev/shm and removes it however the job ends; other
     # jobs on this machine may be adding files to /dev/shm meanwhile, so look at ours only
     assert {f for f in _shm_files() - before if f.startswith("lmdbio-job-")} == set()
+    # the workers' record logs hold whole batches only: each is written and flushed before
+    # the next batch is asked for, so no kill leaves a line or a batch cut short
+    files = sorted(logs.glob("rank-*.log"))
+    assert files
+    for f in files:
+        lines = f.read_text().splitlines()[1:]
+        assert lines, f
+        per_batch = Counter(tuple(line.split()[:2]) for line in lines)
+        assert all(len(line.split()) == 5 for line in lines), f
+        assert set(per_batch.values()) == {2}, (f, per_batch)  # 4 records, 2 workers
 
 
 LEAVE_EARLY = """

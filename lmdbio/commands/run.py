@@ -239,10 +239,14 @@ def main(args: argparse.Namespace) -> int:
                         if log is not None:
                             labels = [int(x) for x in batch.label.tolist()] \
                                 if hasattr(batch.label, "tolist") else list(batch.label)
-                            for key, label, pad in zip(batch.keys, labels,
-                                                       batch.padding.tolist(), strict=False):
-                                log.write(f"{epoch} {batch.iteration} {key.hex()} {label} "
-                                          f"{int(pad)}\n")
+                            log.write("".join(
+                                f"{epoch} {batch.iteration} {key.hex()} {label} {int(pad)}\n"
+                                for key, label, pad in zip(batch.keys, labels,
+                                                           batch.padding.tolist(),
+                                                           strict=False)))
+                            # each batch reaches the file before the next is asked for: a
+                            # job killed later leaves every delivered batch in the log
+                            log.flush()
                         if step > 0:
                             time.sleep(step)
                         meter.mark(loader.metrics)
