@@ -11,6 +11,8 @@ Per database, at 4 ranks on 2 simulated nodes and 8 ranks on 4 simulated nodes, 
   lmdbio dedicated  ``lmdbio run``: one reader per node (``indexed``, global shuffle) feeds
                     the node's other ranks, the workers, through the node's shared ring
   lmdbio dedicated, slot checksums off (``--slot-checksum none``)
+  lmdbio dedicated, record spans (``readers.transfer=spans``: slots carry each record's
+                    span in the database file; workers decode from their mapping)
   lmdbio dedicated, one batch per ring slot (``readers.batches_per_slot=1``: the ring as it
                     was before slots carried several batches; the others use the default)
   lmdbio colocated  every rank is a worker; the first of each node also reads ahead
@@ -140,7 +142,7 @@ def epochs_for(records: int, global_batch: int, batches: int) -> int:
 
 def run_lmdbio(tmp: Path, cfg: Path, spec: dict[str, Any], ranks: int, mode: str,
                checksum: str, step: float, warmup: int, timeout: float,
-               per_slot: int = 0) -> dict | None:
+               per_slot: int = 0, transfer: str = "copy") -> dict | None:
     nodes = ranks // 2
     workers = nodes if mode == "dedicated" else ranks
     global_batch = spec["batch"] * workers
@@ -149,6 +151,7 @@ def run_lmdbio(tmp: Path, cfg: Path, spec: dict[str, Any], ranks: int, mode: str
     argv = [str(BIN / "lmdbio"), "run", str(cfg), "--set", f"batch.size={global_batch}",
             "--set", f"readers.mode={mode}", "--set", f"topology.simulate_nodes={nodes}",
             "--set", f"epochs={epochs}", "--set", f"readers.batches_per_slot={per_slot}",
+            "--set", f"readers.transfer={transfer}",
             "--slot-checksum", checksum, "--warmup", str(warmup),
             "--metrics-json", str(out)]
     if step:
@@ -162,6 +165,7 @@ def run_lmdbio(tmp: Path, cfg: Path, spec: dict[str, Any], ranks: int, mode: str
     return {
         "command": r["command"], "ranks": ranks, "nodes": nodes, "mode": mode,
         "slot_checksum": checksum, "batches_per_slot": per_slot or "auto",
+        "transfer": transfer,
         "consuming_ranks": len(worker_ranks),
         "batch_per_rank": spec["batch"], "batches_per_rank": worker_ranks[0]["batches"],
         "step_seconds": step,
@@ -289,17 +293,19 @@ def main() -> int:
         results["datasets"][name] = entry
         for ranks in rank_counts:
             variants: dict[str, list] = {"dedicated": [], "dedicated_no_checksum": [],
-                                         "dedicated_one_per_slot": [], "colocated": [],
+                                         "dedicated_one_per_slot": [],
+                                         "dedicated_spans": [], "colocated": [],
                                          "baseline": [], "baseline_uint8": []}
             for rep in range(args.repeat):
                 print(f"[{name} {ranks} ranks, repeat {rep + 1}/{args.repeat}]", flush=True)
-                for key, mode, ck, per_slot in (
-                        ("dedicated", "dedicated", "xxh64", 0),
-                        ("dedicated_no_checksum", "dedicated", "none", 0),
-                        ("dedicated_one_per_slot", "dedicated", "xxh64", 1),
-                        ("colocated", "colocated", "xxh64", 0)):
+                for key, mode, ck, per_slot, transfer in (
+                        ("dedicated", "dedicated", "xxh64", 0, "copy"),
+                        ("dedicated_no_checksum", "dedicated", "none", 0, "copy"),
+                        ("dedicated_one_per_slot", "dedicated", "xxh64", 1, "copy"),
+                        ("dedicated_spans", "dedicated", "xxh64", 0, "spans"),
+                        ("colocated", "colocated", "xxh64", 0, "copy")):
                     r = run_lmdbio(tmp, cfg, spec, ranks, mode, ck, 0.0, args.warmup,
-                                   args.timeout, per_slot)
+                                   args.timeout, per_slot, transfer)
                     variants[key].append(r)
                     _say(key, r)
                 batches = next((r["batches_per_rank"] for r in variants["dedicated"] if r),
@@ -319,7 +325,7 @@ def main() -> int:
                                                 "samples_per_second_per_consuming_rank"),
                     "cpu_per_sample": ratio(summary[k], base, "cpu_microseconds_per_sample")}
                 for k in ("dedicated", "dedicated_no_checksum", "dedicated_one_per_slot",
-                          "colocated")}
+                          "dedicated_spans", "colocated") if k in summary}
             entry["configs"][f"{ranks}_ranks"] = summary
             if not args.no_stall:
                 entry["configs"][f"{ranks}_ranks"]["stall"] = stall_runs(
@@ -373,7 +379,9 @@ def markdown(results: dict[str, Any]) -> str:
     """The result tables (medians over the repeats) as Markdown."""
     names = {"dedicated": "lmdbio dedicated", "dedicated_no_checksum":
              "lmdbio dedicated, no slot checksum", "dedicated_one_per_slot":
-             "lmdbio dedicated, one batch per slot (before)", "colocated": "lmdbio colocated",
+             "lmdbio dedicated, one batch per slot (before)",
+             "dedicated_spans": "lmdbio dedicated, record spans (readers.transfer=spans)",
+             "colocated": "lmdbio colocated",
              "baseline": "baseline (py-lmdb per rank, float32)",
              "baseline_uint8": "baseline, uint8 batches"}
     lines = []

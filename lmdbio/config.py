@@ -56,6 +56,7 @@ CodecName = Literal["none", "ibp", "toc"]
 Device = Literal["auto", "cpu", "cuda"]
 OnError = Literal["raise", "skip", "substitute"]
 SlotChecksum = Literal["xxh64", "crc32", "none"]
+Transfer = Literal["copy", "spans"]
 
 #: strategies whose read order is free, so they can serve a shuffled epoch order
 SHUFFLE_CAPABLE_STRATEGIES = ("indexed",)
@@ -199,6 +200,21 @@ class ReadersConfig:
                 "xxh64": "XXH64 (compiled; the fastest)",
                 "crc32": "zlib's CRC-32",
                 "none": "no checksum (trusted nodes; the header keeps its own CRC)",
+            },
+        ),
+    )
+    transfer: Transfer = field(
+        default="copy",
+        metadata=_meta(
+            "How a node's ring carries records from its reader to its workers.",
+            choices={
+                "copy": "the reader copies each record's bytes into the ring slot (the slot "
+                "checksum covers them)",
+                "spans": "the slot carries each record's offset and length in the database "
+                "file, which every rank of the node has mapped, and workers decode straight "
+                "from the mapping: no copy, and the checksum covers only spans, labels and "
+                "keys (caffe-datum and tensor layouts without a codec; pays off for large "
+                "records, see docs/service.md)",
             },
         ),
     )

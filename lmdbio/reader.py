@@ -71,6 +71,12 @@ class ReadOptions:
     #: caches start empty when the session is ready and are emptied at every new epoch
     #: (a data set larger than a node's memory). Implies page accounting.
     direct_io: bool = False
+    #: how a node ring carries records: "copy" (the reader gathers their bytes into the
+    #: slot) or "spans" (the slot carries each record's offset and length in the database
+    #: file, which every rank has mapped, and workers decode straight from the mapping: no
+    #: copy, and slot checksums cover only the spans, labels and keys). "spans" applies to
+    #: plain values (no batch codec, value prefix or O_DIRECT node cache); otherwise copy.
+    transfer: str = "copy"
 
 
 @dataclass
@@ -89,6 +95,10 @@ class Delivered:
     #: consecutive iterations in this delivery, from ``iteration`` on (a ring slot may
     #: carry several batches of each worker, back to back)
     batches: int = 1
+    #: by-reference delivery (``ReadOptions.transfer="spans"``): record ``i`` is
+    #: ``payload[offsets[i]:offsets[i] + lengths[i]]`` of the database mapping; None when
+    #: ``offsets`` are the ``n + 1`` bounds of records copied into ``payload``
+    lengths: np.ndarray | None = None
 
     def keys(self) -> list[bytes]:
         ko, kd = self.key_offsets, self.key_data
@@ -238,6 +248,9 @@ class ReadSession:
             raise ConfigError(f"shuffle.mode {opts.shuffle!r} needs random access: use "
                               f"readers.strategy indexed (not {opts.strategy!r})")
         self.shared = cls.shared
+        if opts.transfer not in ("copy", "spans"):
+            raise ConfigError(f"readers.transfer must be 'copy' or 'spans', got "
+                              f"{opts.transfer!r}")
         self.reads = topo.is_reader if self.shared else True
         t0 = time.perf_counter()
         self.db, self.mapping, self.totals = _open_database(
@@ -281,6 +294,13 @@ class ReadSession:
         self.db.accounting.reset()
         self.epoch = -1
         self.plan: EpochPlan | None = None
+
+    @property
+    def by_reference(self) -> bool:
+        """Whether this reader's slots carry record spans instead of record bytes
+        (``ReadOptions.transfer``; plain values only)."""
+        return (self.shared and self.opts.transfer == "spans" and self.codec_model is None
+                and self.opts.value_prefix is None and self.db.node_cache is None)
 
     # ----------------------------------------------------------------- setup
     def _create_ring(self) -> None:
@@ -464,7 +484,14 @@ class ReadSession:
             w = self.ring.acquire_slot(self.epoch, iteration)
             with Timer(stats, "copy"):
                 labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
-                if self.codec_model is None and self.db.node_cache is None:
+                if self.by_reference:
+                    # records stay in the file: their spans, labels and keys go in the slot
+                    n = len(refs)
+                    self.db.check_values(refs)  # a corrupt file fails here, as when copying
+                    w.set_spans(refs.val_off, refs.val_len, labels,
+                                keys=self.db.keys_of(refs))
+                    w.set_parts(sizes)
+                elif self.codec_model is None and self.db.node_cache is None:
                     # values, keys and both offset tables straight into the slot, one pass
                     n = len(refs)
                     nbytes, kbytes = self.db.gather_batch(refs, *w.record_buffers(n))
@@ -562,6 +589,20 @@ class ReadSession:
 
             payload = decompress_part(self.codec_model, payload, int(view.count))
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
+        if view.by_reference:
+            starts, lengths = view.spans
+            size = self.db.buf.shape[0]
+            if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
+                                or int((starts + lengths).max()) > size):
+                from lmdbio.shm import SlotCorruptError
+
+                view.release()
+                raise SlotCorruptError(f"a record span lies outside the {size}-byte mapping "
+                                       f"of {self.db.path}", slot=view.slot, seq=view.seq,
+                                       epoch=view.epoch, iteration=view.iteration,
+                                       part=view.part)
+            return Delivered(view.epoch, view.iteration, ids, pad, self.db.buf, starts,
+                             view.key_offsets, view.key_data, view, batches, lengths)
         return Delivered(view.epoch, view.iteration, ids, pad, payload, view.offsets,
                          view.key_offsets, view.key_data, view, batches)
 

@@ -22,16 +22,17 @@ ROW_PER_RECORD_LAYOUTS = frozenset({"caffe-datum", "tensor"})
 
 #: ``alloc(shape, dtype)``: an uninitialised C-contiguous array (``np.empty`` or a pool's)
 Allocator = Callable[[tuple[int, ...], Any], np.ndarray]
-Decoder = Callable[[np.ndarray, np.ndarray, list[bytes]], tuple[Any, np.ndarray, np.ndarray,
-                                                               list[RecordError]]]
+#: ``decode(payload, offsets, keys, lengths=None)``: ``offsets`` are the ``N + 1`` record
+#: bounds in ``payload``, or with ``lengths`` (by-reference slots) the ``N`` record starts
+Decoder = Callable[..., tuple[Any, np.ndarray, np.ndarray, list[RecordError]]]
 
 
 def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
     """A decoder over one of the compiled batch decoders (Datum, tensor records)."""
     mode = "raise" if cfg.on_error == "raise" else "mask"
 
-    def decode(payload, offsets, keys):
-        b = decode_batch(payload, offsets, keys=keys, errors=mode)
+    def decode(payload, offsets, keys, lengths=None):
+        b = decode_batch(payload, offsets, lengths, keys=keys, errors=mode)
         return b.data, b.labels, b.valid, b.errors
 
     return decode
@@ -44,17 +45,17 @@ def _caffe_datum(cfg: Any, float32: bool = False, alloc: Allocator = np.empty) -
     if not float32:
         return general
 
-    def decode(payload, offsets, keys):
-        fast = uniform_datums_float32(payload, offsets, alloc)
+    def decode(payload, offsets, keys, lengths=None):
+        fast = uniform_datums_float32(payload, offsets, alloc, lengths)
         if fast is not None:
             return fast[0], fast[1], np.ones(fast[1].shape[0], bool), []
-        return general(payload, offsets, keys)  # anything unusual: the checked path
+        return general(payload, offsets, keys, lengths)  # anything unusual: checked path
 
     return decode
 
 
 def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
-                           alloc: Allocator = np.empty
+                           alloc: Allocator = np.empty, lengths: np.ndarray | None = None
                            ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(N, C, H, W)`` float32 pixels and int64 labels of a batch of raw uint8 Datums of
     one shape, in one compiled pass (the pixels widened as they are gathered); ``None`` when
@@ -64,17 +65,26 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
     The values equal :func:`~lmdbio.codecs.datum.decode_datum_batch` followed by
     ``astype(np.float32)``: what an identity Caffe transform produces. ``alloc(shape,
     dtype)`` provides the uninitialised pixel array (e.g. :meth:`BufferPool.take
-    <loaders.buffer_pool.BufferPool.take>`).
+    <loaders.buffer_pool.BufferPool.take>`). ``offsets`` are the ``N + 1`` record bounds in
+    ``payload``, or with ``lengths`` the ``N`` record starts (records anywhere in
+    ``payload``, e.g. spans of the database mapping).
     """
     from lmdbio.codecs import _record_kernels as k
     from loaders._decode_kernels import uniform_datums_f32
 
-    n = offsets.shape[0] - 1
+    if lengths is None:
+        bounds = np.ascontiguousarray(offsets, np.int64)
+        starts, lens = bounds[:-1], bounds[1:] - bounds[:-1]
+    else:
+        starts = np.ascontiguousarray(offsets, np.int64)
+        lens = np.ascontiguousarray(lengths, np.int64)
+        if lens.shape != starts.shape:
+            return None
+    n = starts.shape[0]
     if n <= 0 or payload.dtype != np.uint8 or payload.ndim != 1:
         return None
-    bounds = np.ascontiguousarray(offsets, np.int64)
     table = np.empty((n, k.NCOLS), np.int64)
-    k.parse_datums(payload, bounds[:-1], bounds[1:] - bounds[:-1], table)
+    k.parse_datums(payload, starts, lens, table)
     shape = table[0, k.COL_CHANNELS:k.COL_WIDTH + 1].copy()
     if (shape <= 0).any() or table[0, k.COL_DATA_LEN] != int(np.prod(shape.astype(object))):
         return None  # a header that claims more than its pixels is never allocated
@@ -94,7 +104,7 @@ def _tensor(cfg: Any) -> Decoder:
 def _toc(cfg: Any) -> Decoder:
     from lmdbio.codecs.toc import decode_batch_value
 
-    def decode(payload, offsets, keys):
+    def decode(payload, offsets, keys, lengths=None):  # records copied into slots only
         if offsets.shape[0] != 2:
             raise ConfigError("dataset.layout toc: each TOC record is a whole mini-batch, so "
                               "each worker must receive exactly one record per batch "
@@ -111,7 +121,7 @@ def _ibp(cfg: Any, dataset_path: str) -> Decoder:
 
     model = load_model(dataset_path)
 
-    def decode(payload, offsets, keys):
+    def decode(payload, offsets, keys, lengths=None):  # records copied into slots only
         rows, labels = [], []
         for i in range(offsets.shape[0] - 1):  # one record = a group of many rows
             r, lab = decode_record(payload[offsets[i]:offsets[i + 1]], model)
@@ -129,7 +139,7 @@ def _pcr(cfg: Any, k: int | None) -> Decoder:
 
     k = 1 << 30 if k is None else k  # None: every scan group
 
-    def decode(payload, offsets, keys):
+    def decode(payload, offsets, keys, lengths=None):  # records copied into slots only
         images, labels = [], []
         for i in range(offsets.shape[0] - 1):  # one record = a group of images
             imgs, labs, _ = decode_pcr_value(payload[offsets[i]:offsets[i + 1]], k)

@@ -140,6 +140,13 @@ class Loader:
             raise ConfigError(f"codec.name: {cfg.codec.name!r} is a storage layout here, not a "
                               "transport codec (transport supports none and ibp); use "
                               f"dataset.layout: {cfg.codec.name}")
+        transfer = getattr(cfg.readers, "transfer", "copy")
+        if transfer == "spans" and (cfg.dataset.layout not in ("caffe-datum", "tensor")
+                                    or cfg.codec.name != "none"):
+            raise ConfigError(f"readers.transfer: spans hands out records as they are stored "
+                              f"(dataset.layout caffe-datum or tensor, codec.name none); this "
+                              f"job has layout {cfg.dataset.layout!r} and codec "
+                              f"{cfg.codec.name!r}: use transfer: copy")
         if cfg.readers.per_node != 1:
             raise ConfigError(f"readers.per_node: {cfg.readers.per_node} readers per node is not "
                               "supported yet (one node ring has one reader); use 1")
@@ -167,7 +174,8 @@ class Loader:
             codec=cfg.codec.name, codec_options=cfg.codec.options_dict(),
             accounting=False,  # page accounting is for `lmdbio bench read`, not training
             checksum=_slot_checksum(cfg.readers.checksum if slot_checksum is None
-                                    else slot_checksum))
+                                    else slot_checksum),
+            transfer=transfer)
         if cfg.dataset.layout == "pcr":
             self.set_scan_groups(cfg.dataset.scan_groups)
         self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
@@ -460,12 +468,15 @@ class Loader:
         kd = np.array(got.key_data, np.uint8)
         offsets = np.asarray(got.offsets, np.int64)
         payload = np.asarray(got.payload)
-        bounds = self._batch_bounds(first, count, offsets.shape[0] - 1)
+        lengths = getattr(got, "lengths", None)  # by reference: spans of the mapping
+        n = offsets.shape[0] - (1 if lengths is None else 0)
+        bounds = self._batch_bounds(first, count, n)
         out: list[Any] = []
         whole = None
         if count > 1 and self.cfg.dataset.layout in ROW_PER_RECORD_LAYOUTS:
             try:
-                whole = self.decode(payload, offsets, lambda i: bytes(kd[ko[i]:ko[i + 1]]))
+                whole = self.decode(payload, offsets, lambda i: bytes(kd[ko[i]:ko[i + 1]]),
+                                    lengths)
             except LmdbioError:
                 whole = None  # a bad record: batch by batch, where it belongs
             if whole is not None and (isinstance(whole[0], list) or not whole[2].all()):
@@ -475,7 +486,7 @@ class Loader:
             try:
                 part = None if whole is None else (whole[0][a:b], whole[1][a:b])
                 out.append(self._finish_batch(got, first + j, a, b, payload, offsets, ko, kd,
-                                              part))
+                                              part, lengths))
             except LmdbioError as exc:
                 out.append(exc)
         self.metrics.decode_seconds += time.perf_counter() - t0
@@ -499,13 +510,19 @@ class Loader:
 
     def _finish_batch(self, got: Any, iteration: int, a: int, b: int, payload: np.ndarray,
                       offsets: np.ndarray, ko_all: np.ndarray, kd_all: np.ndarray,
-                      decoded: tuple[Any, Any] | None) -> tuple[Batch, int]:
+                      decoded: tuple[Any, Any] | None,
+                      lengths: np.ndarray | None = None) -> tuple[Batch, int]:
         """Batch ``iteration`` from records ``a .. b - 1`` of the slot: decoded here unless
         ``decoded`` holds its rows already; then the ``on_error`` policy and the transform.
+        With ``lengths``, ``offsets`` are record starts in ``payload`` (the database mapping).
         """
         ko = ko_all[a:b + 1] - ko_all[a]
         kd = kd_all[ko_all[a]:ko_all[b]]
-        lo, hi = int(offsets[a]), int(offsets[b])
+        if lengths is None:
+            lo, hi = int(offsets[a]), int(offsets[b])
+            nbytes = hi - lo
+        else:
+            nbytes = int(lengths[a:b].sum())
 
         def key(i: int) -> bytes:
             return bytes(kd[ko[i]:ko[i + 1]])
@@ -514,8 +531,13 @@ class Loader:
         if decoded is not None:
             data, labels = decoded
         else:
-            offs = offsets[a:b + 1] - lo if (a, b) != (0, offsets.shape[0] - 1) else offsets
-            data, labels, valid, errors = self.decode(payload[lo:hi], offs, key)
+            if lengths is not None:  # spans of the database mapping
+                data, labels, valid, errors = self.decode(payload, offsets[a:b], key,
+                                                          lengths[a:b])
+            else:
+                offs = offsets[a:b + 1] - lo if (a, b) != (0, offsets.shape[0] - 1) \
+                    else offsets
+                data, labels, valid, errors = self.decode(payload[lo:hi], offs, key)
             if not valid.all():
                 keep = self._apply_policy(data, labels, valid, errors, key)
                 if keep is not None:
@@ -532,7 +554,7 @@ class Loader:
             data = self._transform(data, iteration)
         if self.xp is not np and isinstance(data, np.ndarray):
             data, labels = self.xp.asarray(data), self.xp.asarray(labels)
-        return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd), hi - lo
+        return Batch(data, labels, ids, padding, self.epoch, iteration, ko, kd), nbytes
 
     def _transform(self, data: np.ndarray, iteration: int) -> np.ndarray:
         """Caffe's transform of a decoded batch (float32 out).

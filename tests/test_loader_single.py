@@ -228,3 +228,59 @@ def test_reused_output_memory_never_changes_a_batch_the_trainer_holds(clean_db, 
             assert loader.buffers.reused > 0
     for b in held:  # after every later slot was decoded
         np.testing.assert_array_equal(b.data, ref[b.ids])
+
+
+@pytest.mark.parametrize("on_error", ["skip", "substitute"])
+@pytest.mark.parametrize("transform", [{}, {"crop_size": 3, "mirror": True, "scale": 0.5}])
+@pytest.mark.parametrize("per_slot", [1, 0])
+def test_spans_transfer_delivers_what_copying_delivers(db_with_corrupt_record, on_error,
+                                                        transform, per_slot):
+    """``readers.transfer: spans`` (slots carry record spans, workers decode from the
+    database mapping) delivers exactly what copying records into the slots delivers:
+    records, keys, labels, pixels, the on_error policy on the truncated record, metrics."""
+    runs = {}
+    for transfer in ("copy", "spans"):
+        cfg = config(db_with_corrupt_record, batch__size=6, shuffle__mode="global",
+                     readers__batches_per_slot=per_slot, readers__transfer=transfer)
+        cfg["on_error"] = on_error
+        cfg["transform"] = transform
+        runs[transfer] = _delivered(cfg)
+    (ref, ref_m), (got, got_m) = runs["copy"], runs["spans"]
+    assert len(got) == len(ref)
+    for a, b in zip(ref, got, strict=True):
+        assert a[:6] == b[:6]
+        assert np.array_equal(a[6], b[6])
+    assert (got_m.batches, got_m.samples, got_m.bytes, got_m.skipped, got_m.substituted) == \
+        (ref_m.batches, ref_m.samples, ref_m.bytes, ref_m.skipped, ref_m.substituted)
+
+
+def test_spans_transfer_raises_at_the_bad_record(db_with_corrupt_record):
+    cfg = config(db_with_corrupt_record, readers__transfer="spans")
+    with loaders.open(cfg) as loader, pytest.raises(RecordError, match="00000013"):
+        for _ in loader:
+            pass
+
+
+def test_spans_transfer_needs_records_as_stored(db_with_corrupt_record):
+    cfg = config(db_with_corrupt_record, readers__transfer="spans")
+    cfg["dataset"]["layout"] = "pcr"
+    with pytest.raises(ConfigError, match=r"readers\.transfer"):
+        loaders.open(cfg)
+
+
+def test_a_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch):
+    """A worker checks every span of a by-reference slot against its mapping of the
+    database before decoding (here the reader is made to hand out a span past the file's
+    end, with slot checksums off so that only that check stands)."""
+    from lmdbio.shm import SlotCorruptError
+    from lmdbio.shm.layout import SlotWriter
+
+    real = SlotWriter.set_spans
+
+    def shifted(self, starts, lengths, *args, **kwargs):
+        return real(self, np.asarray(starts) + (1 << 30), lengths, *args, **kwargs)
+
+    monkeypatch.setattr(SlotWriter, "set_spans", shifted)
+    cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
+    with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match="outside"):
+        next(iter(loader))

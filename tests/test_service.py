@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import zlib
 from collections import Counter
 from pathlib import Path
 
@@ -38,6 +39,13 @@ def expected_labels(db: Path) -> dict[str, int]:
     return {k.hex(): decode_datum(v).label for k, v in read_pylmdb(db)}
 
 
+def expected_pixels(db: Path) -> dict[str, int]:
+    """CRC-32 of each record's pixels as float32 (an identity transform), by py-lmdb and
+    the reference Datum decoder."""
+    return {k.hex(): zlib.crc32(decode_datum(v).to_array().astype(np.float32))
+            for k, v in read_pylmdb(db)}
+
+
 def worker_batches(run) -> dict[int, list[dict]]:
     return {r: res[-1]["batches"] for r, res in run.results.items() if res[-1]["worker"]}
 
@@ -57,6 +65,11 @@ CASES = [
          "readers.batches_per_slot=3"]),
     (4, ["readers.strategy=lmm", "topology.simulate_nodes=2", "readers.batches_per_slot=2",
          "readers.prefetch_depth=1"]),
+    # slots carrying record spans; workers decode from the database mapping
+    (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global",
+         "readers.transfer=spans"]),
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
+         "readers.batches_per_slot=3", "readers.transfer=spans"]),
 ]
 
 
@@ -65,6 +78,7 @@ def test_every_record_once_per_epoch_with_caffe_labels(datum_db, nprocs, overrid
     sets = [a for o in [*overrides, "batch.size=16", "batch.last=pad"] for a in ("--set", o)]
     run = run_mpi(nprocs, "loader_job.py", [str(datum_db), *sets], timeout=120)
     labels = expected_labels(datum_db)
+    pixels = expected_pixels(datum_db)
     per_worker = worker_batches(run)
     assert per_worker, "no worker rank reported"
     counts = {len(b) for b in per_worker.values()}
@@ -73,8 +87,10 @@ def test_every_record_once_per_epoch_with_caffe_labels(datum_db, nprocs, overrid
         seen = Counter()
         for batches in per_worker.values():
             for b in (x for x in batches if x["epoch"] == epoch):
-                for key, label, pad in zip(b["keys"], b["labels"], b["padding"], strict=True):
+                for key, label, pad, pix in zip(b["keys"], b["labels"], b["padding"],
+                                                b["pixels"], strict=True):
                     assert labels[key] == label
+                    assert pixels[key] == pix, key
                     if not pad:
                         seen[key] += 1
         assert set(seen) == set(labels) and set(seen.values()) == {1}, epoch

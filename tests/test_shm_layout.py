@@ -541,3 +541,60 @@ def test_backing_file_follows_the_name():
     assert backing_file(a.ctypes.data) is None
     del a
     anon.close()
+
+
+@SETTINGS
+@given(n=st.integers(0, 30), n_parts=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+       checksum=st.sampled_from(["xxh64", "crc32", "none"]))
+def test_by_reference_slots_carry_spans_labels_and_keys(n, n_parts, seed, checksum):
+    """``set_spans``: each part reads back its records' (start, length) spans, labels and
+    keys; no record byte is in the slot, and ``record()`` says so."""
+    rng = np.random.default_rng(seed)
+    layout, bufs = new_slot(n_parts=n_parts)
+    starts = rng.integers(0, 10**9, n)
+    lengths = rng.integers(0, 10**6, n)  # far beyond the payload capacity: not copied
+    labels = rng.integers(-1, 10**6, n)
+    keys = [b"k%05d" % i for i in range(n)]
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=2, iteration=11, checksum=checksum)
+    w.set_spans(starts, lengths, labels, keys)
+    w.seal()
+    got_s, got_l, got_lab, got_k = [], [], [], []
+    for v in read_all(bufs, layout):
+        assert v.by_reference and not v.encoded
+        s, ln = v.spans
+        got_s += s.tolist()
+        got_l += ln.tolist()
+        got_lab += v.labels.tolist()
+        got_k += v.keys()
+        if v.count:
+            with pytest.raises(RingError, match="by-reference"):
+                v.record(0)
+    assert (got_s, got_l, got_lab, got_k) == (starts.tolist(), lengths.tolist(),
+                                              labels.tolist(), keys)
+
+
+@pytest.mark.parametrize("checksum", ["xxh64", "crc32"])
+def test_a_changed_span_is_detected(checksum):
+    _, bufs = new_slot(n_parts=2)
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=0, iteration=0, checksum=checksum)
+    w.set_spans([4096, 8192, 12288, 20000], [100, 200, 300, 400], [1, 2, 3, 4])
+    w.seal()
+    bufs.payload[8 * 3 + 1] ^= 1  # a byte of record 3's start (part 1)
+    assert read_slot(bufs, part=0, slot=0, seq=7).spans[0].tolist() == [4096, 8192]
+    with pytest.raises(SlotCorruptError, match="checksum mismatch") as info:
+        read_slot(bufs, part=1, slot=0, seq=7)
+    assert info.value.part == 1
+
+
+def test_spans_that_are_not_spans_are_refused():
+    _, bufs = new_slot(n_parts=1)
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=0, iteration=0)
+    with pytest.raises(RingError, match="negative"):
+        w.set_spans([-1], [10])
+    with pytest.raises(RingError, match="lengths"):
+        w.set_spans([1, 2], [10])
+    plain = SlotWriter(bufs, slot=0, seq=7, epoch=0, iteration=0)
+    plain.write(np.zeros(10, np.uint8), [0, 10])
+    plain.seal()
+    with pytest.raises(RingError, match="not spans"):
+        _ = read_slot(bufs, part=0, slot=0, seq=7).spans

@@ -629,6 +629,18 @@ class Database:
                         self.accounting.touched, self.accounting.enabled)
         return out, offsets
 
+    def check_values(self, refs: RecordRefs) -> None:
+        """Check the overflow page headers of ``refs``' values (what :meth:`gather_batch`
+        checks before copying), for a reader that hands out their spans instead: a corrupt
+        file raises here, naming the page, not in a worker's decoder."""
+        from lmdbio.lmdb import kernels as k
+
+        idx = np.arange(len(refs), dtype=np.int64)
+        code, page = k.check_overflow_headers(self.buf, self.fmt, refs.val_off, refs.ovf_pages,
+                                              idx, self.accounting.touched, False)
+        if code:
+            self._raise(code, page)
+
     def gather_batch(self, refs: RecordRefs, payload: np.ndarray, offsets: np.ndarray,
                      keys: np.ndarray, key_offsets: np.ndarray) -> tuple[int, int]:
         """Values and keys of ``refs`` in one compiled pass: the values back to back into

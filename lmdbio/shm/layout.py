@@ -29,6 +29,10 @@ Two payload modes:
   reader encoded each worker's records into one blob with a batch codec (header ``codec``
   names it); part ``w``'s byte range is that blob, and ``offsets`` are in decoded coordinates
   (worker-relative after rebasing), so a worker decodes its blob, then slices records.
+* by reference (:data:`FLAG_SPANS`, set by :meth:`SlotWriter.set_spans`): the records stay in
+  a file every worker has mapped (the database); the payload holds each record's start
+  offset in it (8 bytes), ``offsets`` the lengths as running sums, so part ``w``'s payload
+  range is its ``8 * count_w`` bytes of starts. No record byte is copied into the slot.
 
 Checksums: the header and part table are always covered by ``header_crc`` (crc32, a few
 hundred bytes); with checksums on, each part additionally carries a 64-bit checksum of exactly
@@ -60,6 +64,7 @@ __all__ = [
     "FLAG_LAST_IN_EPOCH",
     "FLAG_PADDED",
     "FLAG_PART_ENCODED",
+    "FLAG_SPANS",
     "HEADER_DTYPE",
     "MAGIC",
     "PART_DTYPE",
@@ -89,8 +94,11 @@ FLAG_LAST_IN_EPOCH = 1 << 0
 FLAG_PADDED = 1 << 1
 #: each part's payload range is one blob encoded with the header's codec
 FLAG_PART_ENCODED = 1 << 2
+#: the payload holds each record's span in a file the workers map (8-byte little-endian
+#: offsets; lengths from the offset table) instead of its bytes: :meth:`SlotWriter.set_spans`
+FLAG_SPANS = 1 << 3
 #: flag bits that lmdbio defines; bits 16..31 are free for the caller
-_RESERVED_FLAGS = FLAG_PART_ENCODED
+_RESERVED_FLAGS = FLAG_PART_ENCODED | FLAG_SPANS
 
 CHECKSUM_NONE = 0
 CHECKSUM_CRC32 = 1
@@ -386,6 +394,7 @@ class SlotWriter:
         self._key_bytes = 0
         self._counts: np.ndarray | None = None
         self._blob_ranges: np.ndarray | None = None
+        self._spans = False
         self._published = False
         #: payload bytes of the sealed batch (0 before :meth:`seal`)
         self.payload_bytes = 0
@@ -468,6 +477,34 @@ class SlotWriter:
         self._decoded = bool(decoded)
         self._counts = None
         self._blob_ranges = None
+        self._spans = False
+
+    def set_spans(self, starts: Any, lengths: Any, labels: Any = None,
+                  keys: Sequence[bytes] | tuple[Any, Any] | None = None) -> None:
+        """Describe the batch by reference: record ``i`` is ``lengths[i]`` bytes at offset
+        ``starts[i]`` of a file every worker maps (the database), not bytes in the slot. The
+        payload holds the ``n`` starts (8 bytes each); the offset table the lengths as
+        running sums, as for :meth:`set_records`; labels and keys as there. The part
+        checksum then covers the spans, labels and keys; the records' bytes are the file's,
+        read through a read-only mapping. Workers check every span against their mapping
+        before reading it.
+        """
+        bufs = self._live()
+        st = _int_array("starts", starts, self)
+        ln = _int_array("lengths", lengths, self)
+        n = st.size
+        if ln.size != n:
+            raise RingError(f"{self.where}: {ln.size} span lengths for {n} starts")
+        if n and (int(st.min()) < 0 or int(ln.min()) < 0):
+            raise RingError(f"{self.where}: a span has a negative start or length")
+        offs = np.zeros(n + 1, np.int64)
+        np.cumsum(ln, out=offs[1:])
+        self.set_records(offs, labels, keys, decoded=True)
+        if 8 * n > self.capacity:
+            raise SlotCapacityError("payload bytes", 8 * n, self.capacity, self.where)
+        bufs.payload[: 8 * n] = st.astype("<i8").view(np.uint8)
+        self._decoded = False
+        self._spans = True
 
     def record_buffers(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Writable views ``(payload, offsets, keys, key_offsets)`` for a producer that
@@ -507,6 +544,7 @@ class SlotWriter:
         self._decoded = False
         self._counts = None
         self._blob_ranges = None
+        self._spans = False
 
     def _set_keys(self, bufs: SlotBuffers, keys: Any, n: int) -> None:
         if keys is None:
@@ -632,7 +670,8 @@ class SlotWriter:
         if not 0 <= flags < 2**32:
             raise RingError(f"{self.where}: flags must fit in 32 bits, got {flags}")
         if flags & _RESERVED_FLAGS:
-            raise RingError(f"{self.where}: flag FLAG_PART_ENCODED is set by write_part_blobs")
+            raise RingError(f"{self.where}: flags FLAG_PART_ENCODED and FLAG_SPANS are set by "
+                            "write_part_blobs and set_spans")
         if self._counts is None:
             self.set_parts()
         n = self._n
@@ -646,6 +685,10 @@ class SlotWriter:
             starts, ends = self._blob_ranges[:, 0], self._blob_ranges[:, 1]
             payload_bytes = int(ends[-1])
             flags |= FLAG_PART_ENCODED
+        elif self._spans:
+            starts, ends = 8 * firsts, 8 * lasts
+            payload_bytes = 8 * n
+            flags |= FLAG_SPANS
         elif self._decoded:
             raise RingError(f"{self.where}: records were set with decoded=True but no part "
                             "blobs were written (write_part_blobs)")
@@ -821,6 +864,20 @@ class SlotView:
         return bool(self.flags & FLAG_PART_ENCODED)
 
     @property
+    def by_reference(self) -> bool:
+        """Whether the records are spans of a mapped file (:attr:`spans`), not payload."""
+        return bool(self.flags & FLAG_SPANS)
+
+    @property
+    def spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, lengths)`` of this part's records in the mapped file (by-reference
+        slots only; both int64, copies)."""
+        if not self.by_reference:
+            raise RingError(f"ring slot {self.slot}: its records are payload bytes, not spans")
+        starts = np.frombuffer(self.payload.tobytes(), "<i8").astype(np.int64)
+        return starts, np.diff(self.offsets)
+
+    @property
     def last_in_epoch(self) -> bool:
         """Whether the reader marked this batch as the last of its epoch."""
         return bool(self.flags & FLAG_LAST_IN_EPOCH)
@@ -833,6 +890,9 @@ class SlotView:
         if self.encoded:
             raise RingError(f"ring slot {self.slot}: records of a {self.codec!r}-encoded part "
                             "are only addressable after decoding")
+        if self.by_reference:
+            raise RingError(f"ring slot {self.slot}: the records of a by-reference part are "
+                            "in the mapped file (see spans), not in the slot")
         if not -self.count <= i < self.count:
             raise IndexError(f"record {i} of a part with {self.count} records")
         i %= self.count
@@ -960,12 +1020,18 @@ def read_slot(
     offs = bufs.offsets[first : first + count + 1].copy()
     koffs = bufs.key_offsets[first : first + count + 1].copy()
     encoded = bool(flags & FLAG_PART_ENCODED)
+    spans = bool(flags & FLAG_SPANS)
+    if spans and (encoded or bs != 8 * first or be != 8 * (first + count)
+                  or payload_bytes != 8 * n):
+        raise fail(f"a span table of records {first}..{first + count} must lie at payload "
+                   f"bytes {8 * first}..{8 * (first + count)} (part range {bs}..{be}, "
+                   f"payload {payload_bytes} bytes for {n} records)")
     if count and bool((offs[1:] < offs[:-1]).any()):
         raise fail("record offsets decrease")
     if count and bool((koffs[1:] < koffs[:-1]).any()):
         raise fail("key offsets decrease")
     o0, o1 = int(offs[0]), int(offs[-1])
-    if not encoded and (o0 != bs or o1 != be):
+    if not encoded and not spans and (o0 != bs or o1 != be):
         raise fail(f"record offsets {o0}..{o1} do not match the part's payload range "
                    f"{bs}..{be}")
     if int(koffs[0]) != ks or int(koffs[-1]) != ke:

@@ -9,7 +9,9 @@ batches, then opens a second loader that loads that state and emits what it deli
 from __future__ import annotations
 
 import argparse
+import zlib
 
+import numpy as np
 from mpi4py import MPI
 
 import loaders
@@ -25,7 +27,10 @@ def consume(loader, epochs, state_at=None):
             out.append({"epoch": epoch, "iteration": batch.iteration,
                         "ids": batch.ids.tolist(), "padding": batch.padding.tolist(),
                         "keys": [key.hex() for key in batch.keys],
-                        "labels": [int(x) for x in batch.label.tolist()]})
+                        "labels": [int(x) for x in batch.label.tolist()],
+                        # what each record decoded to, compared with py-lmdb's by the test
+                        "pixels": [zlib.crc32(np.ascontiguousarray(row, np.float32))
+                                   for row in batch.data]})
             if state_at is not None and k + 1 == state_at:
                 state = loader.state_dict()
     return out, state
