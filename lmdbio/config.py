@@ -56,7 +56,7 @@ CodecName = Literal["none", "ibp", "toc"]
 Device = Literal["auto", "cpu", "cuda"]
 OnError = Literal["raise", "skip", "substitute"]
 SlotChecksum = Literal["xxh64", "crc32", "none"]
-Transfer = Literal["copy", "spans"]
+Transfer = Literal["auto", "copy", "spans"]
 
 #: strategies whose read order is free, so they can serve a shuffled epoch order
 SHUFFLE_CAPABLE_STRATEGIES = ("indexed",)
@@ -204,10 +204,12 @@ class ReadersConfig:
         ),
     )
     transfer: Transfer = field(
-        default="copy",
+        default="auto",
         metadata=_meta(
             "How a node's ring carries records from its reader to its workers.",
             choices={
+                "auto": "spans where the layout allows it (caffe-datum and tensor without a "
+                "codec), copy otherwise",
                 "copy": "the reader copies each record's bytes into the ring slot (the slot "
                 "checksum covers them)",
                 "spans": "the slot carries each record's offset and length in the database "

@@ -140,9 +140,11 @@ class Loader:
             raise ConfigError(f"codec.name: {cfg.codec.name!r} is a storage layout here, not a "
                               "transport codec (transport supports none and ibp); use "
                               f"dataset.layout: {cfg.codec.name}")
-        transfer = getattr(cfg.readers, "transfer", "copy")
-        if transfer == "spans" and (cfg.dataset.layout not in ("caffe-datum", "tensor")
-                                    or cfg.codec.name != "none"):
+        transfer = getattr(cfg.readers, "transfer", "auto")
+        as_stored = cfg.dataset.layout in ("caffe-datum", "tensor") and cfg.codec.name == "none"
+        if transfer == "auto":
+            transfer = "spans" if as_stored else "copy"
+        if transfer == "spans" and not as_stored:
             raise ConfigError(f"readers.transfer: spans hands out records as they are stored "
                               f"(dataset.layout caffe-datum or tensor, codec.name none); this "
                               f"job has layout {cfg.dataset.layout!r} and codec "

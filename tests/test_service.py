@@ -53,6 +53,10 @@ def worker_batches(run) -> dict[int, list[dict]]:
 CASES = [
     (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global"]),
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"]),
+    # records copied into the slots (the default hands these records out as spans)
+    (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global",
+         "readers.transfer=copy"]),
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.transfer=copy"]),
     (4, ["readers.strategy=lmm", "topology.simulate_nodes=2", "readers.mode=colocated"]),
     (2, ["readers.strategy=dm-serial", "topology.simulate_nodes=2"]),
     (1, ["readers.strategy=indexed", "shuffle.mode=block"]),
@@ -65,11 +69,8 @@ CASES = [
          "readers.batches_per_slot=3"]),
     (4, ["readers.strategy=lmm", "topology.simulate_nodes=2", "readers.batches_per_slot=2",
          "readers.prefetch_depth=1"]),
-    # slots carrying record spans; workers decode from the database mapping
-    (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global",
-         "readers.transfer=spans"]),
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
-         "readers.batches_per_slot=3", "readers.transfer=spans"]),
+         "readers.batches_per_slot=3", "readers.transfer=copy"]),
 ]
 
 
