@@ -300,7 +300,7 @@ class ReadSession:
         """Whether this reader's slots carry record spans instead of record bytes
         (``ReadOptions.transfer``; plain values only)."""
         return (self.shared and self.opts.transfer == "spans" and self.codec_model is None
-                and self.opts.value_prefix is None and self.db.node_cache is None)
+                and self.opts.value_prefix is None and not self.opts.direct_io)
 
     # ----------------------------------------------------------------- setup
     def _create_ring(self) -> None:
@@ -334,6 +334,8 @@ class ReadSession:
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
             keys = max(64, int(self._max_key())) * node_batch
+            if self.by_reference:  # a slot holds 8 bytes of span per record, no values
+                cap = 8 * node_batch
         self.ring = BatchRing.create(
             topo.node, 0, slots=self.opts.prefetch_depth,
             payload_bytes=max(cap, 1) if cap is not None else None,
