@@ -334,8 +334,6 @@ class ReadSession:
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
             keys = max(64, int(self._max_key())) * node_batch
-            if self.by_reference:  # a slot holds 8 bytes of span per record, no values
-                cap = 8 * node_batch
         self.ring = BatchRing.create(
             topo.node, 0, slots=self.opts.prefetch_depth,
             payload_bytes=max(cap, 1) if cap is not None else None,
