@@ -54,11 +54,12 @@ def simulated_node_bounds(world_size: int, n_nodes: int) -> list[tuple[int, int]
     ``1..world_size``.
     """
     if n_nodes < 1:
-        raise ConfigError(f"simulate_nodes must be >= 1 to simulate nodes, got {n_nodes}")
+        raise ConfigError(f"topology.simulate_nodes (--simulate-nodes) must be >= 1 to "
+                          f"simulate nodes, got {n_nodes}")
     if n_nodes > world_size:
         raise ConfigError(
-            f"simulate_nodes={n_nodes} is more than the {world_size} ranks of the job; "
-            "every simulated node needs at least one rank"
+            f"topology.simulate_nodes (--simulate-nodes) = {n_nodes} is more than the "
+            f"{world_size} ranks of the job; every simulated node needs at least one rank"
         )
     base, extra = divmod(world_size, n_nodes)
     bounds = []
@@ -94,7 +95,8 @@ def _check_params(
     simulate_nodes = _as_int("simulate_nodes", simulate_nodes)
     readers_per_node = _as_int("readers_per_node", readers_per_node)
     if simulate_nodes < 0:
-        raise ConfigError(f"simulate_nodes must be >= 0, got {simulate_nodes}")
+        raise ConfigError(f"topology.simulate_nodes (--simulate-nodes) must be >= 0, got "
+                          f"{simulate_nodes}")
     if simulate_nodes:
         simulated_node_bounds(world_size, simulate_nodes)  # raises when > world size
     if readers_per_node < 1:

@@ -114,7 +114,7 @@ CASES_1 = [
 ]
 # (kwargs, expected message, smallest world size where it is an error)
 ERRORS = [
-    ({"simulate_nodes": 99}, "more than the", 1),
+    ({"simulate_nodes": 99}, "topology.simulate_nodes (--simulate-nodes) = 99 is more than the", 1),
     ({"mode": "bogus"}, "mode must be one of", 1),
     ({"readers_per_node": 0}, "readers_per_node must be >= 1", 1),
     # rank 0 differs from the others: must raise everywhere, not deadlock
