@@ -143,7 +143,7 @@ def epochs_for(records: int, global_batch: int, batches: int) -> int:
 
 def run_lmdbio(tmp: Path, cfg: Path, spec: dict[str, Any], ranks: int, mode: str,
                checksum: str, step: float, warmup: int, timeout: float,
-               per_slot: int = 0, transfer: str = "copy") -> dict | None:
+               per_slot: int = 0, transfer: str = "auto") -> dict | None:
     nodes = ranks // 2
     workers = nodes if mode == "dedicated" else ranks
     global_batch = spec["batch"] * workers
@@ -326,8 +326,7 @@ def main() -> int:
                                                 "samples_per_second_per_consuming_rank"),
                     "cpu_per_sample": ratio(summary[k], base, "cpu_microseconds_per_sample")}
                 for k in ("dedicated", "dedicated_copy", "dedicated_no_checksum",
-                          "dedicated_one_per_slot", "dedicated_spans", "colocated")
-                if k in summary}
+                          "dedicated_one_per_slot", "colocated")}
             entry["configs"][f"{ranks}_ranks"] = summary
             if not args.no_stall:
                 entry["configs"][f"{ranks}_ranks"]["stall"] = stall_runs(
@@ -380,7 +379,6 @@ def stall_runs(tmp: Path, cfg: Path, db: Path, spec: dict[str, Any], ranks: int,
 def markdown(results: dict[str, Any]) -> str:
     """The result tables (medians over the repeats) as Markdown."""
     names = {"dedicated": "lmdbio dedicated",
-             "dedicated_spans": "lmdbio dedicated, record spans (readers.transfer=spans)",
              "dedicated_copy": "lmdbio dedicated, records copied into the ring",
              "dedicated_no_checksum": "lmdbio dedicated, copied, no slot checksum",
              "dedicated_one_per_slot": "lmdbio dedicated, copied, one batch per slot (before)",
