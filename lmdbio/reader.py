@@ -486,7 +486,6 @@ class ReadSession:
                 labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
                 if self.by_reference:
                     # records stay in the file: their spans, labels and keys go in the slot
-                    n = len(refs)
                     self.db.check_values(refs)  # a corrupt file fails here, as when copying
                     w.set_spans(refs.val_off, refs.val_len, labels,
                                 keys=self.db.keys_of(refs))

@@ -70,19 +70,14 @@ class BufferPool:
     def _free_index(self, nbytes: int) -> int | None:
         """The smallest free pooled array that holds ``nbytes`` (a free one too small is
         dropped, so that a pool follows a batch shape that grows)."""
-        best = None
-        for i in range(len(self._arrays)):
-            if sys.getrefcount(self._arrays[i]) != _FREE_REFS:
-                continue
-            size = self._arrays[i].nbytes
-            if size >= nbytes and (best is None or size < self._arrays[best].nbytes):
-                best = i
-        if best is None:
-            small = [i for i in range(len(self._arrays))
-                     if sys.getrefcount(self._arrays[i]) == _FREE_REFS]
-            if small:
-                del self._arrays[small[0]]
-        return best
+        free = [i for i in range(len(self._arrays))
+                if sys.getrefcount(self._arrays[i]) == _FREE_REFS]
+        fits = [i for i in free if self._arrays[i].nbytes >= nbytes]
+        if fits:
+            return min(fits, key=lambda i: self._arrays[i].nbytes)
+        if free:
+            del self._arrays[free[0]]
+        return None
 
     def clear(self) -> None:
         """Forget every pooled array (those still in use live on with their views)."""

@@ -101,10 +101,19 @@ def _tensor(cfg: Any) -> Decoder:
     return _batch_decoder(cfg, decode_tensor_batch)
 
 
+def _copied_records_only(lengths: Any) -> None:
+    """Layouts whose records are whole groups (TOC, IBP, PCR) are decoded from records
+    copied into the slot; the loader never hands them out as spans (``readers.transfer``)."""
+    if lengths is not None:
+        raise ConfigError("readers.transfer: spans applies to caffe-datum and tensor records; "
+                          "this layout's records must be copied into the ring")
+
+
 def _toc(cfg: Any) -> Decoder:
     from lmdbio.codecs.toc import decode_batch_value
 
-    def decode(payload, offsets, keys, lengths=None):  # records copied into slots only
+    def decode(payload, offsets, keys, lengths=None):
+        _copied_records_only(lengths)
         if offsets.shape[0] != 2:
             raise ConfigError("dataset.layout toc: each TOC record is a whole mini-batch, so "
                               "each worker must receive exactly one record per batch "
@@ -121,7 +130,8 @@ def _ibp(cfg: Any, dataset_path: str) -> Decoder:
 
     model = load_model(dataset_path)
 
-    def decode(payload, offsets, keys, lengths=None):  # records copied into slots only
+    def decode(payload, offsets, keys, lengths=None):
+        _copied_records_only(lengths)
         rows, labels = [], []
         for i in range(offsets.shape[0] - 1):  # one record = a group of many rows
             r, lab = decode_record(payload[offsets[i]:offsets[i + 1]], model)
@@ -139,7 +149,8 @@ def _pcr(cfg: Any, k: int | None) -> Decoder:
 
     k = 1 << 30 if k is None else k  # None: every scan group
 
-    def decode(payload, offsets, keys, lengths=None):  # records copied into slots only
+    def decode(payload, offsets, keys, lengths=None):
+        _copied_records_only(lengths)
         images, labels = [], []
         for i in range(offsets.shape[0] - 1):  # one record = a group of images
             imgs, labs, _ = decode_pcr_value(payload[offsets[i]:offsets[i + 1]], k)

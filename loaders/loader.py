@@ -470,7 +470,7 @@ class Loader:
         kd = np.array(got.key_data, np.uint8)
         offsets = np.asarray(got.offsets, np.int64)
         payload = np.asarray(got.payload)
-        lengths = getattr(got, "lengths", None)  # by reference: spans of the mapping
+        lengths = got.lengths  # by reference: spans of the database mapping
         n = offsets.shape[0] - (1 if lengths is None else 0)
         bounds = self._batch_bounds(first, count, n)
         out: list[Any] = []

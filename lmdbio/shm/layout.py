@@ -874,8 +874,7 @@ class SlotView:
         slots only; both int64, copies)."""
         if not self.by_reference:
             raise RingError(f"ring slot {self.slot}: its records are payload bytes, not spans")
-        starts = np.frombuffer(self.payload.tobytes(), "<i8").astype(np.int64)
-        return starts, np.diff(self.offsets)
+        return self.payload.view("<i8").astype(np.int64), np.diff(self.offsets)
 
     @property
     def last_in_epoch(self) -> bool:
