@@ -2,12 +2,13 @@
 
 When the transform is the identity (Caffe's output is the pixels as float32), decoding to
 uint8 and then converting writes and reads the batch once more than needed; this kernel
-widens the pixel bytes into the float32 batch in the same pass that gathers them.
+widens the pixel bytes into the float32 batch in the same pass that gathers them, with
+streaming stores when the batch is too large to stay in the cache (see
+:func:`lmdbio.compiled.widen_u8_f32`).
 """
 
 from __future__ import annotations
 
-import numpy as np
 from numba import njit
 
 from lmdbio.codecs._record_kernels import (
@@ -20,10 +21,11 @@ from lmdbio.codecs._record_kernels import (
     COL_LABEL,
     COL_WIDTH,
 )
+from lmdbio.compiled import store_fence, widen_u8_f32
 
 
 @njit(cache=True, nogil=True)
-def uniform_datums_f32(buf, table, shape, out, labels):
+def uniform_datums_f32(buf, table, shape, out, labels, streaming=False):
     """The common case in one pass: every parsed record (``table`` from ``parse_datums``)
     is a raw uint8 Datum of ``shape`` (C, H, W) without error. Writes the pixels widened to
     float32 into the 2-D ``out`` (N, C*H*W) and the labels into ``labels``; returns -1, or
@@ -41,9 +43,8 @@ def uniform_datums_f32(buf, table, shape, out, labels):
                 or row[COL_WIDTH] != shape[2]):
             return i
     for i in range(n):
-        src = buf[table[i, COL_DATA_OFF]:table[i, COL_DATA_OFF] + size]
-        dst = out[i]
-        for b in range(size):
-            dst[b] = np.float32(src[b])
+        widen_u8_f32(buf, table[i, COL_DATA_OFF], out[i], streaming)
         labels[i] = table[i, COL_LABEL]
+    if streaming:
+        store_fence()
     return -1

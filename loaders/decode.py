@@ -54,6 +54,12 @@ def _caffe_datum(cfg: Any, float32: bool = False, alloc: Allocator = np.empty) -
     return decode
 
 
+#: float32 batches at least this large are written with streaming (non-temporal) stores:
+#: larger than a core's L2 cache, and with several workers per host larger than their share
+#: of the last-level cache, so ordinary stores would only evict (``bench/widen.py``)
+STREAMING_MIN_BYTES = 8 << 20
+
+
 def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
                            alloc: Allocator = np.empty, lengths: np.ndarray | None = None
                            ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -90,7 +96,8 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
         return None  # a header that claims more than its pixels is never allocated
     out = alloc((n, int(shape[0]), int(shape[1]), int(shape[2])), np.float32)
     labels = np.empty(n, np.int64)
-    if uniform_datums_f32(payload, table, shape, out.reshape(n, -1), labels) >= 0:
+    streaming = out.nbytes >= STREAMING_MIN_BYTES
+    if uniform_datums_f32(payload, table, shape, out.reshape(n, -1), labels, streaming) >= 0:
         return None
     return out, labels
 

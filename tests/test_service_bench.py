@@ -62,6 +62,40 @@ def test_float32_decoding_equals_decode_then_convert(n, c, h, w, labels, seed):
     np.testing.assert_array_equal(uniform_datums_float32(ro, bounds)[0], got[0])
 
 
+@settings(max_examples=60, deadline=None)
+@given(n=st.integers(0, 200), src_off=st.integers(0, 70), dst_off=st.integers(0, 17),
+       streaming=st.booleans(), seed=st.integers(0, 1000))
+def test_widening_writes_exactly_the_row_at_any_alignment(n, src_off, dst_off, streaming,
+                                                          seed):
+    """Streaming stores cover the 64-byte-aligned middle of a row; the scalar head and tail
+    the rest: every length and misalignment gives ``astype(float32)`` and leaves the
+    neighbours of the row untouched."""
+    from lmdbio.compiled import widen_u8_f32
+
+    src = np.random.default_rng(seed).integers(0, 256, src_off + n + 5, dtype=np.uint8)
+    dst = np.full(dst_off + n + 20, -1.0, np.float32)
+    widen_u8_f32(src, src_off, dst[dst_off:dst_off + n], streaming)  # same thread: no fence
+    np.testing.assert_array_equal(dst[dst_off:dst_off + n],
+                                  src[src_off:src_off + n].astype(np.float32))
+    assert (dst[:dst_off] == -1).all() and (dst[dst_off + n:] == -1).all()
+
+
+@pytest.mark.parametrize("streaming_from", [0, 1 << 62], ids=["streaming", "ordinary"])
+def test_float32_batches_equal_with_streaming_and_ordinary_stores(monkeypatch,
+                                                                   streaming_from):
+    """Both store kinds the decoder picks between (by batch size) give the reference
+    pixels, also for rows whose length is no multiple of a cache line."""
+    import loaders.decode as dec
+
+    monkeypatch.setattr(dec, "STREAMING_MIN_BYTES", streaming_from)
+    for shape in [(3, 32, 32), (3, 17, 13), (1, 1, 1)]:
+        buf, bounds, _ = _batch([(shape, i) for i in range(7)], seed=sum(shape))
+        got = dec.uniform_datums_float32(buf, bounds, lambda s, d: np.full(s, np.nan, d))
+        ref = decode_datum_batch(buf, bounds)
+        np.testing.assert_array_equal(got[0], ref.data.astype(np.float32))
+        np.testing.assert_array_equal(got[1], ref.labels)
+
+
 def test_float32_decoding_declines_what_is_not_the_common_case():
     buf, bounds, values = _batch([((3, 4, 4), 1), ((3, 4, 5), 2)])  # two shapes
     assert uniform_datums_float32(buf, bounds) is None
