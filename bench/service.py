@@ -60,7 +60,7 @@ sys.path.insert(0, str(REPO))
 DATASETS: dict[str, dict[str, Any]] = {
     "cifar": {"records": 20_000, "shape": (3, 32, 32), "batch": 128, "batches": 600,
               "classes": 10, "seed": 1},
-    "imagenet": {"records": 600, "shape": (3, 224, 224), "batch": 32, "batches": 240,
+    "imagenet": {"records": 600, "shape": (3, 224, 224), "batch": 32, "batches": 600,
                  "classes": 1000, "seed": 2},
 }
 ENV = {
