@@ -203,6 +203,9 @@ class Loader:
         self._closed = False
         self._open: tuple[int, int] | None = None
         self._published = 0
+        #: set_epoch / load_state_dict named the epoch the next loop delivers (then leaving
+        #: an epoch early does not move on to the one after it)
+        self._epoch_chosen = False
 
     # ----------------------------------------------------------------- properties
     @property
@@ -225,6 +228,7 @@ class Loader:
         if int(epoch) != self.epoch:
             self.start_iteration = 0
         self.epoch = int(epoch)
+        self._epoch_chosen = True  # an epoch left early is not followed by epoch + 1
 
     def set_scan_groups(self, k: int | None) -> None:
         """PCR: read scan groups 1..k of every record from now on (None: all). Call it on
@@ -265,6 +269,7 @@ class Loader:
                                   "resume needs the same data, order and world")
         self.epoch = int(state["epoch"])
         self.start_iteration = int(state["iteration"])
+        self._epoch_chosen = True
 
     # ----------------------------------------------------------------- iteration
     def __iter__(self) -> Iterator[Batch]:
@@ -277,6 +282,7 @@ class Loader:
         start = self.start_iteration
         plan = s.begin_epoch(self.epoch, start)
         self.start_iteration = 0
+        self._epoch_chosen = False
         self.position = start
         end = plan.iterations
         depth = self.opts.prefetch_depth
@@ -442,7 +448,10 @@ class Loader:
             got = s.receive(timeout=self.opts.timeout)
             if got is not None:
                 got.release()
-        self._end_epoch()
+        if self._epoch_chosen:  # set_epoch after leaving: that epoch, from its start
+            self.position = self.start_iteration
+        else:
+            self._end_epoch()
 
     def _end_epoch(self) -> None:
         self.epoch += 1

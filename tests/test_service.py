@@ -140,6 +140,28 @@ def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy, per_slot
         assert resumed == full[3:], f"rank {r}"
 
 
+@pytest.mark.parametrize("overrides", [
+    ["readers.strategy=indexed", "shuffle.mode=global"],
+    ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=2"],
+], ids=["dedicated", "colocated"])
+def test_set_epoch_after_leaving_an_epoch_delivers_that_epoch(datum_db, overrides):
+    """A trainer that leaves epoch 0 early and calls ``set_epoch(1)`` gets epoch 1, in the
+    order of a run that did not leave early (leaving an epoch moved on to the epoch after
+    the one set: batches of epoch 1's records came labelled epoch 2)."""
+    sets = [a for o in [*overrides, "batch.size=16", "topology.simulate_nodes=2"]
+            for a in ("--set", o)]
+    left = worker_batches(run_mpi(4, "loader_job.py", [str(datum_db), *sets,
+                                                       "--break-at", "2"], timeout=120))
+    full = worker_batches(run_mpi(4, "loader_job.py", [str(datum_db), *sets], timeout=120))
+    for r, batches in left.items():
+        first = [b["ids"] for b in batches if b["epoch"] == 0]
+        assert first == [b["ids"] for b in full[r] if b["epoch"] == 0][:2]
+        second = [b for b in batches if b["epoch"] == 1]
+        assert {b["batch_epoch"] for b in second} == {1}, f"rank {r}"
+        assert [b["ids"] for b in second] == \
+            [b["ids"] for b in full[r] if b["epoch"] == 1], f"rank {r}"
+
+
 def _shm_files() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 

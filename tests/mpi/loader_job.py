@@ -1,9 +1,11 @@
 """Run the loader under mpiexec and emit what every rank received (tests/test_service.py).
 
-Usage: loader_job.py DB [--set key=value ...] [--resume-at K] [--epochs E]
+Usage: loader_job.py DB [--set key=value ...] [--resume-at K] [--epochs E] [--break-at K]
 Each rank emits, per epoch, the record ids, padding flags, keys (hex) and labels it got, in
-order. With --resume-at K the job runs epoch 0 once in full, takes the state after K
-batches, then opens a second loader that loads that state and emits what it delivers.
+order. With --break-at K the trainer leaves epoch 0 after K batches (then goes on with
+``set_epoch(1)`` as usual). With --resume-at K the job runs epoch 0 once in full, takes the
+state after K batches, then opens a second loader that loads that state and emits what it
+delivers.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from lmdbio.mpiutil import abort_on_error
 from tests.mpi._result import emit
 
 
-def consume(loader, epochs, state_at=None):
+def consume(loader, epochs, state_at=None, break_at=None):
     out, state = [], None
     for epoch in range(epochs):
         loader.set_epoch(epoch)
         for k, batch in enumerate(loader):
+            if epoch == 0 and k == break_at:
+                break
             out.append({"epoch": epoch, "iteration": batch.iteration,
+                        "batch_epoch": batch.epoch,
                         "ids": batch.ids.tolist(), "padding": batch.padding.tolist(),
                         "keys": [key.hex() for key in batch.keys],
                         "labels": [int(x) for x in batch.label.tolist()],
@@ -42,13 +47,14 @@ def main() -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[])
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--resume-at", type=int, default=None)
+    p.add_argument("--break-at", type=int, default=None)
     args = p.parse_args()
     cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
     world = MPI.COMM_WORLD
     with abort_on_error():
         with loaders.open(cfg, args.overrides) as loader:
             got, state = consume(loader, args.epochs if args.resume_at is None else 1,
-                                 args.resume_at)
+                                 args.resume_at, args.break_at)
             role = {"worker": loader.is_worker, "reader": loader.session.reads,
                     "node": loader.topo.node_index, "iterations": len(loader)}
         if args.resume_at is None:
