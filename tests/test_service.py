@@ -162,6 +162,29 @@ def test_set_epoch_after_leaving_an_epoch_delivers_that_epoch(datum_db, override
             [b["ids"] for b in full[r] if b["epoch"] == 1], f"rank {r}"
 
 
+@pytest.mark.parametrize("per_slot", [1, 2])
+def test_next_epoch_decoded_ahead_gives_the_same_batches(datum_db, per_slot):
+    """A dedicated worker decodes the next epoch's first slot during the previous epoch's
+    last step (the reader is ahead: the trainer sleeps a step per batch). The batches -
+    ids, epoch labels, transformed pixels (random crops and mirrors seeded by epoch) - equal
+    those of the same job without it."""
+    sets = [a for o in ["readers.strategy=indexed", "shuffle.mode=global", "batch.size=16",
+                        "transform.crop_size=4", "transform.mirror=true",
+                        f"readers.batches_per_slot={per_slot}"] for a in ("--set", o)]
+    args = [str(datum_db), *sets, "--epochs", "3", "--step", "0.02"]
+    ahead = run_mpi(2, "loader_job.py", args, timeout=120).results
+    inline = run_mpi(2, "loader_job.py", [*args, "--no-epoch-look-ahead"],
+                     timeout=120).results
+    worker = next(r for r, res in ahead.items() if res[-1]["worker"])
+    got, ref = ahead[worker][-1], inline[worker][-1]
+    assert got["epochs_decoded_ahead"] == 2 and ref["epochs_decoded_ahead"] == 0
+    assert len(got["batches"]) == 3 * got["iterations"]
+    for a, b in zip(got["batches"], ref["batches"], strict=True):
+        assert a["batch_epoch"] == b["batch_epoch"] == a["epoch"]
+        for key in ("iteration", "ids", "padding", "keys", "labels", "pixels"):
+            assert a[key] == b[key], (a["epoch"], a["iteration"], key)
+
+
 def _shm_files() -> set[str]:
     return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
 

@@ -5,12 +5,14 @@ Each rank emits, per epoch, the record ids, padding flags, keys (hex) and labels
 order. With --break-at K the trainer leaves epoch 0 after K batches (then goes on with
 ``set_epoch(1)`` as usual). With --resume-at K the job runs epoch 0 once in full, takes the
 state after K batches, then opens a second loader that loads that state and emits what it
-delivers.
+delivers. --step S sleeps S seconds per batch on workers (a trainer's step);
+--no-epoch-look-ahead turns off decoding the next epoch's first slot ahead (for comparison).
 """
 
 from __future__ import annotations
 
 import argparse
+import time
 import zlib
 
 import numpy as np
@@ -21,7 +23,7 @@ from lmdbio.mpiutil import abort_on_error
 from tests.mpi._result import emit
 
 
-def consume(loader, epochs, state_at=None, break_at=None):
+def consume(loader, epochs, state_at=None, break_at=None, step=0.0):
     out, state = [], None
     for epoch in range(epochs):
         loader.set_epoch(epoch)
@@ -38,6 +40,8 @@ def consume(loader, epochs, state_at=None, break_at=None):
                                    for row in batch.data]})
             if state_at is not None and k + 1 == state_at:
                 state = loader.state_dict()
+            if step:
+                time.sleep(step)
     return out, state
 
 
@@ -48,15 +52,20 @@ def main() -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--resume-at", type=int, default=None)
     p.add_argument("--break-at", type=int, default=None)
+    p.add_argument("--step", type=float, default=0.0)
+    p.add_argument("--no-epoch-look-ahead", action="store_true")
     args = p.parse_args()
     cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
     world = MPI.COMM_WORLD
     with abort_on_error():
         with loaders.open(cfg, args.overrides) as loader:
+            if args.no_epoch_look_ahead:
+                loader._look_ahead_epoch = lambda: None
             got, state = consume(loader, args.epochs if args.resume_at is None else 1,
-                                 args.resume_at, args.break_at)
+                                 args.resume_at, args.break_at, args.step)
             role = {"worker": loader.is_worker, "reader": loader.session.reads,
-                    "node": loader.topo.node_index, "iterations": len(loader)}
+                    "node": loader.topo.node_index, "iterations": len(loader),
+                    "epochs_decoded_ahead": loader.metrics.epochs_decoded_ahead}
         if args.resume_at is None:
             emit({**role, "batches": got})
             return
