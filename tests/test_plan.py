@@ -112,6 +112,12 @@ def test_slot_groups_and_the_automatic_slot_size():
     assert choose_batches_per_slot(32, 32 * 150_541) == 1
     assert choose_batches_per_slot(64, 2 << 20) == 2
     assert choose_batches_per_slot(4096, 10) == 1
+    # slots of spans: bounded by the workers' float32 output (48 MiB each), not the payload
+    assert choose_batches_per_slot(32, 32 * 150_541, spans=True) == 2  # 19.3 MB per batch
+    assert choose_batches_per_slot(32, 4 * 32 * 150_541, spans=True, consumers=4) == 2
+    assert choose_batches_per_slot(256, 256 * 150_541, spans=True) == 1
+    assert choose_batches_per_slot(32, 32 * 3085, spans=True) == 16  # CIFAR-sized: as before
+    assert choose_batches_per_slot(128, 128 * 3085, spans=True) == 8
 
 
 def test_batch_capacity_bounds_any_batch_even_beyond_the_database():
