@@ -187,7 +187,9 @@ class ReadersConfig:
             "Consecutive batches a reader puts in one ring slot: the per-slot work (hand-off "
             "messages, checksums, validation, one decode call) is paid once for all of them. "
             "0 chooses: the fewest batches that reach 1,024 records per worker or 4 MiB of "
-            "payload per slot, at most 16 (large records: one batch per slot).", minimum=0
+            "payload per slot, at most 16 (large records: one batch per slot); slots of "
+            "record spans (`transfer` spans) instead hold at most 48 MiB of decoded float32 "
+            "output per worker (ImageNet-sized batches of 32: two per slot).", minimum=0
         ),
     )
     checksum: SlotChecksum = field(
