@@ -144,8 +144,10 @@ class Loader:
             raise ConfigError(f"codec.name: {cfg.codec.name!r} is a storage layout here, not a "
                               "transport codec (transport supports none and ibp); use "
                               f"dataset.layout: {cfg.codec.name}")
-        transfer = getattr(cfg.readers, "transfer", "auto")
-        as_stored = cfg.dataset.layout in ("caffe-datum", "tensor") and cfg.codec.name == "none"
+        from loaders.decode import ROW_PER_RECORD_LAYOUTS
+
+        transfer = cfg.readers.transfer
+        as_stored = cfg.dataset.layout in ROW_PER_RECORD_LAYOUTS and cfg.codec.name == "none"
         if transfer == "auto":
             transfer = "spans" if as_stored else "copy"
         if transfer == "spans" and not as_stored:
@@ -353,11 +355,7 @@ class Loader:
         if got is None:  # the reader stopped: said when this batch is asked for
             self._ahead = (it, None, None)
             return
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmdbio-decode")
-        self._ahead = (it, got, self._pool.submit(self._make_batches, got, it))
+        self._ahead = (it, got, self._decoding_thread().submit(self._make_batches, got, it))
 
     def _look_ahead_epoch(self) -> None:
         """At an epoch's last batch: when the node's dedicated reader has already published
@@ -380,12 +378,17 @@ class Loader:
             return
         future = None
         if got.epoch == self.epoch + 1 and got.iteration == 0:
-            if self._pool is None:
-                from concurrent.futures import ThreadPoolExecutor
-
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmdbio-decode")
-            future = self._pool.submit(self._make_next_epoch_batches, got, got.epoch)
+            future = self._decoding_thread().submit(self._make_next_epoch_batches, got,
+                                                    got.epoch)
         self._next_epoch_slot = (got, future)
+
+    def _decoding_thread(self) -> Any:
+        """The loader's one decoding thread (an executor), started on first use."""
+        if self._pool is None:
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmdbio-decode")
+        return self._pool
 
     def _make_next_epoch_batches(self, got: Any, epoch: int) -> list[Any]:
         """:meth:`_make_batches` of the first slot of ``epoch`` (not the current one)."""
@@ -493,13 +496,7 @@ class Loader:
             self._ahead = None
             if got is not None:
                 taken = 1
-                try:
-                    future.result()  # the decoding thread is done with the slot's memory
-                except Exception as exc:  # a bad record of a batch nobody will use
-                    log.debug("rank %d: dropping a batch decoded ahead: %s", self.topo.rank,
-                              exc)
-                finally:
-                    got.release()
+                self._drop_received(got, future)
         n_slots = len(self._groups)
         if s.shared and self.topo.mode == "dedicated":  # the dedicated reader reads it all
             published = n_slots
@@ -520,13 +517,17 @@ class Loader:
 
     def _drop_next_epoch_slot(self) -> None:
         """Give back a next epoch's slot nobody asked for (the job ends after the epoch)."""
-        if self._next_epoch_slot is None:
-            return
-        got, future = self._next_epoch_slot
-        self._next_epoch_slot = None
+        if self._next_epoch_slot is not None:
+            got, future = self._next_epoch_slot
+            self._next_epoch_slot = None
+            self._drop_received(got, future)
+
+    def _drop_received(self, got: Any, future: Any) -> None:
+        """Give a received slot back to the ring unused, once the decoding thread (if it
+        was decoding it) is done with its memory."""
         try:
             if future is not None:
-                future.result()  # the decoding thread is done with the slot's memory
+                future.result()
         except Exception as exc:  # a bad record of a batch nobody will use
             log.debug("rank %d: dropping a batch decoded ahead: %s", self.topo.rank, exc)
         finally:
