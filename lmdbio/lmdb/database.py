@@ -402,6 +402,18 @@ class Database:
                 self._leaves, self._nbranches = self._walk(self.db)
         return self._leaves
 
+    def branch_children(self, pg: int) -> np.ndarray:
+        """Child page numbers of branch page ``pg``, in key order. Reads that page only (and
+        does not mark it in the accounting: callers ask about pages a walk already read)."""
+        from lmdbio.lmdb import kernels as k
+
+        self._check_open()
+        out = np.empty(self.psize // 2, np.int64)
+        code, n = k.branch_children(self.buf, self.fmt, int(pg), self.meta.last_pg, out)
+        if code:
+            self._raise(code, pg)
+        return out[:n].copy()
+
     def leaf_directory(self) -> np.ndarray:
         """``first[j]`` = index of the first record on leaf ``j``; ``first[-1]`` = total.
 

@@ -116,6 +116,27 @@ def branch_child(buf, fmt, base, i):
 
 
 @njit(cache=True, nogil=True)
+def branch_children(buf, fmt, pg, last_pg, out):
+    """Child page numbers of branch page ``pg`` into ``out`` (at least as long as the
+    page's key count). Returns ``(code, n)``: ``E_PAGE_KIND`` when ``pg`` is not a branch
+    page, ``E_NODE`` for a node that runs off the page, ``E_PAGE_RANGE`` for a child past
+    ``last_pg``."""
+    code, nkeys = check_page(buf, fmt, pg, last_pg)
+    if code != OK:
+        return code, 0
+    if not _u16(buf, pg * fmt[0] + fmt[2]) & 0x01 or nkeys > out.shape[0]:
+        return E_PAGE_KIND, 0
+    for i in range(nkeys):
+        child = branch_child(buf, fmt, pg * fmt[0], i)
+        if child < 0:
+            return E_NODE, 0
+        if child < 2 or child > last_pg:
+            return E_PAGE_RANGE, 0
+        out[i] = child
+    return OK, nkeys
+
+
+@njit(cache=True, nogil=True)
 def walk_tree(buf, fmt, root, depth, last_pg, leaves, touched, account):
     """Collect the leaf pages of the tree at ``root`` in key order.
 

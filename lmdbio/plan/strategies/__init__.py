@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from lmdbio.errors import ConfigError
 from lmdbio.plan.strategies.base import IterationStats, ReaderContext, ReadStrategy, Timer
-from lmdbio.plan.strategies.dm import DmSerial, DmSpec, PageRangeEstimator
+from lmdbio.plan.strategies.dm import DmSerial, DmSpec
 from lmdbio.plan.strategies.indexed import Indexed, build_leaf_directory, sidecar_path
 from lmdbio.plan.strategies.lmm import Lmm
 from lmdbio.plan.strategies.naive import NaiveContig, NaiveStride
+from lmdbio.plan.strategies.spec_estimate import PageRangeEstimator, ValuePageEstimator
 
 STRATEGIES: dict[str, type[ReadStrategy]] = {
     cls.name: cls for cls in (NaiveStride, NaiveContig, Lmm, DmSerial, DmSpec, Indexed)
@@ -46,6 +47,7 @@ __all__ = [
     "ReadStrategy",
     "ReaderContext",
     "Timer",
+    "ValuePageEstimator",
     "build_leaf_directory",
     "sidecar_path",
     "strategy_class",

@@ -6,34 +6,30 @@ its records in parallel with the others. The last reader sends its end cursor ba
 first for the next iteration. With a symmetric mapping the cursor bytes are raw page
 addresses, valid in every reader; otherwise page numbers.
 
-``dm-spec`` adds speculative prefetch before the chain: every reader touches the page range
-it expects to need, all in parallel, so that the serial walk runs through memory. The
-estimate starts from the first record's size (the paper's first guess) and from the third
-iteration on follows the min/max estimator of the reference code (branch
-``icpads-multiple-readers``), with ``start`` the first page a reader needed, ``end`` one past
-the last and ``stride = start - previous end``: next start = previous end + min stride.
-Three changes make it hold on real files (measured in docs/reading.md):
-
-* the observed range is the largest run of the pages needed whose gaps are small: a value
-  written into a page freed by an earlier commit (LMDB reuses them; Caffe commits every
-  1,000 records) sits thousands of pages away, and taking it as the range's end made the
-  reference's min/max grow without bound (tens of times the pages needed on a generated
-  CIFAR-like database). Such pages are reported as missed: no range estimate can hold them;
-* the end is predicted from the period ``end - previous end`` (next end = previous end + max
-  period) instead of ``max stride - min stride + max pages``, which counts the variation
-  of the start twice;
-* minima and maxima are taken over the last 8 iterations, so that a one-off shift ages out.
+``dm-spec`` adds speculative prefetch before the chain: every reader touches the pages it
+expects to need, all in parallel, so that the serial walk and the gather run through
+memory. The first two iterations of an epoch use the paper's first guess (every record the
+size of the first one); from then on the estimate is corrected every iteration from the
+pages the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
+records of one size, counted past the tree pages the reader's walks have seen, else the
+reference code's min/max estimator with the changes measured in docs/reading.md.
 """
 
 from __future__ import annotations
-
-from collections import deque
 
 import numpy as np
 
 from lmdbio.lmdb import RecordRefs
 from lmdbio.plan.epoch import EpochPlan
 from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
+from lmdbio.plan.strategies.spec_estimate import (
+    KnownTreePages,
+    PageRangeEstimator,
+    ValuePageEstimator,
+    main_run,
+)
+
+__all__ = ["DmSerial", "DmSpec", "PageRangeEstimator", "ValuePageEstimator", "main_run"]
 
 _TAG = 7100
 
@@ -124,55 +120,16 @@ class DmSerial(ReadStrategy):
             wait_with_timeout(self._pending, self.ctx.timeout, "cursor sends")
 
 
-def main_run(pages: np.ndarray, gap: int) -> tuple[int, int] | None:
-    """``[start, end)`` of the largest run of ``pages`` (sorted, distinct) in which
-    consecutive pages are at most ``gap`` apart; None for no pages."""
-    if pages.size == 0:
-        return None
-    bounds = np.r_[0, np.flatnonzero(np.diff(pages) > gap) + 1, pages.size]
-    k = int(np.argmax(np.diff(bounds)))
-    return int(pages[bounds[k]]), int(pages[bounds[k + 1] - 1]) + 1
-
-
-class PageRangeEstimator:
-    """Predicts the page range one reader needs next iteration (min/max estimator over the
-    last ``window`` iterations; see the module docstring)."""
-
-    def __init__(self, window: int = 8) -> None:
-        self.prev_end: int | None = None
-        self.history: deque[tuple[int, int]] = deque(maxlen=window)  # (stride, period)
-        self.observed = 0
-
-    def observe(self, start: int, end: int) -> None:
-        """Record the range ``[start, end)`` of pages a reader needed this iteration."""
-        if self.prev_end is not None:
-            self.history.append((start - self.prev_end, end - self.prev_end))
-        self.prev_end = end
-        self.observed += 1
-
-    def observe_pages(self, pages: np.ndarray) -> None:
-        """Record the pages needed this iteration (sorted, distinct): their main run."""
-        run = main_run(pages, max(2, pages.size // 8))
-        if run is not None:
-            self.observe(*run)
-
-    def predict(self) -> tuple[int, int] | None:
-        """``(start, length)`` in pages, or None until two iterations were observed."""
-        if self.prev_end is None or not self.history:
-            return None
-        start = self.prev_end + min(h[0] for h in self.history)
-        end = self.prev_end + max(h[1] for h in self.history)
-        return max(start, 2), max(end - start, 1)
-
-
 class DmSpec(DmSerial):
-    """LMDBIO-DM with speculative parallel prefetch of each reader's page range."""
+    """LMDBIO-DM with speculative parallel prefetch of each reader's pages."""
 
     name = "dm-spec"
 
     def begin_epoch(self, plan: EpochPlan) -> None:
         super().begin_epoch(plan)
-        self.estimator = PageRangeEstimator()
+        # the tree pages seen stay known across epochs: the snapshot does not change
+        self.tree = getattr(self, "tree", None) or KnownTreePages()
+        self._reset_estimates()
         self._expect: int | None = None
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
@@ -181,30 +138,43 @@ class DmSpec(DmSerial):
         psize = self.db.psize
         self.pages_per_record = max(1, -(-(first_size + self.db.layout.header_size) // psize))
 
+    def _reset_estimates(self) -> None:
+        self.estimator = PageRangeEstimator()
+        self.value_estimator = ValuePageEstimator(self.tree)
+
     def _guess(self, first_id: int, count: int) -> tuple[int, int]:
         """The paper's first guess: every record is the size of the first one (so record
         ``first_id`` starts ``first_id`` records' worth of pages after the meta pages)."""
         return 2 + first_id * self.pages_per_record, count * self.pages_per_record
+
+    def _predict(self, ids: np.ndarray, cut: int, regular: bool) -> list[tuple[int, int]]:
+        """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around)."""
+        first = int(ids[0]) if ids.size else 0
+        ranges = ((self.value_estimator.predict(first, cut) if regular else None)
+                  or [(self.estimator.predict() if regular else None)
+                      or self._guess(first, cut)])
+        if regular and len(self.cursor.stack) > 1:  # the branch pages every walk reads
+            ranges += [(int(pg), 1) for pg, _ in self.cursor.stack[:-1]]
+        if cut < ids.size:  # the records after the wrap-around start again near the front
+            ranges.append(self._guess(int(ids[cut]), ids.size - cut))
+        return ranges
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
         from lmdbio.io.prefetch import touch_page_ranges
 
         npages = self.db.file_size // self.db.psize
-        # the estimator extrapolates from the previous iterations only while the records
+        # the estimates extrapolate from the previous iterations only while the records
         # continue them (not across the wrap-around of a padded last batch, or a resume)
         regular = ids.size > 0 and int(ids[0]) == self._expect
         if not regular:
-            self.estimator = PageRangeEstimator()
+            self._reset_estimates()
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
-        guesses = [(self.estimator.predict() if regular else None)
-                   or self._guess(int(ids[0]) if ids.size else 0, cut)]
-        if cut < ids.size:  # the records after the wrap-around start again near the front
-            guesses.append(self._guess(int(ids[cut]), ids.size - cut))
+        guesses = self._predict(ids, cut, regular)
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
-        starts = np.array([min(g[0], npages) for g in guesses], np.int64)
+        starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
         lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
                             zip(guesses, starts.tolist(), strict=True)], np.int64)
         with Timer(stats, "prefetch"):
@@ -226,8 +196,11 @@ class DmSpec(DmSerial):
         run_start, run_end, _, missed, missed_walk, redundant, prefetched = \
             observe_iteration(refs.val_off, refs.val_len, self.db.psize, touched,
                               self._scratch, starts, lengths)
-        if run_start >= 0:
-            self.estimator.observe(int(run_start), int(run_end))
+        run = (int(run_start), int(run_end)) if run_start >= 0 else None
+        if run is not None:
+            self.estimator.observe(*run)
+        self.tree.learn(self.db, self.cursor.stack)
+        self.value_estimator.observe(int(ids[0]), refs.head(cut), self.db.psize, run)
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)

@@ -1,0 +1,129 @@
+"""dm-spec's value-page estimate, replayed from real databases without MPI.
+
+The replay does what a DM chain does: ``readers`` readers take ``count`` records each per
+iteration in key order; each reader walks its records with a cursor (so it learns the tree
+pages from the branch pages on its stack), predicts the next iteration's pages and compares
+them with the pages its records use.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lmdbgen import random_items, write_db
+
+from lmdbio.errors import LmdbFormatError
+from lmdbio.lmdb import Database
+from lmdbio.plan.strategies.spec_estimate import (
+    KnownTreePages,
+    ValuePageEstimator,
+    main_run,
+)
+
+
+def make_tree(pages: list[int]) -> KnownTreePages:
+    tree = KnownTreePages()
+    tree.pages = np.unique(np.asarray(pages, np.int64))
+    tree._shifted = tree.pages - np.arange(tree.pages.size, dtype=np.int64)
+    return tree
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(2, 300), max_size=60))
+def test_value_coordinate_skips_tree_pages_and_inverts(tree_pages: list[int]) -> None:
+    tree = make_tree(tree_pages)
+    known = set(tree_pages)
+    values = [p for p in range(2, 400) if p not in known]
+    coords = [tree.coord(p) for p in values]
+    # consecutive non-tree pages have consecutive coordinates, whatever lies between
+    assert coords == list(range(coords[0], coords[0] + len(coords)))
+    assert [tree.page_of(c) for c in coords] == values
+
+
+def replay(path, readers: int, count: int) -> dict:
+    """Returns the pages needed, redundant and missed after each reader's first iteration,
+    with ``predicted``: the iterations the value-page estimator predicted."""
+    db = Database(path)
+    psize = db.psize
+    tree = KnownTreePages()
+    ests = [ValuePageEstimator(tree) for _ in range(readers)]
+    cursor = db.cursor()
+    cursor.first()
+    out = {"needed": 0, "redundant": 0, "missed": 0, "predicted": 0, "iterations": 0}
+    for i in range(len(db) // (readers * count)):
+        for r in range(readers):
+            lo = (i * readers + r) * count
+            refs, _, _ = db.walk_collect(cursor, count)
+            ranges = ests[r].predict(lo, count)
+            first = refs.val_off // psize
+            values = np.unique(np.concatenate(
+                [np.arange(f, f + n) for f, n in zip(first, refs.ovf_pages, strict=True)]))
+            # the walk also reads the branch pages on its way (the root, here)
+            walked = np.union1d(refs.leaf_pg, [pg for pg, _ in cursor.stack[:-1]])
+            pages = np.union1d(values, walked)
+            run = main_run(pages, max(2, pages.size // 8))
+            tree.learn(db, cursor.stack)
+            ests[r].observe(lo, refs, psize, run)
+            if i == 0:
+                continue
+            out["iterations"] += 1
+            out["needed"] += pages.size
+            if ranges is None:
+                continue
+            out["predicted"] += 1
+            fetched = np.unique(np.concatenate([np.arange(s, s + n) for s, n in ranges]))
+            out["redundant"] += int(np.setdiff1d(fetched, pages).size)
+            out["missed"] += int(np.setdiff1d(values, fetched).size)
+    db.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def caffe_like(tmp_path_factory: pytest.TempPathFactory):
+    """3 KB records (one overflow page each), written in one commit and, as Caffe's
+    converter does, 1,000 at a time (later values then reuse pages freed by commits)."""
+    base = tmp_path_factory.mktemp("spec")
+    items = random_items(4000, 3072, seed=11)
+    one, caffe = base / "one-commit", base / "caffe"
+    write_db(one, items, commit_every=10**9)
+    write_db(caffe, items, commit_every=1000)
+    return one, caffe
+
+
+def test_exact_pages_on_a_file_written_in_one_commit(caffe_like) -> None:
+    one, _ = caffe_like
+    for readers, count in ((4, 64), (3, 50), (8, 32)):
+        got = replay(one, readers, count)
+        assert got["predicted"] == got["iterations"] > 0
+        assert got["redundant"] == 0 and got["missed"] == 0, (readers, count, got)
+
+
+def test_caffe_commits_cost_about_a_page_per_commit(caffe_like) -> None:
+    """Values stored in pages freed by earlier commits cannot be predicted: each costs one
+    missed page, and the pages of the records around it shift by one for one iteration."""
+    _, caffe = caffe_like
+    for readers, count in ((4, 64), (4, 32)):
+        got = replay(caffe, readers, count)
+        assert got["predicted"] == got["iterations"]
+        assert got["redundant"] <= 0.01 * got["needed"], got
+        assert got["missed"] <= 0.01 * got["needed"], got
+
+
+def test_no_value_page_estimate_for_inline_or_mixed_sizes(tmp_path) -> None:
+    inline, mixed = tmp_path / "inline", tmp_path / "mixed"
+    write_db(inline, random_items(600, 200, seed=1))
+    write_db(mixed, random_items(600, (3000, 9000), seed=1))
+    for path in (inline, mixed):
+        got = replay(path, 2, 50)
+        assert got["iterations"] > 0 and got["predicted"] == 0
+
+
+def test_branch_children_are_the_leaves_under_the_root(caffe_like) -> None:
+    one, _ = caffe_like
+    with Database(one) as db:
+        assert db.db.depth == 2
+        assert np.array_equal(db.branch_children(db.db.root), db.leaves())
+        with pytest.raises(LmdbFormatError, match=f"page {int(db.leaves()[0])}"):
+            db.branch_children(int(db.leaves()[0]))  # a leaf page is not a branch
