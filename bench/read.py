@@ -158,84 +158,125 @@ class ReferenceEstimator:
     max of the stride and max of the pages over all iterations; next start = previous end +
     min stride, next length = max stride - min stride + max pages."""
 
-    def __init__(self) -> None:
+    name = "reference"
+
+    def __init__(self, tree) -> None:
         self.prev_end: int | None = None
         self.strides: list[int] = []
         self.max_pages = 0
 
-    def observe_refs(self, first: int, end: int, pages) -> None:
+    def observe(self, first_id: int, refs, pages, stack, psize: int) -> None:
+        first = int(refs.val_off[0]) // psize
+        end = (int(refs.val_off[-1]) + max(int(refs.val_len[-1]), 1) - 1) // psize + 1
         if self.prev_end is not None:
             self.strides.append(first - self.prev_end)
         self.max_pages = max(self.max_pages, end - first)
         self.prev_end = end
 
-    def predict(self) -> tuple[int, int] | None:
+    def predict(self, first_id: int, count: int):
         if not self.strides or self.prev_end is None:
             return None
         lo, hi = min(self.strides), max(self.strides)
-        return max(self.prev_end + lo, 2), max(hi - lo + self.max_pages, 1)
+        return [(max(self.prev_end + lo, 2), max(hi - lo + self.max_pages, 1))]
 
 
-class LmdbioEstimator:
-    """:class:`lmdbio.plan.strategies.PageRangeEstimator` behind the same interface."""
+class RangeEstimator:
+    """lmdbio's min/max estimator alone (:class:`PageRangeEstimator`): dm-spec's fallback."""
 
-    def __init__(self) -> None:
+    name = "min/max"
+
+    def __init__(self, tree) -> None:
         from lmdbio.plan.strategies import PageRangeEstimator
 
         self.e = PageRangeEstimator()
 
-    def observe_refs(self, first: int, end: int, pages) -> None:
+    def observe(self, first_id: int, refs, pages, stack, psize: int) -> None:
         self.e.observe_pages(pages)
 
-    def predict(self) -> tuple[int, int] | None:
-        return self.e.predict()
+    def predict(self, first_id: int, count: int):
+        g = self.e.predict()
+        return None if g is None else [g]
+
+
+class DmSpecEstimator(RangeEstimator):
+    """What dm-spec does: exact value pages for records of one size (counted past the tree
+    pages learned from the walk's branch pages, plus the first record's leaf and the
+    walk's branch pages), else the min/max estimator."""
+
+    name = "lmdbio"
+
+    def __init__(self, tree) -> None:
+        from lmdbio.plan.strategies import ValuePageEstimator
+
+        super().__init__(tree)
+        self.tree = tree
+        self.v = ValuePageEstimator(tree)
+        self.stack: list = []
+
+    def observe(self, first_id: int, refs, pages, stack, psize: int) -> None:
+        from lmdbio.plan.strategies.dm import main_run
+
+        super().observe(first_id, refs, pages, stack, psize)
+        self.v.observe(first_id, refs, psize, main_run(pages, max(2, pages.size // 8)))
+        self.stack = [list(x) for x in stack]
+
+    def predict(self, first_id: int, count: int):
+        ranges = self.v.predict(first_id, count)
+        if ranges is None:
+            return super().predict(first_id, count)
+        return ranges + [(p, 1) for p, _ in self.stack[:-1]]
 
 
 def replay(res: Path, dbs: dict[str, Path], quick: bool) -> None:
-    """dm-spec's estimate replayed from the record table, without MPI: ``n`` readers take
-    ``count`` records each per iteration in key order (one epoch), as DM's chain does.
-    Needed pages: the values' pages and the records' leaf pages (branch pages, read by the
-    walk at leaf boundaries, are left out). Same first guess for both estimators."""
+    """dm-spec's estimate replayed without MPI: ``n`` readers take ``count`` records each per
+    iteration in key order (one epoch), as DM's chain does, walking them with a cursor.
+    Needed pages: the values' pages, the records' leaf pages and the branch pages on the
+    walk's path. Same first guess for every estimator; the first two iterations left out."""
     import numpy as np
 
     from lmdbio.lmdb import Database
+    from lmdbio.plan.strategies.spec_estimate import KnownTreePages
 
     out = []
     for name in ("cifar", "imagenet", "mnist"):
         db = Database(dbs[name])
-        t, ps = db.record_table(), db.psize
-        first_pg = t.val_off // ps
-        last_pg = (t.val_off + np.maximum(t.val_len, 1) - 1) // ps
+        ps = db.psize
+        t = db.record_table(0, 1)
         ppr = max(1, -(-(int(t.val_len[0]) + db.layout.header_size) // ps))
         for readers in (4, 16):
-            for count in (32, 128):
-                for est_cls in (ReferenceEstimator, LmdbioEstimator):
-                    ests = [est_cls() for _ in range(readers)]
+            for count in (32, 64, 128):
+                for est_cls in (ReferenceEstimator, RangeEstimator, DmSpecEstimator):
+                    tree = KnownTreePages()
+                    ests = [est_cls(tree) for _ in range(readers)]
+                    cursor = db.cursor()
+                    cursor.first()
                     missed = redundant = needed = 0
                     iters = len(db) // (readers * count)
                     for i in range(iters):
                         for r in range(readers):
                             lo = (i * readers + r) * count
-                            hi = lo + count
-                            g = ests[r].predict() if i >= 2 else None
-                            start, length = g or (2 + lo * ppr, count * ppr)
-                            counts = last_pg[lo:hi] - first_pg[lo:hi] + 1
-                            ramp = np.arange(counts.sum()) - np.repeat(
-                                np.cumsum(counts) - counts, counts)
-                            values = np.unique(np.repeat(first_pg[lo:hi], counts) + ramp)
-                            pages = np.union1d(values, t.leaf_pg[lo:hi])
-                            inside = (pages >= start) & (pages < start + length)
-                            vin = (values >= start) & (values < start + length)
+                            g = ests[r].predict(lo, count) if i >= 2 else None
+                            ranges = g or [(2 + lo * ppr, count * ppr)]
+                            refs, _, _ = db.walk_collect(cursor, count)
+                            first = refs.val_off // ps
+                            n = np.maximum(refs.ovf_pages, 1)
+                            values = np.unique(np.repeat(first, n) + np.arange(n.sum())
+                                               - np.repeat(np.cumsum(n) - n, n))
+                            walked = np.union1d(refs.leaf_pg,
+                                                [p for p, _ in cursor.stack[:-1]])
+                            pages = np.union1d(values, walked)
+                            fetched = np.unique(np.concatenate(
+                                [np.arange(a, a + k) for a, k in ranges]))
                             if i >= 2:
-                                missed += int((~vin).sum())
-                                redundant += int(length - inside.sum())
+                                missed += int(np.setdiff1d(values, fetched).size)
+                                redundant += int(np.setdiff1d(fetched, pages).size)
                                 needed += int(pages.size)
-                            ests[r].observe_refs(int(first_pg[lo]), int(last_pg[hi - 1]) + 1,
-                                                 pages)
+                            tree.learn(db, cursor.stack)
+                            ests[r].observe(lo, refs, pages, cursor.stack, ps)
                     row = {"db": name, "readers": readers, "records_per_reader": count,
-                           "estimator": "reference" if est_cls is ReferenceEstimator
-                           else "lmdbio", "iterations": iters, "needed_pages": needed,
-                           "missed_value_pages": missed, "redundant_pages": redundant,
+                           "estimator": est_cls.name, "iterations": iters,
+                           "needed_pages": needed, "missed_value_pages": missed,
+                           "redundant_pages": redundant,
                            "redundant_percent": 100 * redundant / max(needed, 1),
                            "missed_percent": 100 * missed / max(needed, 1)}
                     out.append(row)

@@ -150,11 +150,12 @@ class DmSpec(DmSerial):
     def _predict(self, ids: np.ndarray, cut: int, regular: bool) -> list[tuple[int, int]]:
         """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around)."""
         first = int(ids[0]) if ids.size else 0
-        ranges = ((self.value_estimator.predict(first, cut) if regular else None)
-                  or [(self.estimator.predict() if regular else None)
-                      or self._guess(first, cut)])
-        if regular and len(self.cursor.stack) > 1:  # the branch pages every walk reads
+        ranges = self.value_estimator.predict(first, cut) if regular else None
+        if ranges is not None:  # exact pages: add the branch pages the walk will read
             ranges += [(int(pg), 1) for pg, _ in self.cursor.stack[:-1]]
+        else:
+            ranges = [(self.estimator.predict() if regular else None)
+                      or self._guess(first, cut)]
         if cut < ids.size:  # the records after the wrap-around start again near the front
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
         return ranges
