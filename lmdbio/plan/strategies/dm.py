@@ -8,7 +8,7 @@ addresses, valid in every reader; otherwise page numbers.
 
 ``dm-spec`` adds speculative prefetch before the chain: every reader touches the pages it
 expects to need, all in parallel, so that the serial walk and the gather run through
-memory. The first two iterations of an epoch use the paper's first guess (every record the
+memory. The first iteration of an epoch uses the paper's first guess (every record the
 size of the first one); from then on the estimate is corrected every iteration from the
 pages the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
 records of one size, counted past the tree pages the reader's walks have seen, else the
