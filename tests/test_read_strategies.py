@@ -102,6 +102,14 @@ def caffe_cifar(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     return Generated(path, write_db(path, random_items(2400, 3072, seed=6), commit_every=1000))
 
 
+@pytest.fixture(scope="module")
+def one_commit_cifar(tmp_path_factory: pytest.TempPathFactory) -> Generated:
+    """CIFAR-like, written in one commit: values in key order, only tree pages between."""
+    path = tmp_path_factory.mktemp("read") / "one-commit-cifar"
+    return Generated(path, write_db(path, random_items(2400, 3072, seed=7),
+                                    commit_every=10**9))
+
+
 def full_matrix(batch: int = 4) -> list[dict]:
     cases = [{"strategy": s, "last": last, "batch": batch} for s in WALKERS for last in LASTS]
     cases += [{"strategy": "indexed", "last": last, "shuffle": sh, "batch": batch, "seed": 3}
@@ -238,7 +246,8 @@ def two_ranks(mixed: Generated, tiny: Generated) -> Launch:
 
 
 @pytest.fixture(scope="module")
-def four_ranks(mixed: Generated, cifar: Generated, caffe_cifar: Generated) -> Launch:
+def four_ranks(mixed: Generated, cifar: Generated, caffe_cifar: Generated,
+               one_commit_cifar: Generated) -> Launch:
     # two simulated nodes (reader + worker each) with every strategy and policy; then one
     # node (a reader, three workers), four nodes (four chained readers that also consume)
     # and two nodes in colocated mode
@@ -256,6 +265,8 @@ def four_ranks(mixed: Generated, cifar: Generated, caffe_cifar: Generated) -> La
     # dm-spec's value-page estimate on Caffe's commit pattern: 64 records per reader
     cases.append({"strategy": "dm-spec", "nodes": 2, "batch": 64, "iters": 19,
                   "path": str(caffe_cifar.path), "role": "spec"})
+    cases.append({"strategy": "dm-spec", "nodes": 2, "batch": 64, "iters": 38,
+                  "path": str(one_commit_cifar.path), "role": "spec-exact"})
     # every node reads into its own O_DIRECT cache (where the file system allows O_DIRECT)
     if supports_o_direct(mixed.path):
         cases += [{"strategy": s, "nodes": 2, "batch": 5, "direct": True, "role": "direct",
@@ -406,6 +417,19 @@ def test_spec_prefetch_on_caffes_commit_pattern(four_ranks: Launch,
     assert sum(s["redundant_pages"] for s in its) <= 0.01 * needed
     assert sum(s["missed_pages"] for s in its) <= 0.01 * needed
     assert sum(s["missed_walk_pages"] for s in its) <= 0.01 * needed
+
+
+def test_spec_prefetch_is_exact_on_a_file_written_in_one_commit(
+        four_ranks: Launch, one_commit_cifar: Generated) -> None:
+    """Two epochs on a file written in one commit: after the first iteration of the run
+    (before any walk, when no tree page is known) every reader prefetches exactly the pages
+    it needs, including each epoch's first iteration and the padded wrap-around."""
+    (i,) = four_ranks.indices("spec-exact")
+    results = four_ranks.results(i)
+    check_case(one_commit_cifar, four_ranks.cases[i], results)
+    its = [s for r in results if r["reader"] for s in r["iterations"][1:]]
+    assert len(its) == 2 * 37
+    assert all(s["missed_pages"] == 0 and s["redundant_pages"] == 0 for s in its), its
 
 
 # --------------------------------------------------------------------------- O_DIRECT

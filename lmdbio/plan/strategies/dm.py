@@ -137,6 +137,9 @@ class DmSpec(DmSerial):
         first_size = int(t.val_len[0]) if t is not None and len(t) else 1
         psize = self.db.psize
         self.pages_per_record = max(1, -(-(first_size + self.db.layout.header_size) // psize))
+        # overflow values: the first guess counts past the tree pages known (from the walks
+        # of earlier epochs, or earlier in this one); inline values live in the leaves
+        self._guess_past_tree = t is not None and len(t) > 0 and int(t.ovf_pages[0]) > 0
 
     def _reset_estimates(self) -> None:
         self.estimator = PageRangeEstimator()
@@ -144,8 +147,15 @@ class DmSpec(DmSerial):
 
     def _guess(self, first_id: int, count: int) -> tuple[int, int]:
         """The paper's first guess: every record is the size of the first one (so record
-        ``first_id`` starts ``first_id`` records' worth of pages after the meta pages)."""
-        return 2 + first_id * self.pages_per_record, count * self.pages_per_record
+        ``first_id`` starts ``first_id`` records' worth of pages after the meta pages), in
+        value coordinates for overflow values (the tree pages known are skipped: exact on a
+        file written in one commit once they are known, e.g. from the second epoch on)."""
+        size = self.pages_per_record
+        if not self._guess_past_tree:
+            return 2 + first_id * size, count * size
+        start = self.tree.page_of(2 + first_id * size)
+        end = self.tree.page_of(2 + (first_id + count) * size - 1) + 1
+        return start, end - start
 
     def _predict(self, ids: np.ndarray, cut: int, regular: bool) -> list[tuple[int, int]]:
         """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around)."""
