@@ -199,9 +199,8 @@ class RangeEstimator:
 
 
 class DmSpecEstimator(RangeEstimator):
-    """What dm-spec does: exact value pages for records of one size (counted past the tree
-    pages learned from the walk's branch pages, plus the first record's leaf and the
-    walk's branch pages), else the min/max estimator."""
+    """What dm-spec does (:func:`predict_regular`): exact value pages for records of one
+    size plus the walk's branch pages, else the min/max estimator."""
 
     name = "lmdbio"
 
@@ -209,22 +208,22 @@ class DmSpecEstimator(RangeEstimator):
         from lmdbio.plan.strategies import ValuePageEstimator
 
         super().__init__(tree)
-        self.tree = tree
         self.v = ValuePageEstimator(tree)
         self.stack: list = []
 
     def observe(self, first_id: int, refs, pages, stack, psize: int) -> None:
-        from lmdbio.plan.strategies.dm import main_run
+        from lmdbio.plan.strategies.spec_estimate import main_run
 
-        super().observe(first_id, refs, pages, stack, psize)
-        self.v.observe(first_id, refs, psize, main_run(pages, max(2, pages.size // 8)))
+        run = main_run(pages, max(2, pages.size // 8))
+        if run is not None:
+            self.e.observe(*run)
+        self.v.observe(first_id, refs, psize, run)
         self.stack = [list(x) for x in stack]
 
     def predict(self, first_id: int, count: int):
-        ranges = self.v.predict(first_id, count)
-        if ranges is None:
-            return super().predict(first_id, count)
-        return ranges + [(p, 1) for p, _ in self.stack[:-1]]
+        from lmdbio.plan.strategies.spec_estimate import predict_regular
+
+        return predict_regular(self.v, self.e, self.stack, first_id, count)
 
 
 def replay(res: Path, dbs: dict[str, Path], quick: bool) -> None:

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from lmdbio.lmdb.database import RecordRefs
 from lmdbio.plan.strategies._spec_kernels import observe_iteration
-from lmdbio.plan.strategies.dm import main_run
+from lmdbio.plan.strategies.spec_estimate import main_run
 
 
 def value_pages(val_off, val_len, psize):

@@ -26,10 +26,8 @@ from lmdbio.plan.strategies.spec_estimate import (
     KnownTreePages,
     PageRangeEstimator,
     ValuePageEstimator,
-    main_run,
+    predict_regular,
 )
-
-__all__ = ["DmSerial", "DmSpec", "PageRangeEstimator", "ValuePageEstimator", "main_run"]
 
 _TAG = 7100
 
@@ -153,19 +151,13 @@ class DmSpec(DmSerial):
         size = self.pages_per_record
         if not self._guess_past_tree:
             return 2 + first_id * size, count * size
-        start = self.tree.page_of(2 + first_id * size)
-        end = self.tree.page_of(2 + (first_id + count) * size - 1) + 1
-        return start, end - start
+        return self.tree.value_range(2 + first_id * size, count * size)
 
     def _predict(self, ids: np.ndarray, cut: int, regular: bool) -> list[tuple[int, int]]:
         """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around)."""
         first = int(ids[0]) if ids.size else 0
-        ranges = self.value_estimator.predict(first, cut) if regular else None
-        if ranges is not None:  # exact pages: add the branch pages the walk will read
-            ranges += [(int(pg), 1) for pg, _ in self.cursor.stack[:-1]]
-        else:
-            ranges = [(self.estimator.predict() if regular else None)
-                      or self._guess(first, cut)]
+        ranges = (predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
+                                  first, cut) if regular else None) or [self._guess(first, cut)]
         if cut < ids.size:  # the records after the wrap-around start again near the front
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
         return ranges

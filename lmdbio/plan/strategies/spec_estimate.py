@@ -97,13 +97,14 @@ class KnownTreePages:
         if not branches:
             return
         leaf_parent = int(stack[-2][0]) if len(stack) >= 2 else -1
-        new, leaves = [np.asarray(branches, np.int64)], []
+        found = [np.asarray(branches, np.int64)]
         for pg in branches:
             children = db.branch_children(pg)
-            (leaves if pg == leaf_parent else new).append(children)
+            found.append(children)
+            if pg == leaf_parent:
+                self.leaves = np.union1d(self.leaves, children)
             self._parsed.add(pg)
-        self.leaves = np.union1d(self.leaves, np.concatenate(leaves or [new[0][:0]]))
-        self.pages = np.union1d(self.pages, np.concatenate(new + leaves))
+        self.pages = np.union1d(self.pages, np.concatenate(found))
         self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
 
     def coord(self, page: int) -> int:
@@ -113,6 +114,12 @@ class KnownTreePages:
     def page_of(self, coord: int) -> int:
         """The page that is not a known tree page and has value coordinate ``coord``."""
         return int(coord) + int(np.searchsorted(self._shifted, coord, "right"))
+
+    def value_range(self, coord: int, pages: int) -> tuple[int, int]:
+        """``(start, length)``: the file pages from the one at value coordinate ``coord`` to
+        the one at ``coord + pages - 1``, the known tree pages between them included."""
+        start = self.page_of(coord)
+        return start, self.page_of(coord + pages - 1) + 1 - start
 
     def leaf_at_or_before(self, page: int) -> int | None:
         """The last known leaf page at or before ``page``."""
@@ -162,10 +169,8 @@ class ValuePageEstimator:
         if size is None or self.anchor is None or count < 1 or first_id < self.anchor[0]:
             return None
         next_id, coord = self.anchor
-        start_coord = coord + (first_id - next_id) * size
-        start = self.tree.page_of(start_coord)
-        end = self.tree.page_of(start_coord + count * size - 1) + 1
-        ranges = [(start, end - start)]
+        start, length = self.tree.value_range(coord + (first_id - next_id) * size, count * size)
+        ranges = [(start, length)]
         # the first record's leaf: LMDB allocates a new leaf right after the value of the
         # record that split the old one (its first record), so a leaf just after the first
         # value is that record's; otherwise it is the last leaf before (often far before)
@@ -173,3 +178,16 @@ class ValuePageEstimator:
         if leaf is not None and leaf < start:
             ranges.append((leaf, 1))
         return ranges
+
+
+def predict_regular(values: ValuePageEstimator, ranges: PageRangeEstimator,
+                    stack: list[list[int]], first_id: int, count: int
+                    ) -> list[tuple[int, int]] | None:
+    """dm-spec's prediction for an iteration that continues the previous ones: the exact
+    value pages with the branch pages on the walk's ``stack`` (its cursor's, root first),
+    else the min/max range; None before either has observed enough."""
+    exact = values.predict(first_id, count)
+    if exact is not None:
+        return exact + [(int(pg), 1) for pg, _ in stack[:-1]]
+    guess = ranges.predict()
+    return None if guess is None else [guess]
