@@ -374,6 +374,88 @@ def direct_table(res: Path, prefix: str = "direct") -> str:
     return "\n".join(out)
 
 
+#: iterations within one epoch at 8 consumers (the file is dropped from the cache once, after
+#: the setup: a second epoch would read it warm)
+ONE_EPOCH_ITERS = {"cifar": 75, "mnist": 110, "imagenet": 48}
+ADVICE_CASES = {"cold": ["--cold"], "coldrandom": ["--cold", "--advice", "random"]}
+
+
+def advice(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """Cold page cache, every simulated node its own copy of the file (so nodes share no
+    cached page), with the kernel's read-around and without it (LMDB's MDB_NORDAHEAD):
+    naive-stride and naive-contig (no advice: what Caffe and DALI do), dm-serial, and
+    dm-spec and indexed with and without asking the kernel for their pages first
+    (``--no-prefetch-advice``). 8 ranks on 4 nodes, colocated, one epoch (the file is
+    cold once), three repeats interleaved;
+    results ``advice-{db}-{strategy}[-noadvice]-{cache}-r{k}.json``."""
+    repeats = 1 if quick else 3
+    runs = [("naive-stride", []), ("naive-contig", []), ("dm-serial", []),
+            ("dm-spec", []), ("dm-spec", ["--no-prefetch-advice"]),
+            ("indexed", []), ("indexed", ["--no-prefetch-advice"])]
+    for rep in range(repeats):
+        for name in ("cifar", "mnist", "imagenet"):
+            batch = SHAPES[name][2]
+            iters = 30 if quick else ONE_EPOCH_ITERS[name]
+            copies = node_copies(dbs[name], 4)
+            for cache, flags in ADVICE_CASES.items():
+                for s, extra in runs:
+                    tag = s + ("-noadvice" if extra else "")
+                    bench(res / f"advice-{name}-{tag}-{cache}-r{rep}.json", 8, copies, s,
+                          "--batch-size", str(batch), "--iters", str(iters), "--warmup",
+                          "5", "--simulate-nodes", "4", "--mode", "colocated",
+                          "--no-accounting", "--footprint", *flags, *extra)
+
+
+def advice_table(res: Path) -> str:
+    """Markdown table of the ``advice`` runs: medians over repeats, ratios to naive-stride
+    of the same database and cache state."""
+    import statistics
+
+    rows: dict[tuple[str, str, str], list[dict]] = {}
+    for f in sorted(res.glob("advice-*.json")):
+        name, rest = f.stem.split("-", 2)[1:]
+        tag, cache, _ = rest.rsplit("-", 2)
+        rows.setdefault((name, tag, cache), []).append(json.loads(f.read_text()))
+
+    def med(runs: list[dict], get) -> float:
+        return statistics.median(get(r) for r in runs)
+
+    def steady(r: dict) -> float:
+        return r["totals"]["steady"]["records_per_second"]
+
+    def loop(r: dict) -> float:
+        return r["totals"]["loop_records_per_second"]
+
+    def resident(r: dict) -> float:
+        return (r["totals"].get("resident_pages") or 0) / \
+            max(r["totals"]["records_delivered"], 1)
+
+    out = ["| db | cache | strategy | advice | steady records/s | x naive-stride | loop "
+           "records/s | x naive-stride | resident pages per record delivered | runs |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    tags = ["naive-stride", "naive-contig", "dm-serial", "dm-spec", "dm-spec-noadvice",
+            "indexed", "indexed-noadvice"]
+    for name in ("cifar", "mnist", "imagenet"):
+        for cache in ADVICE_CASES:
+            base = rows.get((name, "naive-stride", cache))
+            if not base:
+                continue
+            for tag in tags:
+                runs = rows.get((name, tag, cache))
+                if not runs:
+                    continue
+                s = tag.replace("-noadvice", "")
+                adv = "-" if s in ("naive-stride", "naive-contig", "dm-serial") else \
+                    ("off" if tag.endswith("-noadvice") else "on")
+                cells = [name, "cold" if cache == "cold" else "cold, no read-around", s, adv]
+                for get in (steady, loop):
+                    v = med(runs, get)
+                    cells += [f"{v:,.0f}", f"{v / med(base, get):.2f}"]
+                cells += [f"{med(runs, resident):.2f}", str(len(runs))]
+                out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     """Warm throughput as a training job runs: no per-iteration page accounting."""
     for name in ("cifar", "mnist"):
@@ -393,19 +475,20 @@ def main() -> int:
     parser.add_argument("--only",
                         default="replay,pages,estimator,throughput,production,direct,warm")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
-    parser.add_argument("--table", choices=["direct", "warm"], default=None,
+    parser.add_argument("--table", choices=["direct", "warm", "advice"], default=None,
                         help="print the markdown table of those runs in --out and exit")
     args = parser.parse_args()
     res = Path(args.out)
     if args.table:
-        print(direct_table(res, args.table))
+        print(advice_table(res) if args.table == "advice" else direct_table(res, args.table))
         return 0
     res.mkdir(parents=True, exist_ok=True)
     data = Path(args.data)
     dbs = {name: generate(data, name) for name in SHAPES}
     for part in args.only.split(","):
         {"pages": pages, "estimator": estimator, "throughput": throughput,
-         "replay": replay, "production": production, "direct": direct, "warm": warm}[part](
+         "replay": replay, "production": production, "direct": direct, "warm": warm,
+         "advice": advice}[part](
             res, dbs, args.quick)
     (res / "databases.json").write_text(json.dumps(
         {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,

@@ -71,6 +71,11 @@ class ReadOptions:
     #: caches start empty when the session is ready and are emptied at every new epoch
     #: (a data set larger than a node's memory). Implies page accounting.
     direct_io: bool = False
+    #: readers that know the pages they will read before reading them (dm-spec's
+    #: speculative ranges, indexed's exact ones) ask the kernel for them first
+    #: (``MADV_WILLNEED``): a few large reads instead of a fault per page or read-around
+    #: window. Off: the pages are faulted in as read (the A/B of docs/reading.md).
+    prefetch_advice: bool = True
     #: how a node ring carries records: "copy" (the reader gathers their bytes into the
     #: slot) or "spans" (the slot carries each record's offset and length in the database
     #: file, which every rank has mapped, and workers decode straight from the mapping: no
@@ -278,14 +283,16 @@ class ReadSession:
             self.db.accounting.enable()
         if self.shared:
             comm = topo.readers if topo.is_reader else None
-            ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers, opts.timeout)
+            ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers, opts.timeout,
+                                advise=opts.prefetch_advice)
             self.consumers = topo.n_workers
             wr = topo.worker_rank if topo.is_worker else 1 << 30
             firsts = topo.node.allgather(wr)
             self.first_consumer = min(firsts)
             self.node_consumers = sum(1 for w in firsts if w != 1 << 30)
         else:
-            ctx = ReaderContext(self.db, None, topo.rank, topo.size, opts.timeout)
+            ctx = ReaderContext(self.db, None, topo.rank, topo.size, opts.timeout,
+                                advise=opts.prefetch_advice)
             self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
         self.strategy: ReadStrategy = cls(ctx)
@@ -471,6 +478,16 @@ class ReadSession:
         order = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
         return refs.take(order)
 
+    def _read_ahead(self, plan: EpochPlan, iteration: int) -> None:
+        """Tell the strategy the records this reader fetches in ``iteration`` (the next
+        one), so that it can ask for their pages while this one is gathered and handed off
+        (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
+        if iteration >= plan.iterations or not self.opts.prefetch_advice:
+            return
+        ids = plan.group_records(iteration, self.first_consumer, self.node_consumers) \
+            if self.shared else plan.records(iteration, self.topo.rank)
+        self.strategy.read_ahead(plan, iteration, ids)
+
     def read_group(self, first: int, count: int) -> IterationStats:
         """Reader side of iterations ``first .. first + count - 1`` in one ring slot (count
         1 without a ring): locate, gather, publish."""
@@ -490,6 +507,7 @@ class ReadSession:
             sizes = np.array([ids.size])
             pad = plan.padding(iteration, self.topo.rank)
         refs = self._fetch_group(plan, first, count, ids, stats)
+        self._read_ahead(plan, first + count)
         if self.opts.value_prefix is not None and len(refs):
             refs = self._prefixes(refs)
         if len(refs) != ids.size:

@@ -139,6 +139,25 @@ def test_prefetch_makes_ranges_resident(cold) -> None:
             pf.prefetch_pages(m, [0, N_PAGES], [1, 1], PAGE)
 
 
+def test_advise_page_ranges_reads_runs_without_read_around(cold) -> None:
+    """WILLNEED on the array over a mapping (as strategies hold it) makes exactly the merged
+    runs resident, with the mapping's read-around off (LMDB's MDB_NORDAHEAD), without
+    touching a page; one madvise per merged run."""
+    path, _ = cold
+    psize = 2 * PAGE
+    with map_file(path) as m:
+        pf.advise(m, advice=pf.MADV_RANDOM)
+        assert pf.resident_pages(m).sum() == 0
+        starts, counts = [60, 10, 12, 40], [4, 2, 3, 0]  # [10,15) merged, [60,64), empty
+        assert pf.advise_page_ranges(m.array, starts, counts, psize) == 2
+        want = np.zeros(N_PAGES + 1, bool)  # the file's last, partial OS page included
+        want[20:30] = want[120:128] = True
+        assert _eventually(lambda: (pf.resident_pages(m) == want).all())
+        with pytest.raises(LmdbioError, match="range 1"):
+            pf.advise_page_ranges(m.array, [0, N_PAGES], [1, 1], PAGE)
+        assert pf.advise_page_ranges(m.array, [], [], psize) == 0
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)), max_size=12))
 def test_merge_ranges_is_the_union(ranges: list[tuple[int, int]]) -> None:

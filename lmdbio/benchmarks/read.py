@@ -71,6 +71,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-accounting", action="store_true",
                         help="no per-iteration page accounting (as a training job runs; "
                              "page fields are then 0, except dm-spec's own estimate)")
+    parser.add_argument("--no-prefetch-advice", action="store_true",
+                        help="dm-spec and indexed fault their pages in as read instead of "
+                             "asking the kernel for them first (MADV_WILLNEED): the A/B of "
+                             "the advice")
     parser.add_argument("--direct", action="store_true",
                         help="every (simulated) node reads its pages into its own cache with "
                              "O_DIRECT reads (nodes stop sharing the host's page cache; "
@@ -173,7 +177,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                            last=args.last, shuffle=args.shuffle, seed=args.seed,
                            prefetch_depth=args.prefetch_depth, timeout=args.timeout,
                            symmetric=not args.no_symmetric,
-                           accounting=not args.no_accounting, direct_io=args.direct)
+                           accounting=not args.no_accounting, direct_io=args.direct,
+                           prefetch_advice=not args.no_prefetch_advice)
         world.Barrier()
         t_start = time.perf_counter()
         session = ReadSession(path, topo, opts)
@@ -401,6 +406,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "cold": args.cold,
         "direct": args.direct,
         "advice": args.advice,
+        "prefetch_advice": not args.no_prefetch_advice,
         "accounting": not args.no_accounting,
         "records_in_database": n_records,
         "iterations": [iters[k] for k in sorted(iters)],

@@ -48,6 +48,7 @@ __all__ = [
     "OS_PAGE_SIZE",
     "DirectReader",
     "advise",
+    "advise_page_ranges",
     "drop_cache",
     "fadvise_willneed",
     "pread_prefetch",
@@ -130,21 +131,9 @@ def touch_page_ranges(
     from lmdbio.io._touch import touch_ranges
 
     arr = _as_array(target)
-    s = np.asarray(starts, dtype=np.int64).ravel()
-    c = np.asarray(counts, dtype=np.int64).ravel()
-    if s.shape != c.shape:
-        raise LmdbioError(f"touch_page_ranges: {s.size} starts but {c.size} counts")
-    if page_size <= 0:
-        raise LmdbioError(f"page_size must be positive, got {page_size}")
+    s, c = _checked_page_ranges("touch_page_ranges", arr.shape[0], starts, counts, page_size)
     byte_start = s * page_size
     byte_stop = (s + c) * page_size
-    bad = (s < 0) | (c < 0) | (byte_stop > arr.shape[0])
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise LmdbioError(
-            f"touch_page_ranges: range {i} (pages {s[i]}..{s[i] + c[i]} of {page_size} "
-            f"bytes) is outside the {arr.shape[0]}-byte mapping"
-        )
     return int(touch_ranges(arr, byte_start, byte_stop, OS_PAGE_SIZE))
 
 
@@ -205,32 +194,76 @@ def prefetch(mapping: Mapping, offset: int = 0, length: int | None = None) -> in
     return touch(mapping, offset, length)
 
 
+def _checked_page_ranges(
+    what: str, total: int, starts: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray, page_size: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """``starts``/``counts`` as int64 arrays, every range checked against ``total`` bytes (a
+    bad one raises :class:`~lmdbio.errors.LmdbioError` naming it, before anything is done)."""
+    s = np.asarray(starts, dtype=np.int64).ravel()
+    c = np.asarray(counts, dtype=np.int64).ravel()
+    if s.shape != c.shape:
+        raise LmdbioError(f"{what}: {s.size} starts but {c.size} counts")
+    if page_size <= 0:
+        raise LmdbioError(f"page_size must be positive, got {page_size}")
+    bad = (s < 0) | (c < 0) | ((s + c) * page_size > total)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        raise LmdbioError(
+            f"{what}: range {i} (pages {s[i]}..{s[i] + c[i]} of {page_size} bytes) "
+            f"is outside the {total}-byte mapping"
+        )
+    return s, c
+
+
+def advise_page_ranges(
+    target: Mapping | np.ndarray,
+    starts: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray,
+    page_size: int,
+    advice: int = MADV_WILLNEED,
+) -> int:
+    """``madvise`` database page ranges of a mapping (or of the array over one, such as
+    :attr:`lmdbio.lmdb.Database.buf`): the ranges are merged and each merged run is advised
+    with one call. With ``MADV_WILLNEED`` (the default) the kernel reads every run with large
+    asynchronous requests and returns at once, whatever read-around the mapping has
+    (``MADV_RANDOM`` included): the way a reader turns the page ranges it will need into
+    a few large reads instead of a page fault, and a 4 KiB read, per page. Bad ranges raise
+    before anything is advised. Returns the number of ``madvise`` calls."""
+    arr = _as_array(target)
+    s, c = _checked_page_ranges("advise_page_ranges", arr.shape[0], starts, counts,
+                                page_size)
+    run_starts, run_stops = _merge_ranges(s * page_size, (s + c) * page_size)
+    if not run_starts.size:
+        return 0
+    base = arr.ctypes.data
+    # absolute addresses, page-aligned down, never before the buffer's first whole OS page
+    floor = -(-base // OS_PAGE_SIZE) * OS_PAGE_SIZE
+    first = np.maximum((base + run_starts) // OS_PAGE_SIZE * OS_PAGE_SIZE, floor)
+    stops = base + run_stops
+    keep = first < stops
+    for a, b in zip(first[keep].tolist(), stops[keep].tolist(), strict=True):
+        try:
+            _libc.madvise(a, b - a, advice)
+        except OSError as exc:
+            where = target.path if isinstance(target, Mapping) else "the database mapping"
+            raise LmdbioError(f"{where}: madvise({advice}) of bytes {a - base}..{b - base} "
+                              f"failed: {exc}") from exc
+    return int(keep.sum())
+
+
 def prefetch_pages(
-    mapping: Mapping,
+    target: Mapping | np.ndarray,
     starts: Sequence[int] | np.ndarray,
     counts: Sequence[int] | np.ndarray,
     page_size: int,
 ) -> int:
-    """:func:`prefetch` of many database page ranges: the ranges are merged, each merged run
-    is advised (one ``madvise`` per run, not per page), then all are touched in one compiled
-    call. Bad ranges raise before anything is read. Returns the touch checksum."""
-    s = np.asarray(starts, dtype=np.int64).ravel()
-    c = np.asarray(counts, dtype=np.int64).ravel()
-    if s.shape != c.shape:
-        raise LmdbioError(f"prefetch_pages: {s.size} starts but {c.size} counts")
-    if page_size <= 0:
-        raise LmdbioError(f"page_size must be positive, got {page_size}")
-    bad = (s < 0) | (c < 0) | ((s + c) * page_size > mapping.length)
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
-        raise LmdbioError(
-            f"prefetch_pages: range {i} (pages {s[i]}..{s[i] + c[i]} of {page_size} bytes) "
-            f"is outside the {mapping.length}-byte mapping {mapping.path}"
-        )
-    run_starts, run_stops = _merge_ranges(s * page_size, (s + c) * page_size)
-    for a, b in zip(run_starts.tolist(), run_stops.tolist(), strict=True):
-        advise(mapping, a, b - a, MADV_WILLNEED)
-    return touch_page_ranges(mapping, s, c, page_size)
+    """:func:`prefetch` of many database page ranges: :func:`advise_page_ranges`
+    (``MADV_WILLNEED``, one call per merged run), then all ranges touched in one compiled
+    call, so the pages are resident and mapped when it returns. Bad ranges raise before
+    anything is read. Returns the touch checksum."""
+    advise_page_ranges(target, starts, counts, page_size, MADV_WILLNEED)
+    return touch_page_ranges(target, starts, counts, page_size)
 
 
 def _file_path(target: PathOrMapping) -> str:

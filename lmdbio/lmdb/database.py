@@ -118,12 +118,18 @@ class RecordRefs:
         """Distinct pages holding these records: their leaf pages and every value page."""
         return np.union1d(self.leaf_pg, self.value_pages(psize))
 
+    def value_page_runs(self, psize: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, counts)``: the pages each value's bytes cover, as one run per record
+        (overlapping for values that share a page; :func:`lmdbio.io.prefetch.
+        advise_page_ranges` merges them)."""
+        first = self.val_off // psize
+        return first, (self.val_off + np.maximum(self.val_len, 1) - 1) // psize - first + 1
+
     def value_pages(self, psize: int) -> np.ndarray:
         """Distinct pages covered by the values' bytes."""
         if not len(self):
             return np.empty(0, np.int64)
-        first = self.val_off // psize
-        counts = (self.val_off + np.maximum(self.val_len, 1) - 1) // psize - first + 1
+        first, counts = self.value_page_runs(psize)
         # every page of every value without a Python loop: ramps restarting at each value
         ramp = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
         return np.unique(np.repeat(first, counts) + ramp)

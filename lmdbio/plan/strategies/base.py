@@ -9,6 +9,7 @@ every iteration, in the same order: strategies that communicate (the DM chain) r
 
 from __future__ import annotations
 
+import logging
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
@@ -18,6 +19,8 @@ import numpy as np
 
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import EpochPlan
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +67,8 @@ class ReaderContext:
     reader_index: int
     n_readers: int
     timeout: float = 60.0
+    #: whether :meth:`ReadStrategy.advise_pages` asks the kernel for pages ahead of reads
+    advise: bool = True
 
 
 class ReadStrategy(ABC):
@@ -99,8 +104,36 @@ class ReadStrategy(ABC):
               stats: IterationStats) -> RecordRefs:
         """Locate records ``ids`` (this reader's records for ``iteration``, in order)."""
 
+    def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:  # noqa: B027
+        """Called after this reader located its records for the iteration before
+        ``iteration``, with ``ids`` it will fetch in ``iteration``: a strategy that can tell
+        their pages now asks the kernel for them (:meth:`advise_pages`, asynchronous), so
+        their I/O overlaps this iteration's gather and hand-off. No reads, no accounting,
+        no communication; the default does nothing (the naive strategies, LMM and
+        dm-serial read as the systems they reproduce do)."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the strategy holds (collective where setup was)."""
+
+    def advise_pages(self, starts: np.ndarray, counts: np.ndarray) -> None:
+        """Ask the kernel for database pages ``[starts[i], starts[i] + counts[i])`` now, as
+        a few large asynchronous reads (``MADV_WILLNEED``, one call per merged run), so that
+        the reads that follow wait on them instead of faulting pages in one at a time. Not
+        with a node cache (``--direct``: that cache reads its runs itself). Advisory: if the
+        kernel refuses (a buffer that is not a file mapping), a warning is logged once and
+        the reads fault pages in as before."""
+        from lmdbio.errors import LmdbioError
+        from lmdbio.io.prefetch import advise_page_ranges
+
+        if not self.ctx.advise or self.db.node_cache is not None or \
+                getattr(self, "_advice_refused", False):
+            return
+        try:
+            advise_page_ranges(self.db.buf, starts, counts, self.db.psize)
+        except LmdbioError as exc:
+            self._advice_refused = True
+            log.warning("%s: prefetch advice refused, pages are faulted in as read: %s",
+                        self.db.path, exc)
 
     # helpers shared by the walking strategies -------------------------------------------
     def start_walk(self) -> None:

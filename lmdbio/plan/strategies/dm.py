@@ -162,28 +162,48 @@ class DmSpec(DmSerial):
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
         return ranges
 
+    def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
+        """Ask for the pages the next iteration's estimate names (the same estimate that
+        iteration's :meth:`fetch` will make and touch, from the same state), while this
+        one is gathered and handed off. Only when the next records continue these (not
+        across a wrap-around or a resume: the fetch then starts a new estimate)."""
+        if not ids.size or int(ids[0]) != self._expect or self.db.node_cache is not None \
+                or not self.ctx.advise:
+            return
+        starts, lengths = self._ranges(ids)
+        if lengths.any():
+            self.advise_pages(starts, lengths)
+
+    def _ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The prefetch ranges for ``ids`` (``starts``, ``lengths``, clipped to the file)."""
+        npages = self.db.file_size // self.db.psize
+        regular = ids.size > 0 and int(ids[0]) == self._expect
+        wrap = np.flatnonzero(np.diff(ids) < 0)
+        cut = int(wrap[0]) + 1 if wrap.size else ids.size
+        guesses = self._predict(ids, cut, regular)
+        starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
+        lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
+                            zip(guesses, starts.tolist(), strict=True)], np.int64)
+        return starts, lengths
+
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
         from lmdbio.io.prefetch import touch_page_ranges
 
-        npages = self.db.file_size // self.db.psize
         # the estimates extrapolate from the previous iterations only while the records
         # continue them (not across the wrap-around of a padded last batch, or a resume)
-        regular = ids.size > 0 and int(ids[0]) == self._expect
-        if not regular:
+        if not (ids.size > 0 and int(ids[0]) == self._expect):
             self._reset_estimates()
+        starts, lengths = self._ranges(ids)
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
-        guesses = self._predict(ids, cut, regular)
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
-        starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
-        lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
-                            zip(guesses, starts.tolist(), strict=True)], np.int64)
         with Timer(stats, "prefetch"):
             if lengths.any() and self.db.node_cache is not None:
                 self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
-            elif lengths.any():
+            elif lengths.any():  # a few large reads, then every page mapped by touching
+                self.advise_pages(starts, lengths)
                 touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         refs = self.walk_share(iteration, ids, stats)
         if not len(refs):

@@ -1,0 +1,152 @@
+"""Prefetch advice and read-ahead of the strategies that know their pages before reading them
+(dm-spec's estimate, indexed's exact ranges), one reader, no MPI: what they ask the kernel
+for, and that asking reads nothing and counts nothing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from lmdbgen import random_items, write_db
+
+from lmdbio.io import prefetch as pf
+from lmdbio.lmdb import Database
+from lmdbio.plan.epoch import plan_epoch
+from lmdbio.plan.strategies import DmSpec, Indexed, IterationStats, ReaderContext
+
+BATCH = 32
+
+
+@pytest.fixture(scope="module")
+def cifar_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """640 records of 3,072 bytes (one overflow page each), committed 100 at a time."""
+    path = tmp_path_factory.mktemp("ahead") / "db"
+    write_db(path, random_items(640, 3072, seed=3), commit_every=100)
+    return path
+
+
+@pytest.fixture()
+def open_strategy():
+    """``open_strategy(cls, path, advise=True) -> (db, strategy)``, one reader; the
+    databases are closed after the test (a mapping left open keeps its pages resident)."""
+    opened: list[Database] = []
+
+    def make(cls, path: Path, advise: bool = True):
+        db = Database(path)
+        opened.append(db)
+        s = cls(ReaderContext(db, None, 0, 1, advise=advise))
+        s.setup()
+        return db, s
+
+    yield make
+    for db in opened:
+        db.close()
+
+
+def _resident_db_pages(path: Path, db: Database) -> np.ndarray:
+    os_pages = pf.resident_pages(path / "data.mdb")
+    per = db.psize // pf.OS_PAGE_SIZE
+    return np.flatnonzero(os_pages[: os_pages.size // per * per].reshape(-1, per).all(axis=1))
+
+
+def _cold(path: Path, db: Database) -> None:
+    """Unmap ``db``'s pages in this process and drop the file from the page cache, then turn
+    read-around off in ``db``'s mapping (skip where the file system keeps it resident).
+    The file's first 16 pages may stay (the meta pages, read again by the snapshot pin's
+    LMDB environment with the kernel's read-around): no test looks at them."""
+    from lmdbio.io import _libc
+
+    length = db.buf.shape[0] // pf.OS_PAGE_SIZE * pf.OS_PAGE_SIZE
+    _libc.madvise(db.buf.ctypes.data, length, pf.MADV_DONTNEED)
+    pf.drop_cache(path / "data.mdb")
+    if (_resident_db_pages(path, db) >= 16).any():
+        pytest.skip(f"this file system keeps the file resident: {_resident_db_pages(path, db)}")
+    _libc.madvise(db.buf.ctypes.data, length, pf.MADV_RANDOM)
+
+
+def _eventually(check, seconds: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.01)
+    return check()
+
+
+def test_indexed_read_ahead_asks_for_the_next_values_without_counting(cifar_like,
+                                                                      open_strategy) -> None:
+    db, s = open_strategy(Indexed, cifar_like)
+    plan = plan_epoch(len(db), 1, BATCH)
+    ids = plan.records(3, 0)
+    want = db.locate(ids).value_pages(db.psize)
+    db.accounting.enable()
+    _cold(cifar_like, db)
+    db.accounting.reset()
+    s.read_ahead(plan, 3, ids)
+    assert not db.accounting.touched.any(), "read-ahead is not a read of this iteration"
+    assert _eventually(lambda: np.isin(want, _resident_db_pages(cifar_like, db)).all())
+    # besides the values asked for: the leaf pages its locate read
+    assert want.min() >= 16
+    extra = np.setdiff1d(_resident_db_pages(cifar_like, db), want)
+    assert (extra >= 16).sum() <= 3, extra
+
+
+@pytest.mark.parametrize("advise", [True, False])
+def test_indexed_fetch_asks_for_its_values_unless_turned_off(cifar_like, open_strategy,
+                                                             advise) -> None:
+    """A fetch only locates (the gather reads later): with the advice on, the values it
+    located arrive meanwhile; off, nothing is read until the gather faults them in."""
+    db, s = open_strategy(Indexed, cifar_like, advise=advise)
+    plan = plan_epoch(len(db), 1, BATCH)
+    ids = plan.records(5, 0)
+    _cold(cifar_like, db)
+    s.read_ahead(plan, 5, ids)
+    refs = s.fetch(plan, 5, ids, IterationStats(5))
+    pages = refs.value_pages(db.psize)
+    assert pages.min() >= 16
+    arrived = _eventually(lambda: np.isin(pages, _resident_db_pages(cifar_like, db)).all(),
+                          seconds=5.0 if advise else 0.5)
+    assert arrived == advise
+    if not advise:
+        assert not np.isin(pages, _resident_db_pages(cifar_like, db)).any()
+
+
+def test_dm_spec_reads_ahead_exactly_what_its_next_fetch_prefetches(cifar_like, open_strategy,
+                                                                     monkeypatch) -> None:
+    """Before every regular iteration, read-ahead advises the ranges that iteration's fetch
+    then touches (same estimate, same state); at a new estimate (the epoch's start, records
+    that do not continue the previous ones) it advises nothing."""
+    db, s = open_strategy(DmSpec, cifar_like)
+    plan = plan_epoch(len(db), 1, BATCH)
+    advised: list[tuple[list, list]] = []
+    touched: list[tuple[list, list]] = []
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: advised.append(
+        (np.asarray(a).tolist(), np.asarray(b).tolist())))
+    real_touch = pf.touch_page_ranges
+    monkeypatch.setattr(pf, "touch_page_ranges", lambda t, a, b, p: (
+        touched.append((np.asarray(a).tolist(), np.asarray(b).tolist())),
+        real_touch(t, a, b, p))[1])
+    s.begin_epoch(plan)
+    compared = 0
+    for it in range(plan.iterations):
+        ids = plan.records(it, 0)
+        if it:
+            advised.clear()
+            s.read_ahead(plan, it, ids)
+            ahead = list(advised)
+        advised.clear()
+        touched.clear()
+        db.accounting.reset()
+        s.fetch(plan, it, ids, IterationStats(it))
+        assert len(touched) == 1
+        if it:
+            assert ahead == [touched[0]], f"iteration {it}"
+            compared += 1
+    assert compared == plan.iterations - 1
+    # records that do not continue the previous ones: no advice (a fresh estimate follows)
+    advised.clear()
+    s.read_ahead(plan, 2, plan.records(2, 0))
+    assert advised == []
