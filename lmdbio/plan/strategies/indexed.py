@@ -149,18 +149,28 @@ class Indexed(ReadStrategy):
               stats: IterationStats) -> RecordRefs:
         with Timer(stats, "walk"):
             refs = self.db.locate(ids)
-        if len(refs):
+        big = refs.ovf_pages > 0  # inline values are in the leaf pages locate just read
+        self._overflow = bool(big.any())
+        if self._overflow:
             # the exact pages are known before anything is read: ask for them now, as a few
             # large reads, rather than fault them in one page (or read-around window) at a
             # time during the gather
             with Timer(stats, "prefetch"):
-                self.advise_pages(*refs.value_page_runs(self.db.psize))
+                self.advise_pages(*refs.take(np.flatnonzero(big))
+                                  .value_page_runs(self.db.psize))
         return refs
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
-        """Locate the next iteration's records (their leaf pages are read, not counted: the
-        fetch of that iteration reads and counts them again) and ask for their values."""
+        """Ask for the next iteration's leaf pages (the directory names them: nothing is
+        read) and, when this iteration's records had overflow values, locate the next ones
+        (their leaves are read here, not counted: that iteration's fetch reads and counts
+        them again) and ask for their overflow pages too."""
         if not ids.size or not self.ctx.advise or self.db.node_cache is not None:
+            return
+        leaves, first = self.db.leaves(), self.db.leaf_directory()
+        pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
+        self.advise_pages(pages, np.ones_like(pages))
+        if not getattr(self, "_overflow", True):
             return
         acc = self.db.accounting
         was, acc.enabled = acc.enabled, False
@@ -168,4 +178,6 @@ class Indexed(ReadStrategy):
             refs = self.db.locate(ids)
         finally:
             acc.enabled = was
-        self.advise_pages(*refs.value_page_runs(self.db.psize))
+        big = np.flatnonzero(refs.ovf_pages > 0)
+        if big.size:
+            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
