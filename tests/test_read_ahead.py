@@ -63,6 +63,7 @@ def _cold(path: Path, db: Database) -> None:
     if (_resident_db_pages(path, db) >= 16).any():
         pytest.skip(f"this file system keeps the file resident: {_resident_db_pages(path, db)}")
     _libc.madvise(db.buf.ctypes.data, length, pf.MADV_RANDOM)
+    db.read_around = False
 
 
 def _eventually(check, seconds: float = 5.0) -> bool:

@@ -128,6 +128,7 @@ def _advise(session: Any, advice: str) -> None:
     buf = session.db.buf
     if buf.shape[0]:
         _libc.madvise(buf.ctypes.data, buf.shape[0], code)
+    session.db.read_around = advice != "random"
 
 
 def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, Any]:

@@ -214,6 +214,11 @@ class Database:
         #: walks and seeks charge the branch and leaf pages they read to it and values are
         #: gathered from it (``lmdbio bench read --direct``; needs accounting)
         self.node_cache: Any = None
+        #: whether page faults on the mapping read around the faulting page (the kernel's
+        #: default); False once the mapping is advised ``MADV_RANDOM`` (LMDB's
+        #: ``MDB_NORDAHEAD``). Readers then also ask ahead for single pages (leaves), which
+        #: with read-around would break up the kernel's own larger reads.
+        self.read_around = True
         self._leaves: np.ndarray | None = None
         self._nbranches = 0
         self._leaf_first: np.ndarray | None = None

@@ -162,14 +162,17 @@ class Indexed(ReadStrategy):
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
         """Ask for the next iteration's leaf pages (the directory names them: nothing is
-        read) and, when this iteration's records had overflow values, locate the next ones
+        read; only without read-around) and, when this iteration's records had overflow
+        values, locate the next ones
         (their leaves are read here, not counted: that iteration's fetch reads and counts
         them again) and ask for their overflow pages too."""
         if not ids.size or not self.ctx.advise or self.db.node_cache is not None:
             return
-        leaves, first = self.db.leaves(), self.db.leaf_directory()
-        pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
-        self.advise_pages(pages, np.ones_like(pages))
+        if not self.db.read_around:  # else faults read around them (measured: advising
+            # single leaf pages then costs more than it saves, docs/reading.md)
+            leaves, first = self.db.leaves(), self.db.leaf_directory()
+            pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
+            self.advise_pages(pages, np.ones_like(pages))
         if not getattr(self, "_overflow", True):
             return
         acc = self.db.accounting
