@@ -321,26 +321,30 @@ def _matrix(res: Path, dbs: dict[str, Path], quick: bool, prefix: str, names: tu
                           "5", "--simulate-nodes", "4", "--mode", mode, *extra)
 
 
+def _median(runs: list[dict], get) -> float:
+    """Median of ``get(run)`` over repeated runs."""
+    import statistics
+
+    return statistics.median(get(r) for r in runs)
+
+
+def _steady(r: dict) -> float:
+    return r["totals"]["steady"]["records_per_second"]
+
+
+def _loop(r: dict) -> float:
+    return r["totals"]["loop_records_per_second"]
+
+
 def direct_table(res: Path, prefix: str = "direct") -> str:
     """Markdown table of the ``direct`` (or ``warm``) runs: medians over repeats, ratios to
     naive-stride (colocated) of the same repeat set."""
-    import statistics
-
     rows: dict[tuple[str, str, str], list[dict]] = {}
     for f in sorted(res.glob(f"{prefix}-*.json")):
         r = json.loads(f.read_text())
         mode = "dedicated" if "--mode dedicated" in r.get("command", "") else "colocated"
         rows.setdefault((Path(r["path"]).name.replace("read-", ""), r["strategy"], mode),
                         []).append(r)
-
-    def med(runs: list[dict], get) -> float:
-        return statistics.median(get(r) for r in runs)
-
-    def steady(r: dict) -> float:
-        return r["totals"]["steady"]["records_per_second"]
-
-    def loop(r: dict) -> float:
-        return r["totals"]["loop_records_per_second"]
 
     def whole(r: dict) -> float:
         return r["totals"]["records_per_second"]
@@ -360,14 +364,14 @@ def direct_table(res: Path, prefix: str = "direct") -> str:
                     continue
                 consumers = sum(1 for p in runs[0]["per_rank"] if p["worker"])
                 io = [r["totals"].get("direct_io") for r in runs]
-                pages = med(runs, lambda r: r["totals"]["direct_io"]["pages"]
+                pages = _median(runs, lambda r: r["totals"]["direct_io"]["pages"]
                             / max(r["totals"]["records_delivered"], 1)) if all(io) else None
-                calls = med(runs, lambda r: r["totals"]["direct_io"]["reads"]
+                calls = _median(runs, lambda r: r["totals"]["direct_io"]["reads"]
                             / max(r["totals"]["records_delivered"], 1)) if all(io) else None
                 cells = [db, s, mode, str(consumers)]
-                for get in (steady, loop, whole):
-                    v = med(runs, get)
-                    cells += [f"{v:,.0f}", f"{v / med(base, get):.2f}"]
+                for get in (_steady, _loop, whole):
+                    v = _median(runs, get)
+                    cells += [f"{v:,.0f}", f"{v / _median(base, get):.2f}"]
                 cells += ["-" if pages is None else f"{pages:.3f}",
                           "-" if calls is None else f"{calls:.3f}", str(len(runs))]
                 out.append("| " + " | ".join(cells) + " |")
@@ -409,22 +413,11 @@ def advice(res: Path, dbs: dict[str, Path], quick: bool) -> None:
 def advice_table(res: Path) -> str:
     """Markdown table of the ``advice`` runs: medians over repeats, ratios to naive-stride
     of the same database and cache state."""
-    import statistics
-
     rows: dict[tuple[str, str, str], list[dict]] = {}
     for f in sorted(res.glob("advice-*.json")):
         name, rest = f.stem.split("-", 2)[1:]
         tag, cache, _ = rest.rsplit("-", 2)
         rows.setdefault((name, tag, cache), []).append(json.loads(f.read_text()))
-
-    def med(runs: list[dict], get) -> float:
-        return statistics.median(get(r) for r in runs)
-
-    def steady(r: dict) -> float:
-        return r["totals"]["steady"]["records_per_second"]
-
-    def loop(r: dict) -> float:
-        return r["totals"]["loop_records_per_second"]
 
     def resident(r: dict) -> float:
         return (r["totals"].get("resident_pages") or 0) / \
@@ -448,10 +441,10 @@ def advice_table(res: Path) -> str:
                 adv = "-" if s in ("naive-stride", "naive-contig", "dm-serial") else \
                     ("off" if tag.endswith("-noadvice") else "on")
                 cells = [name, "cold" if cache == "cold" else "cold, no read-around", s, adv]
-                for get in (steady, loop):
-                    v = med(runs, get)
-                    cells += [f"{v:,.0f}", f"{v / med(base, get):.2f}"]
-                cells += [f"{med(runs, resident):.2f}", str(len(runs))]
+                for get in (_steady, _loop):
+                    v = _median(runs, get)
+                    cells += [f"{v:,.0f}", f"{v / _median(base, get):.2f}"]
+                cells += [f"{_median(runs, resident):.2f}", str(len(runs))]
                 out.append("| " + " | ".join(cells) + " |")
     return "\n".join(out)
 
