@@ -482,7 +482,7 @@ class ReadSession:
         """Tell the strategy the records this reader fetches in ``iteration`` (the next
         one), so that it can ask for their pages while this one is gathered and handed off
         (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
-        if iteration >= plan.iterations or not self.opts.prefetch_advice:
+        if iteration >= plan.iterations or not self.strategy.advising:
             return
         ids = plan.group_records(iteration, self.first_consumer, self.node_consumers) \
             if self.shared else plan.records(iteration, self.topo.rank)

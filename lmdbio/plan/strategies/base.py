@@ -85,6 +85,7 @@ class ReadStrategy(ABC):
     def __init__(self, ctx: ReaderContext) -> None:
         self.ctx = ctx
         self.db = ctx.db
+        self._advice_refused = False
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Collective over the readers, once before the first epoch."""
@@ -115,18 +116,24 @@ class ReadStrategy(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release what the strategy holds (collective where setup was)."""
 
+    @property
+    def advising(self) -> bool:
+        """Whether :meth:`advise_pages` asks the kernel for anything: advice is on, there is
+        no node cache (``--direct``: that cache reads its runs itself) and the kernel has
+        not refused it."""
+        return self.ctx.advise and self.db.node_cache is None and not self._advice_refused
+
     def advise_pages(self, starts: np.ndarray, counts: np.ndarray) -> None:
         """Ask the kernel for database pages ``[starts[i], starts[i] + counts[i])`` now, as
         a few large asynchronous reads (``MADV_WILLNEED``, one call per merged run), so that
-        the reads that follow wait on them instead of faulting pages in one at a time. Not
-        with a node cache (``--direct``: that cache reads its runs itself). Advisory: if the
-        kernel refuses (a buffer that is not a file mapping), a warning is logged once and
-        the reads fault pages in as before."""
+        the reads that follow wait on them instead of faulting pages in one at a time; a
+        no-op unless :attr:`advising`. Advisory: if the kernel refuses (a buffer that is
+        not a file mapping), a warning is logged once and the reads fault pages in as
+        before."""
         from lmdbio.errors import LmdbioError
         from lmdbio.io.prefetch import advise_page_ranges
 
-        if not self.ctx.advise or self.db.node_cache is not None or \
-                getattr(self, "_advice_refused", False):
+        if not self.advising:
             return
         try:
             advise_page_ranges(self.db.buf, starts, counts, self.db.psize)

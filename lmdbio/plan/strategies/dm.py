@@ -167,15 +167,13 @@ class DmSpec(DmSerial):
         iteration's :meth:`fetch` will make and touch, from the same state), while this
         one is gathered and handed off. Only when the next records continue these (not
         across a wrap-around or a resume: the fetch then starts a new estimate)."""
-        if not ids.size or int(ids[0]) != self._expect or self.db.node_cache is not None \
-                or not self.ctx.advise:
-            return
-        starts, lengths = self._ranges(ids)
-        if lengths.any():
+        if ids.size and int(ids[0]) == self._expect and self.advising:
+            starts, lengths, _ = self._ranges(ids)
             self.advise_pages(starts, lengths)
 
-    def _ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The prefetch ranges for ``ids`` (``starts``, ``lengths``, clipped to the file)."""
+    def _ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """``(starts, lengths, cut)``: the prefetch ranges for ``ids``, clipped to the file,
+        and where ``ids`` wrap around (``ids.size`` if they do not)."""
         npages = self.db.file_size // self.db.psize
         regular = ids.size > 0 and int(ids[0]) == self._expect
         wrap = np.flatnonzero(np.diff(ids) < 0)
@@ -184,7 +182,7 @@ class DmSpec(DmSerial):
         starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
         lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
                             zip(guesses, starts.tolist(), strict=True)], np.int64)
-        return starts, lengths
+        return starts, lengths, cut
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
@@ -194,9 +192,7 @@ class DmSpec(DmSerial):
         # continue them (not across the wrap-around of a padded last batch, or a resume)
         if not (ids.size > 0 and int(ids[0]) == self._expect):
             self._reset_estimates()
-        starts, lengths = self._ranges(ids)
-        wrap = np.flatnonzero(np.diff(ids) < 0)
-        cut = int(wrap[0]) + 1 if wrap.size else ids.size
+        starts, lengths, cut = self._ranges(ids)
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
         with Timer(stats, "prefetch"):

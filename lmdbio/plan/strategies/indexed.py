@@ -144,36 +144,40 @@ class Indexed(ReadStrategy):
             if self.ctx.reader_index == 0:
                 save_sidecar(self.db, leaves, first)
         self.db.set_leaf_directory(leaves, first)
+        self._overflow = True  # until a fetch shows the records' values are all inline
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats) -> RecordRefs:
         with Timer(stats, "walk"):
             refs = self.db.locate(ids)
-        big = refs.ovf_pages > 0  # inline values are in the leaf pages locate just read
-        self._overflow = bool(big.any())
+        # inline values are in the leaf pages locate has just read: only overflow ones
+        self._overflow = bool((refs.ovf_pages > 0).any())
         if self._overflow:
             # the exact pages are known before anything is read: ask for them now, as a few
             # large reads, rather than fault them in one page (or read-around window) at a
             # time during the gather
             with Timer(stats, "prefetch"):
-                self.advise_pages(*refs.take(np.flatnonzero(big))
-                                  .value_page_runs(self.db.psize))
+                self._advise_overflow_values(refs)
         return refs
+
+    def _advise_overflow_values(self, refs: RecordRefs) -> None:
+        big = np.flatnonzero(refs.ovf_pages > 0)
+        if big.size:
+            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
         """Ask for the next iteration's leaf pages (the directory names them: nothing is
         read; only without read-around) and, when this iteration's records had overflow
-        values, locate the next ones
-        (their leaves are read here, not counted: that iteration's fetch reads and counts
-        them again) and ask for their overflow pages too."""
-        if not ids.size or not self.ctx.advise or self.db.node_cache is not None:
+        values, locate the next ones (their leaves are read here, not counted: that
+        iteration's fetch reads and counts them again) and ask for their overflow pages."""
+        if not ids.size or not self.advising:
             return
         if not self.db.read_around:  # else faults read around them (measured: advising
             # single leaf pages then costs more than it saves, docs/reading.md)
             leaves, first = self.db.leaves(), self.db.leaf_directory()
             pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
             self.advise_pages(pages, np.ones_like(pages))
-        if not getattr(self, "_overflow", True):
+        if not self._overflow:
             return
         acc = self.db.accounting
         was, acc.enabled = acc.enabled, False
@@ -181,6 +185,4 @@ class Indexed(ReadStrategy):
             refs = self.db.locate(ids)
         finally:
             acc.enabled = was
-        big = np.flatnonzero(refs.ovf_pages > 0)
-        if big.size:
-            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
+        self._advise_overflow_values(refs)
