@@ -246,9 +246,18 @@ def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = 
 
 def slot_groups(start: int, end: int, per_slot: int) -> list[tuple[int, int]]:
     """The ``(first iteration, batches)`` of the slots that carry iterations ``start ..
-    end - 1``: runs of ``per_slot`` from ``start`` on, the last one shorter. Readers and
-    workers derive the same runs from the same arguments."""
-    return [(i, min(per_slot, end - i)) for i in range(start, end, max(per_slot, 1))]
+    end - 1``: the epoch's runs of ``per_slot`` iterations from iteration 0 on (the slot
+    groups of the epoch plan), the last one shorter; an epoch resumed inside a run starts
+    with the rest of that run. Readers and workers derive the same runs from the same
+    arguments; iteration ``i`` travels in slot ``i // per_slot - start // per_slot``."""
+    per = max(per_slot, 1)
+    return [(i, min(per - i % per, end - i)) for i in _slot_starts(start, end, per)]
+
+
+def _slot_starts(start: int, end: int, per: int) -> list[int]:
+    if start >= end:
+        return []
+    return [start, *range(start // per * per + per, end, per)]
 
 
 class ReadSession:
@@ -290,11 +299,17 @@ class ReadSession:
             firsts = topo.node.allgather(wr)
             self.first_consumer = min(firsts)
             self.node_consumers = sum(1 for w in firsts if w != 1 << 30)
+            # every node's consumers, in consumer order: the plan lays slot groups out by node
+            nodes = topo.world.allgather((self.first_consumer, self.node_consumers)
+                                         if topo.local_rank == 0 else None)
+            self.consumers_per_node = tuple(n for _, n in sorted(
+                x for x in nodes if x is not None and x[1] > 0))
         else:
             ctx = ReaderContext(self.db, None, topo.rank, topo.size, opts.timeout,
                                 advise=opts.prefetch_advice)
             self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
+            self.consumers_per_node = (1,) * topo.size
         self.strategy: ReadStrategy = cls(ctx)
         if self.reads:
             self.strategy.setup()
@@ -416,7 +431,16 @@ class ReadSession:
                           self.opts.shuffle if self.reads or self.opts.shuffle != "block"
                           else "none", self.opts.seed, epoch, leaf_first,
                           block_leaves=self.opts.block_pages, window=window,
-                          scheme=self.cls.scheme)
+                          scheme=self.cls.scheme, group=self.plan_group,
+                          node_consumers=self.consumers_per_node)
+
+    @property
+    def plan_group(self) -> int:
+        """Iterations per slot group of the epoch plans: the ring's batches per slot for
+        the strategies that walk to their records (a node's records of a slot are then one
+        run: one walk and one cursor hand-off per slot), 1 for the others (they locate any
+        record directly; their order does not depend on the slot size)."""
+        return self.batches_per_slot if self.shared and self.cls.walks_slots else 1
 
     def begin_epoch(self, epoch: int, start_iteration: int = 0) -> EpochPlan:
         """Plan epoch ``epoch``; with ``start_iteration`` > 0 the strategy is positioned to
@@ -458,17 +482,30 @@ class ReadSession:
     def _fetch_group(self, plan: EpochPlan, first: int, count: int, ids: np.ndarray,
                      stats: IterationStats) -> RecordRefs:
         """Where the records of a slot are. A random-access strategy locates them in one
-        call; the others read iteration by iteration, as their chains and walks are built
-        to, and the records are then put in worker-major order."""
+        call; so does a walking one when the slot is one slot group of the plan (the node's
+        records of the slot are then one run: :meth:`EpochPlan.contiguous_slot`); otherwise
+        they read iteration by iteration. Records fetched in iteration order are then put
+        in worker-major order."""
         if count == 1 or self.strategy.shuffles:
             return self.strategy.fetch(plan, first, ids, stats)
         c0, nc = self.first_consumer, self.node_consumers
-        parts = []
-        for i in range(first, first + count):
-            # per iteration, as dm-spec's estimator reads the pages one iteration walked
-            self.db.accounting.reset()
-            parts.append(self.strategy.fetch(plan, i, plan.group_records(i, c0, nc), stats))
-        refs = RecordRefs.concat(parts)
+        if plan.contiguous_slot(first, count):
+            refs = self.strategy.fetch(plan, first, self._slot_run(plan, first, count), stats,
+                                       iterations=count)
+        else:
+            acc = self.db.accounting
+            slot_pages = acc.snapshot() if acc.enabled else None
+            parts = []
+            for i in range(first, first + count):
+                # per iteration, as dm-spec's estimator reads the pages one iteration walked
+                acc.reset()
+                parts.append(self.strategy.fetch(plan, i, plan.group_records(i, c0, nc),
+                                                 stats))
+                if slot_pages is not None:
+                    slot_pages |= acc.touched
+            if slot_pages is not None:  # the slot's pages, as the accounting reports them
+                acc.touched[:] = slot_pages
+            refs = RecordRefs.concat(parts)
         # iteration-major (as fetched) -> worker-major (as the slot holds them)
         sizes = plan.sizes[first:first + count, c0:c0 + nc]
         start = np.zeros(sizes.size, np.int64)
@@ -478,15 +515,30 @@ class ReadSession:
         order = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
         return refs.take(order)
 
+    def _slot_run(self, plan: EpochPlan, first: int, count: int) -> np.ndarray:
+        """This node's records of iterations ``first .. first + count - 1``, iteration
+        after iteration (one run of the order when the plan's slot group holds them)."""
+        c0, nc = self.first_consumer, self.node_consumers
+        if count == 1:
+            return plan.group_records(first, c0, nc)
+        return np.concatenate([plan.group_records(i, c0, nc)
+                               for i in range(first, first + count)])
+
     def _read_ahead(self, plan: EpochPlan, iteration: int) -> None:
-        """Tell the strategy the records this reader fetches in ``iteration`` (the next
-        one), so that it can ask for their pages while this one is gathered and handed off
-        (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
+        """Tell the strategy the records this reader fetches next, from ``iteration`` on
+        (the next slot when a walking strategy fetches it in one call, else its first
+        iteration), so that it can ask for their pages while this slot is gathered and
+        handed off (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
         if iteration >= plan.iterations or not self.strategy.advising:
             return
-        ids = plan.group_records(iteration, self.first_consumer, self.node_consumers) \
-            if self.shared else plan.records(iteration, self.topo.rank)
-        self.strategy.read_ahead(plan, iteration, ids)
+        if not self.shared:
+            self.strategy.read_ahead(plan, iteration, plan.records(iteration, self.topo.rank))
+            return
+        per = max(self.batches_per_slot, 1)
+        count = min(per - iteration % per, plan.iterations - iteration)
+        if self.strategy.shuffles or not plan.contiguous_slot(iteration, count):
+            count = 1
+        self.strategy.read_ahead(plan, iteration, self._slot_run(plan, iteration, count))
 
     def read_group(self, first: int, count: int) -> IterationStats:
         """Reader side of iterations ``first .. first + count - 1`` in one ring slot (count

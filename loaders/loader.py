@@ -332,7 +332,8 @@ class Loader:
         """Index (in this epoch's :func:`~lmdbio.reader.slot_groups`) of the slot carrying
         iteration ``it``."""
         _, start = self._open  # type: ignore[misc]
-        return (it - start) // max(self.session.batches_per_slot, 1)
+        per = max(self.session.batches_per_slot, 1)
+        return it // per - start // per
 
     def _have(self, it: int) -> bool:
         """Whether batch ``it`` is among those decoded from the last slot received."""

@@ -103,7 +103,10 @@ def test_slot_groups_and_the_automatic_slot_size():
     from lmdbio.reader import choose_batches_per_slot, slot_groups
 
     assert slot_groups(0, 7, 3) == [(0, 3), (3, 3), (6, 1)]
-    assert slot_groups(4, 7, 3) == [(4, 3)]  # a resumed epoch: slots from where it resumes
+    # a resumed epoch: the rest of the slot it resumes in, then the epoch's slots
+    assert slot_groups(4, 7, 3) == [(4, 2), (6, 1)]
+    assert slot_groups(3, 8, 3) == [(3, 3), (6, 2)]
+    assert slot_groups(8, 20, 4) == [(8, 4), (12, 4), (16, 4)]
     assert slot_groups(5, 5, 2) == []
     assert slot_groups(0, 3, 1) == [(0, 1), (1, 1), (2, 1)]
     # small records are grouped up to 1,024 per worker or 4 MiB; large ones are not
@@ -128,3 +131,50 @@ def test_batch_capacity_bounds_any_batch_even_beyond_the_database():
     assert batch_capacity(top, 3) == 15
     assert batch_capacity(top, 5) == 15 + 2 * 9  # padding repeats records
     assert batch_capacity(np.empty(0, np.int64), 4) == 0
+
+
+@pytest.mark.parametrize(("n", "consumers", "batch", "last", "group", "nodes"), [
+    (100, 4, 3, "pad", 4, (2, 2)),
+    (97, 4, 3, "drop", 3, (1, 3)),
+    (50, 3, 2, "pad", 5, (3,)),
+    (48, 4, 3, "partial", 4, (2, 2)),
+    (203, 6, 4, "pad", 2, (2, 1, 3)),
+])
+def test_slot_groups_lay_each_nodes_slot_out_as_one_run(n, consumers, batch, last, group,
+                                                        nodes):
+    grouped = plan_epoch(n, consumers, batch, last, group=group, node_consumers=nodes)
+    plain = plan_epoch(n, consumers, batch, last)
+    assert grouped.group == group and grouped.iterations == plain.iterations
+    # the same records, each as often, the same batch sizes and padding counts
+    def real(p):
+        return np.sort(np.concatenate([p.records(i, c)[~p.padding(i, c)]
+                                       for i in range(p.iterations) for c in range(consumers)]))
+    np.testing.assert_array_equal(real(grouped), real(plain))
+    np.testing.assert_array_equal(grouped.sizes, plain.sizes)
+    assert grouped.pad.sum() == plain.pad.sum()
+    first = np.cumsum((0, *nodes))[:-1]
+    for g in range(0, grouped.iterations, group):
+        its = range(g, min(g + group, grouped.iterations))
+        assert grouped.contiguous_slot(its[0], len(its))
+        runs = []
+        for c0, cn in zip(first.tolist(), nodes, strict=True):
+            # a node's records of every iteration of the group, iteration after iteration,
+            # are one run of positions; the nodes' runs follow each other
+            # (unshuffled: a record's index is its position, modulo n for the padding)
+            run = np.concatenate([grouped.group_records(i, c0, cn) for i in its])
+            assert (np.diff(run) % n == 1).all(), (g, c0)
+            runs.append(run)
+        assert (np.diff(np.concatenate(runs)) % n == 1).all()
+    if grouped.iterations > group:  # a slot across two groups is not one run
+        assert not grouped.contiguous_slot(group - 1, 2)
+
+
+def test_slot_groups_apply_to_full_batches_of_the_blocked_scheme_only():
+    split = plan_epoch(49, 4, 3, "partial", group=4, node_consumers=(2, 2))
+    assert split.group == 1  # the last batch is split: plain blocked order
+    np.testing.assert_array_equal(split.table, plan_epoch(49, 4, 3, "partial").table)
+    assert plan_epoch(48, 4, 3, scheme="stride", group=4, node_consumers=(2, 2)).group == 1
+    assert plan_epoch(48, 4, 3, group=4).group == 1  # no node layout given
+    assert not plan_epoch(48, 4, 3).contiguous_slot(0, 2)
+    with pytest.raises(ValueError, match="add up"):
+        plan_epoch(48, 4, 3, group=2, node_consumers=(1, 2))

@@ -147,7 +147,8 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     opts = ReadOptions(strategy=case["strategy"], batch_size=batch, last=last,
                        shuffle=case.get("shuffle", "none"), seed=case.get("seed", 0))
     planner = SimpleNamespace(db=db.database, cls=strategy, opts=opts, consumers=n_consumers,
-                              reads=True)
+                              reads=True, plan_group=results[0]["plan_group"],
+                              consumers_per_node=tuple(results[0]["consumers_per_node"]))
 
     def plan(epoch: int):
         if epoch not in plans:
@@ -257,6 +258,17 @@ def four_ranks(mixed: Generated, cifar: Generated, caffe_cifar: Generated,
     # the same shuffled case twice and with another seed: deterministic, seed-dependent
     cases += [dict(strategy="indexed", shuffle="global", seed=s, nodes=2, batch=4,
                    role="determinism") for s in (8, 8, 9)]
+    # several batches per ring slot: the walking strategies read a slot group of the plan
+    # with one walk and one hand-off (a split last batch: iteration by iteration)
+    cases += [dict(strategy=s, nodes=n, mode=m, last=last, batch=3, per_slot=3,
+                   role="epochs")
+              for s, n, m, last in (("dm-spec", 4, "colocated", "pad"),
+                                    ("dm-spec", 2, "dedicated", "partial"),
+                                    ("dm-serial", 2, "dedicated", "drop"),
+                                    ("dm-serial", 4, "colocated", "pad"),
+                                    ("lmm", 2, "dedicated", "partial"),
+                                    ("lmm", 4, "colocated", "drop"),
+                                    ("indexed", 2, "dedicated", "pad"))]
     cases += fallback_cases()
     # the speculative prefetch on a CIFAR-like file whose values partly sit in pages freed
     # by earlier commits; every strategy's pages on it

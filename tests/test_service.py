@@ -138,6 +138,8 @@ def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy, per_slot
         resumed = [b["ids"] for b in out["resumed"]]
         assert out["state"]["iteration"] == 3
         assert resumed == full[3:], f"rank {r}"
+        # and the records read are those records (the keys come from the file)
+        assert [b["keys"] for b in out["resumed"]] == [b["keys"] for b in out["batches"][3:]]
 
 
 @pytest.mark.parametrize("overrides", [

@@ -55,6 +55,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last", choices=["pad", "drop", "partial"], default="pad")
     parser.add_argument("--prefetch-depth", type=positive_int, default=4)
+    parser.add_argument("--batches-per-slot", type=non_negative_int, default=1,
+                        help="node-level strategies: consecutive batches per ring slot, "
+                             "read as one group (0: chosen from the batch, as a training "
+                             "job's default `readers.batches_per_slot: 0`); per-iteration "
+                             "figures are then per slot")
     parser.add_argument("--no-symmetric", action="store_true",
                         help="do not map symmetrically (cursors travel as page numbers)")
     parser.add_argument("--pylmdb", action="store_true",
@@ -95,6 +100,20 @@ def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
         i += 1
         if i == plan_iters:
             e, i = e + 1, 0
+    return out
+
+
+def _slots(schedule: list[tuple[int, int]], per_slot: int) -> list[tuple[int, int, int]]:
+    """``(epoch, first iteration, batches)`` of the ring slots that carry ``schedule``:
+    runs of ``per_slot`` consecutive iterations, never across an epoch boundary (readers
+    and workers derive the same runs)."""
+    out: list[tuple[int, int, int]] = []
+    for epoch, it in schedule:
+        if out and out[-1][0] == epoch and out[-1][2] < per_slot and \
+                out[-1][1] + out[-1][2] == it:
+            out[-1] = (epoch, out[-1][1], out[-1][2] + 1)
+        else:
+            out.append((epoch, it, 1))
     return out
 
 
@@ -177,6 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         opts = ReadOptions(strategy=args.strategy, batch_size=args.batch_size,
                            last=args.last, shuffle=args.shuffle, seed=args.seed,
                            prefetch_depth=args.prefetch_depth, timeout=args.timeout,
+                           batches_per_slot=args.batches_per_slot,
                            symmetric=not args.no_symmetric,
                            accounting=not args.no_accounting, direct_io=args.direct,
                            prefetch_advice=not args.no_prefetch_advice)
@@ -187,9 +207,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         schedule = _schedule(plan.iterations, args.iters)
         records: list[int] = []
         padding: list[bool] = []
-        batch_times: list[float] = []
+        batch_times: list[float] = []  # one entry per delivery (a ring slot)
         batch_records: list[int] = []
         batch_bytes: list[int] = []
+        batch_counts: list[int] = []  # batches in each delivery
         delivered_bytes = 0
         consumer_wait = 0.0
         consumes = (not session.shared) or topo.is_worker
@@ -207,14 +228,15 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             padding.extend(got.padding.tolist())
             batch_records.append(int(got.ids.size))
             batch_bytes.append(int(got.offsets[-1]))
+            batch_counts.append(int(got.batches))
             delivered_bytes += int(got.offsets[-1])
             got.release()
 
-        for epoch, it in schedule:
+        for epoch, it, count in _slots(schedule, session.batches_per_slot):
             if epoch != session.epoch:
                 session.begin_epoch(epoch)
             if session.reads:
-                session.read_iteration(it)
+                session.read_group(it, count)
             # a colocated reader consumes as it goes; dedicated workers drain below
             if consumes and (session.reads or not session.shared):
                 t0 = time.perf_counter()
@@ -283,6 +305,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "batch_seconds": batch_times,
             "batch_records": batch_records,
             "batch_bytes": batch_bytes,
+            "batch_counts": batch_counts,
+            "batches_per_slot": session.batches_per_slot,
             "symmetric": totals.symmetric,
             "symmetric_attempts": totals.symmetric_attempts,
             "pylmdb_seconds": baseline,
@@ -312,14 +336,19 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
 
 def _steady(ranks: list[dict], warmup: int) -> dict[str, Any]:
-    """Steady-state delivery: per consumer the batches after the first ``warmup`` ones,
-    timed on the consumer's own clock; the job takes as long as its slowest consumer."""
+    """Steady-state delivery: per consumer the deliveries after its first ``warmup``
+    batches (whole ring slots: at least ``warmup`` batches are left out), timed on the
+    consumer's own clock; the job takes as long as its slowest consumer."""
     seconds, recs, nbytes = 0.0, 0, 0
     for r in ranks:
         t = r["batch_seconds"]
-        if not r["worker"] or len(t) <= warmup:
+        if not r["worker"]:
             continue
-        w = max(warmup, 0)
+        counts = r.get("batch_counts") or [1] * len(t)
+        w = int(np.searchsorted(np.cumsum(counts), max(warmup, 0))) + (warmup > 0) \
+            if counts else 0
+        if len(t) <= w:
+            continue
         seconds = max(seconds, t[-1] - (t[w - 1] if w else 0.0))
         recs += sum(r["batch_records"][w:])
         nbytes += sum(r["batch_bytes"][w:])
@@ -392,7 +421,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
     nbytes = sum(r["bytes_delivered"] for r in ranks)
     readers = [r for r in ranks if r["reader"]]
     baseline = [r["pylmdb_seconds"] for r in ranks if r["pylmdb_seconds"] is not None]
-    hidden = ("iterations", "batch_seconds", "batch_records", "batch_bytes")
+    hidden = ("iterations", "batch_seconds", "batch_records", "batch_bytes", "batch_counts")
     return {
         "benchmark": "read",
         "path": args.path,
@@ -408,6 +437,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "direct": args.direct,
         "advice": args.advice,
         "prefetch_advice": not args.no_prefetch_advice,
+        "batches_per_slot": max((r.get("batches_per_slot", 1) for r in ranks), default=1),
         "accounting": not args.no_accounting,
         "records_in_database": n_records,
         "iterations": [iters[k] for k in sorted(iters)],

@@ -15,6 +15,14 @@ one range in sequential order. The last, incomplete global batch follows ``last`
   same number of full batches; the padding is flagged in ``padding``.
 - ``partial``: split as evenly as possible; every consumer still gets the same number of
   batches, the last ones shorter (possibly empty when fewer records than consumers remain).
+
+Slot groups (``blocked`` scheme, ``group`` D > 1 with the consumers per node): a node ring
+carries D consecutive batches of every worker per slot. Iterations ``gD .. gD + d - 1``
+then take the positions ``[gD*G, (gD + d)*G)`` (``d`` = D, or what is left at the end)
+and every node a contiguous block of them, its iterations one after the other: a reader
+that walks to its records (LMM, the DM chains) reaches a whole slot with one walk and one
+cursor hand-off instead of D. Within one iteration a node's records stay contiguous. The
+delivery order then depends on D as well (docs/reading.md, "Slot groups").
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ class EpochPlan:
     sizes: np.ndarray
     pad: np.ndarray
     dropped: np.ndarray
+    #: iterations per slot group (1: plain ``blocked`` order); groups start at iteration 0
+    group: int = 1
 
     @property
     def iterations(self) -> int:
@@ -85,6 +95,13 @@ class EpochPlan:
 
     def group_sizes(self, iteration: int, first: int, count: int) -> np.ndarray:
         return self.sizes[iteration, first:first + count].copy()
+
+    def contiguous_slot(self, first: int, count: int) -> bool:
+        """Whether iterations ``first .. first + count - 1`` lie in one slot group, so that
+        every node's records of them are one contiguous run of the order."""
+        g = self.group
+        return count == 1 or (g > 1 and first // g == (first + count - 1) // g
+                              and first + count <= self.iterations)
 
 
 def iterations_per_epoch(n_records: int, consumers: int, batch: int, last: str) -> int:
@@ -133,6 +150,25 @@ def _shard_size(n_records: int, consumers: int, last: str) -> int:
     if last == "drop":
         return n_records // consumers
     return -(-n_records // consumers)
+
+
+def _grouped_positions(consumers: int, batch: int, iters: int, group: int,
+                       node_consumers: tuple[int, ...]) -> np.ndarray:
+    """``blocked`` positions by slot group (module docstring): iteration ``i`` is batch
+    ``j = i % group`` of group ``i // group`` (``d`` iterations); consumer ``c``, the
+    ``l``-th of a node whose consumers start at ``c0`` and number ``cn``, takes
+    ``[gD*G + d*B*c0 + j*B*cn + l*B, ... + B)``."""
+    g = batch * consumers
+    c0 = np.repeat(np.cumsum((0, *node_consumers))[:-1], node_consumers)
+    cn = np.repeat(np.asarray(node_consumers, np.int64), node_consumers)
+    it = np.arange(iters)
+    first = it // group * group
+    d = np.minimum(group, iters - first)
+    j = it - first
+    c = np.arange(consumers)
+    start = (first * g)[:, None] + (d * batch)[:, None] * c0[None, :] + \
+        (j * batch)[:, None] * cn[None, :] + ((c - c0) * batch)[None, :]
+    return start[:, :, None] + np.arange(batch)[None, None, :]
 
 
 def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: str,
@@ -187,8 +223,14 @@ def plan_epoch(
     block_leaves: int = 8,
     window: int = 1024,
     scheme: str = "blocked",
+    group: int = 1,
+    node_consumers: tuple[int, ...] | None = None,
 ) -> EpochPlan:
-    """The plan of one epoch (see the module docstring for the semantics)."""
+    """The plan of one epoch (see the module docstring for the semantics).
+
+    ``group`` > 1 with ``node_consumers`` (the consumers of each node, in consumer order,
+    summing to ``consumers``) lays ``blocked`` epochs out by slot group; ignored for the
+    other schemes and when the last batch is split (``partial`` with a short remainder)."""
     if consumers < 1 or batch < 1:
         raise ValueError("consumers and batch must be >= 1")
     if last not in LAST_POLICIES:
@@ -211,6 +253,13 @@ def plan_epoch(
         per = _shard_size(n_records, consumers, last)
         iters = -(-per // batch) if last != "drop" else per // batch
     pos, sizes = _positions(n_records, consumers, batch, last, scheme, iters)
+    if node_consumers is not None and sum(node_consumers) != consumers:
+        raise ValueError(f"node_consumers {node_consumers} do not add up to {consumers}")
+    if group > 1 and scheme == "blocked" and node_consumers is not None and \
+            (sizes == batch).all():
+        pos = _grouped_positions(consumers, batch, iters, group, tuple(node_consumers))
+    else:
+        group = 1
     if n_records == 0:
         table = np.zeros(pos.shape, np.int64)
         pad = np.zeros(pos.shape, bool)
@@ -238,4 +287,4 @@ def plan_epoch(
             delivered[table[it, cc, :s][~pad[it, cc, :s]]] = True
     dropped = order[~delivered[order]] if last == "drop" else np.empty(0, np.int64)
     return EpochPlan(n_records, consumers, batch, last, scheme, order, table, sizes, pad,
-                     dropped)
+                     dropped, group)

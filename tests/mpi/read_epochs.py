@@ -4,10 +4,11 @@ argv[1]: JSON ``{"path": ..., "cases": [case, ...]}``; a case holds ``strategy``
 optionally ``shuffle`` (none), ``last`` (pad), ``batch`` (4), ``seed`` (0), ``nodes``
 (simulated nodes, 0 = the real ones), ``mode`` (dedicated), ``symmetric`` (true), ``iters``
 (default: one epoch and two more iterations, to cross the wrap-around into the next epoch),
-``direct`` (every node reads into its own O_DIRECT cache), ``fail`` (``{"rank": R,
-"iteration": I}``: that rank raises inside its loop, as a crashing rank would), ``path``
-(another database), ``env`` (variables set during the case, e.g. the symmetric-mapping
-failure hook ``LMDBIO_SYMMAP_FAIL_RANK``); a case ``{"kind": "cursor"}``
+``direct`` (every node reads into its own O_DIRECT cache), ``per_slot`` (batches per ring
+slot: the node-level strategies read slot by slot, as ``--batches-per-slot``), ``fail``
+(``{"rank": R, "iteration": I}``: that rank raises inside its loop, as a crashing rank
+would), ``path`` (another database), ``env`` (variables set during the case, e.g. the
+symmetric-mapping failure hook ``LMDBIO_SYMMAP_FAIL_RANK``); a case ``{"kind": "cursor"}``
 runs tests/mpi/read_cursor.py's exchange instead (two ranks or more). The loop is the one
 ``lmdbio bench read`` runs: readers read every scheduled iteration, colocated consumers
 receive as they go, dedicated workers drain their ring.
@@ -48,6 +49,13 @@ def schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
     return out
 
 
+def slots(sched: list[tuple[int, int]], per_slot: int) -> list[tuple[int, int, int]]:
+    """The ring slots of ``sched``, as ``lmdbio bench read`` makes them."""
+    from lmdbio.benchmarks.read import _slots
+
+    return _slots(sched, per_slot)
+
+
 def record_crcs(got) -> list[int]:
     keys = got.keys()
     payload, offs = got.payload, got.offsets
@@ -80,7 +88,8 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
                        seed=case.get("seed", 0), prefetch_depth=case.get("depth", 3),
                        timeout=case.get("timeout", 60.0),
                        symmetric=case.get("symmetric", True),
-                       direct_io=case.get("direct", False))
+                       direct_io=case.get("direct", False),
+                       batches_per_slot=case.get("per_slot", 1))
     fail = case.get("fail")
     session = ReadSession(path, topo, opts)
     plan = session.begin_epoch(0)
@@ -91,20 +100,29 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
     pads: list[bool] = []
     crcs: list[int] = []
 
+    plans = {}
+
     def take(got) -> None:
-        got_batches.append([int(got.epoch), int(got.iteration), int(got.ids.size)])
+        # a slot may carry several batches of this consumer, back to back
+        if got.epoch not in plans:
+            plans[got.epoch] = session.plan_for(got.epoch)
+        consumer = topo.worker_rank if session.shared else topo.rank
+        its = range(got.iteration, got.iteration + got.batches)
+        sizes = [int(plans[got.epoch].sizes[i, consumer]) for i in its]
+        assert sum(sizes) == got.ids.size, (sizes, got.ids.size)
+        got_batches.extend([int(got.epoch), i, n] for i, n in zip(its, sizes, strict=True))
         ids.extend(got.ids.tolist())
         pads.extend(got.padding.tolist())
         crcs.extend(record_crcs(got))
         got.release()
 
-    for n, (epoch, it) in enumerate(sched):
+    for n, (epoch, it, count) in enumerate(slots(sched, session.batches_per_slot)):
         if fail and fail["rank"] == topo.rank and fail["iteration"] == n:
             raise RuntimeError(f"injected failure on rank {topo.rank} at iteration {n}")
         if epoch != session.epoch:
             session.begin_epoch(epoch)
         if session.reads:
-            session.read_iteration(it)
+            session.read_group(it, count)
         if consumes and (session.reads or not session.shared):
             got = session.receive(timeout=opts.timeout)
             assert got is not None
@@ -122,6 +140,8 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         "case": index,
         "consumer": consumer,
         "consumers": session.consumers,
+        "plan_group": session.plan_group,
+        "consumers_per_node": list(session.consumers_per_node),
         "reader": bool(session.reads),
         "node": topo.node_index,
         "batches": got_batches,

@@ -81,6 +81,10 @@ class ReadStrategy(ABC):
     shared: ClassVar[bool] = True
     #: can follow a shuffled epoch order (needs random access: the leaf directory)
     shuffles: ClassVar[bool] = False
+    #: finds records by walking to them (LMM, the DM chains): with several batches per
+    #: ring slot the epoch plan lays each node's records of a slot out as one run
+    #: (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``group``), fetched with one walk
+    walks_slots: ClassVar[bool] = False
 
     def __init__(self, ctx: ReaderContext) -> None:
         self.ctx = ctx
@@ -102,8 +106,10 @@ class ReadStrategy(ABC):
 
     @abstractmethod
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
-        """Locate records ``ids`` (this reader's records for ``iteration``, in order)."""
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
+        """Locate records ``ids``: this reader's records of iterations ``iteration ..
+        iteration + iterations - 1``, in order (several iterations only for a strategy
+        that :attr:`walks_slots`, when the plan's slot group makes them one run)."""
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:  # noqa: B027
         """Called after this reader located its records for the iteration before

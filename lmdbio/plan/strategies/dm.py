@@ -33,9 +33,15 @@ _TAG = 7100
 
 
 class DmSerial(ReadStrategy):
-    """Serialized cursors handed from reader to reader (LMDBIO-DM without prefetch)."""
+    """Serialized cursors handed from reader to reader (LMDBIO-DM without prefetch).
+
+    With several batches per ring slot the plan makes each reader's records of a slot one
+    run (:attr:`walks_slots`): one hand-off per slot instead of one per iteration. The
+    message carries the index of the record the cursor stands on, so that a reader whose
+    first record is further on (an epoch resumed inside a slot group) walks the gap."""
 
     name = "dm-serial"
+    walks_slots = True
 
     def begin_epoch(self, plan: EpochPlan) -> None:
         self._drain()
@@ -45,6 +51,7 @@ class DmSerial(ReadStrategy):
         self.iterations = plan.iterations
         self.first_iteration = 0
         self._last: int | None = None
+        self._at = 0  # the record the cursor stands on (reader 0's, or as received)
         self._pending = getattr(self, "_pending", [])
 
     def _drain(self) -> None:
@@ -71,6 +78,7 @@ class DmSerial(ReadStrategy):
             return
         self.cursor.first()
         self.db.walk_collect(self.cursor, int(first_id), wrap=True)
+        self._at = int(first_id)
 
     def _receive(self, iteration: int, stats: IterationStats) -> None:
         from lmdbio.mpiutil import wait_with_timeout
@@ -86,29 +94,40 @@ class DmSerial(ReadStrategy):
             data = wait_with_timeout(req, self.ctx.timeout,
                                      f"cursor for iteration {iteration} from reader {src}",
                                      max_sleep=5e-4)
-        self.cursor = self.db.cursor_from_bytes(data)
+        self._at = int.from_bytes(data[:8], "little")
+        self.cursor = self.db.cursor_from_bytes(data[8:])
 
-    def _send(self, iteration: int) -> None:
+    def _send(self, last_iteration: int) -> None:
         r, n = self.ctx.reader_index, self.ctx.n_readers
-        if n == 1 or (r == n - 1 and iteration == self.iterations - 1):
+        if n == 1 or (r == n - 1 and last_iteration == self.iterations - 1):
             return  # the next epoch starts from the first record again
-        req = self.ctx.readers.isend(self.cursor.to_bytes(), dest=(r + 1) % n, tag=_TAG)
+        msg = self._at.to_bytes(8, "little") + self.cursor.to_bytes()
+        req = self.ctx.readers.isend(msg, dest=(r + 1) % n, tag=_TAG)
         self._pending.append(req)
         self._pending = [q for q in self._pending if not q.Test()]
 
-    def walk_share(self, iteration: int, ids: np.ndarray, stats: IterationStats
-                   ) -> RecordRefs:
+    def walk_share(self, iteration: int, ids: np.ndarray, stats: IterationStats,
+                   iterations: int = 1) -> RecordRefs:
+        """Receive the cursor, walk to and over this reader's records ``ids`` (one run of
+        the order), send the cursor on; their references."""
         self._receive(iteration, stats)
         with Timer(stats, "walk"):
-            refs, _, _ = self.db.walk_collect(self.cursor, ids.size, wrap=True) \
-                if ids.size else (RecordRefs.empty(0), 0, False)
-        self._send(iteration)
-        self._last = iteration
+            if ids.size:
+                gap = (int(ids[0]) - self._at) % max(len(self.db), 1)
+                if gap:  # records of a slot group before this reader's resumed share
+                    self.db.walk_collect(self.cursor, gap, wrap=True)
+                refs, _, _ = self.db.walk_collect(self.cursor, ids.size, wrap=True)
+                self._at = (int(ids[-1]) + 1) % len(self.db)
+            else:
+                refs = RecordRefs.empty(0)
+        last = iteration + iterations - 1
+        self._send(last)
+        self._last = last
         return refs
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
-        return self.walk_share(iteration, ids, stats)
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
+        return self.walk_share(iteration, ids, stats, iterations)
 
     def close(self) -> None:
         from lmdbio.mpiutil import wait_with_timeout
@@ -185,7 +204,7 @@ class DmSpec(DmSerial):
         return starts, lengths, cut
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
         from lmdbio.io.prefetch import touch_page_ranges
 
         # the estimates extrapolate from the previous iterations only while the records
@@ -201,7 +220,7 @@ class DmSpec(DmSerial):
             elif lengths.any():  # a few large reads, then every page mapped by touching
                 self.advise_pages(starts, lengths)
                 touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
-        refs = self.walk_share(iteration, ids, stats)
+        refs = self.walk_share(iteration, ids, stats, iterations)
         if not len(refs):
             return refs
         # needed: the pages of the values (read in parallel after the chain) and the leaf and

@@ -147,7 +147,7 @@ class Indexed(ReadStrategy):
         self._overflow = True  # until a fetch shows the records' values are all inline
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
         with Timer(stats, "walk"):
             refs = self.db.locate(ids)
         # inline values are in the leaf pages locate has just read: only overflow ones

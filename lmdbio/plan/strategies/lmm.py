@@ -19,9 +19,10 @@ class Lmm(WalkingStrategy):
     """One reader per node; each reader walks to its own range (LMDBIO-LMM)."""
 
     name = "lmm"
+    walks_slots = True
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
         if ids.size == 0:
             return RecordRefs.empty(0)
         with Timer(stats, "walk"):

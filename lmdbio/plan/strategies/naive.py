@@ -24,7 +24,7 @@ class NaiveStride(WalkingStrategy):
     shared = False
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
         if ids.size == 0:
             return RecordRefs.empty(0)
         n = len(self.db)
@@ -49,7 +49,7 @@ class NaiveContig(WalkingStrategy):
     shared = False
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
-              stats: IterationStats) -> RecordRefs:
+              stats: IterationStats, iterations: int = 1) -> RecordRefs:
         if ids.size == 0:
             return RecordRefs.empty(0)
         with Timer(stats, "walk"):
