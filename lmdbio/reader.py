@@ -76,6 +76,12 @@ class ReadOptions:
     #: (``MADV_WILLNEED``): a few large reads instead of a fault per page or read-around
     #: window. Off: the pages are faulted in as read (the A/B of docs/reading.md).
     prefetch_advice: bool = True
+    #: the kernel's read-around on page faults of the reading ranks' mapping: "on" (the
+    #: kernel's default, 128 KiB - MiBs per fault), "off" (``MADV_RANDOM``, as LMDB's
+    #: ``MDB_NORDAHEAD``: a fault reads its page) or "auto": off for the strategies that
+    #: ask for their pages themselves (dm-spec, indexed, with ``prefetch_advice``), where
+    #: read-around only reads other nodes' records (docs/reading.md), else on
+    read_around: str = "auto"
     #: how a node ring carries records: "copy" (the reader gathers their bytes into the
     #: slot) or "spans" (the slot carries each record's offset and length in the database
     #: file, which every rank has mapped, and workers decode straight from the mapping: no
@@ -326,10 +332,32 @@ class ReadSession:
             if self.reads:
                 self.db.node_cache = self.node_cache
             self.node_cache.clear()  # every node starts cold (collective over the node)
+        self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0
         self.db.accounting.reset()
         self.epoch = -1
         self.plan: EpochPlan | None = None
+
+    def _set_read_around(self) -> None:
+        """Apply :attr:`ReadOptions.read_around` to this reading rank's mapping."""
+        mode = self.opts.read_around
+        if mode not in ("auto", "on", "off"):
+            raise ConfigError(f"read_around must be 'auto', 'on' or 'off', got {mode!r}")
+        off = mode == "off" or (mode == "auto" and self.cls.advises
+                                and self.opts.prefetch_advice and self.node_cache is None)
+        buf = self.db.buf
+        if not (off and self.reads and buf.shape[0]):
+            return
+        from lmdbio.io import _libc
+        from lmdbio.io.prefetch import MADV_RANDOM
+
+        try:
+            _libc.madvise(buf.ctypes.data, buf.shape[0], MADV_RANDOM)
+        except OSError as exc:  # advisory: the kernel's read-around stays
+            log.warning("%s: read-around left on, madvise(MADV_RANDOM) refused: %s",
+                        self.db.path, exc)
+            return
+        self.db.read_around = False
 
     @property
     def by_reference(self) -> bool:

@@ -72,7 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--advice", choices=["normal", "random", "sequential"], default=None,
                         help="madvise the database mapping on every rank after the setup "
                              "(random: no read-around on page faults, as LMDB's "
-                             "MDB_NORDAHEAD; default: leave the kernel's default)")
+                             "MDB_NORDAHEAD; default: the session's choice, read-around "
+                             "off for dm-spec and indexed, which ask for their pages)")
     parser.add_argument("--no-accounting", action="store_true",
                         help="no per-iteration page accounting (as a training job runs; "
                              "page fields are then 0, except dm-spec's own estimate)")
@@ -307,6 +308,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "batch_bytes": batch_bytes,
             "batch_counts": batch_counts,
             "batches_per_slot": session.batches_per_slot,
+            "read_around": bool(session.db.read_around),
             "symmetric": totals.symmetric,
             "symmetric_attempts": totals.symmetric_attempts,
             "pylmdb_seconds": baseline,
@@ -438,6 +440,9 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "advice": args.advice,
         "prefetch_advice": not args.no_prefetch_advice,
         "batches_per_slot": max((r.get("batches_per_slot", 1) for r in ranks), default=1),
+        # whether the readers' mappings kept the kernel's read-around (ReadOptions'
+        # read_around "auto": off for dm-spec and indexed; --advice sets it for every rank)
+        "read_around": all(r.get("read_around", True) for r in ranks if r["reader"]),
         "accounting": not args.no_accounting,
         "records_in_database": n_records,
         "iterations": [iters[k] for k in sorted(iters)],

@@ -56,6 +56,24 @@ def slots(sched: list[tuple[int, int]], per_slot: int) -> list[tuple[int, int, i
     return _slots(sched, per_slot)
 
 
+def random_read_flag(buf) -> bool | None:
+    """Whether the kernel marks the mapping holding ``buf`` for random reads (``rr`` in
+    its ``/proc/self/smaps`` VmFlags: ``MADV_RANDOM``), None if not found."""
+    addr = buf.ctypes.data if buf.shape[0] else None
+    if addr is None:
+        return None
+    inside = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()[0] if line.strip() else ""
+            if "-" in head and all(c in "0123456789abcdef-" for c in head):
+                lo, hi = (int(x, 16) for x in head.split("-"))
+                inside = lo <= addr < hi
+            elif inside and line.startswith("VmFlags:"):
+                return "rr" in line.split()[1:]
+    return None
+
+
 def record_crcs(got) -> list[int]:
     keys = got.keys()
     payload, offs = got.payload, got.offsets
@@ -141,6 +159,8 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         "consumer": consumer,
         "consumers": session.consumers,
         "plan_group": session.plan_group,
+        "read_around": bool(session.db.read_around),
+        "random_read_flag": random_read_flag(session.db.buf) if session.reads else None,
         "consumers_per_node": list(session.consumers_per_node),
         "reader": bool(session.reads),
         "node": topo.node_index,

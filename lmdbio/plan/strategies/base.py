@@ -85,6 +85,9 @@ class ReadStrategy(ABC):
     #: ring slot the epoch plan lays each node's records of a slot out as one run
     #: (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``group``), fetched with one walk
     walks_slots: ClassVar[bool] = False
+    #: asks the kernel for the pages it will read before reading them (:meth:`advise_pages`):
+    #: the kernel's read-around is then off by default (``ReadOptions.read_around``)
+    advises: ClassVar[bool] = False
 
     def __init__(self, ctx: ReaderContext) -> None:
         self.ctx = ctx

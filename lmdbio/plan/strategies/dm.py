@@ -141,6 +141,7 @@ class DmSpec(DmSerial):
     """LMDBIO-DM with speculative parallel prefetch of each reader's pages."""
 
     name = "dm-spec"
+    advises = True
 
     def begin_epoch(self, plan: EpochPlan) -> None:
         super().begin_epoch(plan)

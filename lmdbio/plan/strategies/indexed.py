@@ -128,6 +128,7 @@ class Indexed(ReadStrategy):
     """Reads located through the leaf directory: exact, random access, shuffle-capable."""
 
     name = "indexed"
+    advises = True
     shuffles = True
 
     def setup(self) -> None:
