@@ -25,6 +25,12 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               and dedicated, three repeats (table: ``--table direct``)
   warm        the same matrix on cifar with one warm page cache, no accounting
               (``--table warm``)
+  slots       cifar, 8 ranks on 4 nodes, colocated, no accounting: one batch per ring
+              slot against the training job's default (``--batches-per-slot 0``: 16 here,
+              one walk and one cursor hand-off per slot for LMM and the DM chains), warm
+              (one shared page cache, 1,500 iterations) and cold (per-node copies, one
+              epoch), every strategy with its default read-around; three repeats
+              (table: ``--table slots``)
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -449,6 +455,62 @@ def advice_table(res: Path) -> str:
     return "\n".join(out)
 
 
+SLOT_RUNS = [("naive-stride", "1"), ("lmm", "0"), ("dm-serial", "1"), ("dm-serial", "0"),
+             ("dm-spec", "1"), ("dm-spec", "0"), ("indexed", "1"), ("indexed", "0")]
+
+
+def slots(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """One batch per ring slot against the training job's default slot size, warm and
+    cold (module docstring); results ``slots-cifar-{strategy}-s{per_slot}-{cache}-r{k}``."""
+    repeats = 1 if quick else 3
+    batch = SHAPES["cifar"][2]
+    copies = node_copies(dbs["cifar"], 4)
+    for rep in range(repeats):
+        for cache in ("warm", "cold"):
+            path = str(dbs["cifar"]) if cache == "warm" else copies
+            iters = (30 if quick else 1500) if cache == "warm" else ONE_EPOCH_ITERS["cifar"]
+            flags = [] if cache == "warm" else ["--cold", "--footprint"]
+            for s, per in SLOT_RUNS:
+                bench(res / f"slots-cifar-{s}-s{per}-{cache}-r{rep}.json", 8, path, s,
+                      "--batch-size", str(batch), "--iters", str(iters), "--warmup", "5",
+                      "--simulate-nodes", "4", "--mode", "colocated", "--no-accounting",
+                      "--batches-per-slot", per, *flags)
+
+
+def slots_table(res: Path) -> str:
+    """Markdown table of the ``slots`` runs: medians over repeats, ratios to naive-stride
+    of the same cache state."""
+    rows: dict[tuple[str, str, str], list[dict]] = {}
+    for f in sorted(res.glob("slots-cifar-*.json")):
+        strategy, per, cache, _ = f.stem[len("slots-cifar-"):].rsplit("-", 3)
+        rows.setdefault((strategy, per, cache), []).append(json.loads(f.read_text()))
+
+    def resident(r: dict) -> float:
+        return (r["totals"].get("resident_pages") or 0) / \
+            max(r["totals"]["records_delivered"], 1)
+
+    out = ["| cache | strategy | batches per slot | read-around | steady records/s | "
+           "x naive-stride | loop records/s | x naive-stride | resident pages per record "
+           "| runs |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for cache in ("warm", "cold"):
+        base = rows.get(("naive-stride", "s1", cache))
+        if not base:
+            continue
+        for s, per in SLOT_RUNS:
+            runs = rows.get((s, f"s{per}", cache))
+            if not runs:
+                continue
+            cells = [cache, s, str(runs[0].get("batches_per_slot", per)),
+                     "on" if runs[0].get("read_around", True) else "off"]
+            for get in (_steady, _loop):
+                v = _median(runs, get)
+                cells += [f"{v:,.0f}", f"{v / _median(base, get):.2f}"]
+            cells += [f"{_median(runs, resident):.2f}" if cache == "cold" else "-",
+                      str(len(runs))]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     """Warm throughput as a training job runs: no per-iteration page accounting."""
     for name in ("cifar", "mnist"):
@@ -468,12 +530,14 @@ def main() -> int:
     parser.add_argument("--only",
                         default="replay,pages,estimator,throughput,production,direct,warm")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
-    parser.add_argument("--table", choices=["direct", "warm", "advice"], default=None,
+    parser.add_argument("--table", choices=["direct", "warm", "advice", "slots"], default=None,
                         help="print the markdown table of those runs in --out and exit")
     args = parser.parse_args()
     res = Path(args.out)
     if args.table:
-        print(advice_table(res) if args.table == "advice" else direct_table(res, args.table))
+        tables = {"advice": advice_table, "slots": slots_table}
+        print(tables[args.table](res) if args.table in tables
+              else direct_table(res, args.table))
         return 0
     res.mkdir(parents=True, exist_ok=True)
     data = Path(args.data)
@@ -481,7 +545,7 @@ def main() -> int:
     for part in args.only.split(","):
         {"pages": pages, "estimator": estimator, "throughput": throughput,
          "replay": replay, "production": production, "direct": direct, "warm": warm,
-         "advice": advice}[part](
+         "advice": advice, "slots": slots}[part](
             res, dbs, args.quick)
     (res / "databases.json").write_text(json.dumps(
         {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,
