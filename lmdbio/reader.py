@@ -257,13 +257,15 @@ def slot_groups(start: int, end: int, per_slot: int) -> list[tuple[int, int]]:
     with the rest of that run. Readers and workers derive the same runs from the same
     arguments; iteration ``i`` travels in slot ``i // per_slot - start // per_slot``."""
     per = max(per_slot, 1)
-    return [(i, min(per - i % per, end - i)) for i in _slot_starts(start, end, per)]
+    starts = [start, *range(start // per * per + per, end, per)] if start < end else []
+    return [(i, slot_length(i, end, per)) for i in starts]
 
 
-def _slot_starts(start: int, end: int, per: int) -> list[int]:
-    if start >= end:
-        return []
-    return [start, *range(start // per * per + per, end, per)]
+def slot_length(iteration: int, end: int, per_slot: int) -> int:
+    """Batches in the slot that starts at ``iteration`` (:func:`slot_groups`): up to the
+    next multiple of ``per_slot``, or to ``end``."""
+    per = max(per_slot, 1)
+    return min(per - iteration % per, end - iteration)
 
 
 class ReadSession:
@@ -345,19 +347,15 @@ class ReadSession:
             raise ConfigError(f"read_around must be 'auto', 'on' or 'off', got {mode!r}")
         off = mode == "off" or (mode == "auto" and self.cls.advises
                                 and self.opts.prefetch_advice and self.node_cache is None)
-        buf = self.db.buf
-        if not (off and self.reads and buf.shape[0]):
+        if not (off and self.reads):
             return
-        from lmdbio.io import _libc
         from lmdbio.io.prefetch import MADV_RANDOM
 
         try:
-            _libc.madvise(buf.ctypes.data, buf.shape[0], MADV_RANDOM)
+            self.db.advise_access(MADV_RANDOM)
         except OSError as exc:  # advisory: the kernel's read-around stays
             log.warning("%s: read-around left on, madvise(MADV_RANDOM) refused: %s",
                         self.db.path, exc)
-            return
-        self.db.read_around = False
 
     @property
     def by_reference(self) -> bool:
@@ -562,8 +560,7 @@ class ReadSession:
         if not self.shared:
             self.strategy.read_ahead(plan, iteration, plan.records(iteration, self.topo.rank))
             return
-        per = max(self.batches_per_slot, 1)
-        count = min(per - iteration % per, plan.iterations - iteration)
+        count = slot_length(iteration, plan.iterations, self.batches_per_slot)
         if self.strategy.shuffles or not plan.contiguous_slot(iteration, count):
             count = 1
         self.strategy.read_ahead(plan, iteration, self._slot_run(plan, iteration, count))

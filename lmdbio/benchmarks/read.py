@@ -105,17 +105,16 @@ def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
 
 
 def _slots(schedule: list[tuple[int, int]], per_slot: int) -> list[tuple[int, int, int]]:
-    """``(epoch, first iteration, batches)`` of the ring slots that carry ``schedule``:
-    runs of ``per_slot`` consecutive iterations, never across an epoch boundary (readers
-    and workers derive the same runs)."""
-    out: list[tuple[int, int, int]] = []
+    """``(epoch, first iteration, batches)`` of the ring slots that carry ``schedule``
+    (every epoch's iterations from 0 on): each epoch's
+    :func:`~lmdbio.reader.slot_groups`, the last one cut where the schedule ends."""
+    from lmdbio.reader import slot_groups
+
+    ends: dict[int, int] = {}
     for epoch, it in schedule:
-        if out and out[-1][0] == epoch and out[-1][2] < per_slot and \
-                out[-1][1] + out[-1][2] == it:
-            out[-1] = (epoch, out[-1][1], out[-1][2] + 1)
-        else:
-            out.append((epoch, it, 1))
-    return out
+        ends[epoch] = it + 1
+    return [(epoch, first, count) for epoch, end in ends.items()
+            for first, count in slot_groups(0, end, per_slot)]
 
 
 def _node_path(template: str, node: int) -> str:
@@ -140,15 +139,10 @@ def _drop_from_cache(world: Any, session: Any, topo: Any, path: str) -> None:
 
 def _advise(session: Any, advice: str) -> None:
     """``madvise`` this rank's mapping of the database (read-around on page faults)."""
-    from lmdbio.io import _libc
     from lmdbio.io import prefetch as pf
 
-    code = {"normal": pf.MADV_NORMAL, "random": pf.MADV_RANDOM,
-            "sequential": pf.MADV_SEQUENTIAL}[advice]
-    buf = session.db.buf
-    if buf.shape[0]:
-        _libc.madvise(buf.ctypes.data, buf.shape[0], code)
-    session.db.read_around = advice != "random"
+    session.db.advise_access({"normal": pf.MADV_NORMAL, "random": pf.MADV_RANDOM,
+                              "sequential": pf.MADV_SEQUENTIAL}[advice])
 
 
 def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, Any]:

@@ -333,6 +333,18 @@ class Database:
             with contextlib.suppress(BufferError):
                 mm.close()
 
+    def advise_access(self, advice: int) -> None:
+        """``madvise`` the whole mapping with ``advice`` (``MADV_RANDOM``: page faults read
+        just their page, LMDB's ``MDB_NORDAHEAD``; ``MADV_NORMAL`` / ``MADV_SEQUENTIAL``:
+        the kernel reads around them) and record whether faults now read around
+        (:attr:`read_around`). Raises ``OSError`` if the kernel refuses."""
+        from lmdbio.io import _libc
+        from lmdbio.io.prefetch import MADV_RANDOM
+
+        if self.buf.shape[0]:
+            _libc.madvise(self.buf.ctypes.data, self.buf.shape[0], advice)
+        self.read_around = advice != MADV_RANDOM
+
     def close(self) -> None:
         """Release the snapshot pin and the mapping (views handed out keep it alive)."""
         if getattr(self, "_closed", True):

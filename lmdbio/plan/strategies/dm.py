@@ -77,8 +77,7 @@ class DmSerial(ReadStrategy):
         if self.ctx.reader_index != 0 or first_id == 0:
             return
         self.cursor.first()
-        self.db.walk_collect(self.cursor, int(first_id), wrap=True)
-        self._at = int(first_id)
+        self._at = self.walk_to(self.cursor, int(first_id), 0)
 
     def _receive(self, iteration: int, stats: IterationStats) -> None:
         from lmdbio.mpiutil import wait_with_timeout
@@ -113,9 +112,8 @@ class DmSerial(ReadStrategy):
         self._receive(iteration, stats)
         with Timer(stats, "walk"):
             if ids.size:
-                gap = (int(ids[0]) - self._at) % max(len(self.db), 1)
-                if gap:  # records of a slot group before this reader's resumed share
-                    self.db.walk_collect(self.cursor, gap, wrap=True)
+                # past records before this reader's share (an epoch resumed in a slot group)
+                self.walk_to(self.cursor, int(ids[0]), self._at)
                 refs, _, _ = self.db.walk_collect(self.cursor, ids.size, wrap=True)
                 self._at = (int(ids[-1]) + 1) % len(self.db)
             else:
