@@ -98,6 +98,10 @@ def bench(out: Path, ranks: int, path: str, strategy: str, *extra: str,
     """One ``lmdbio bench read`` run; its JSON (also kept in ``out``), or None on failure."""
     if out.exists():
         return json.loads(out.read_text())
+    if "--batches-per-slot" not in extra:
+        # the series measured before `lmdbio bench read` took the job's slot size by
+        # default ran one batch per slot; they stay what docs/reading.md describes
+        extra = (*extra, "--batches-per-slot", "1")
     cmd = [str(REPO / ".venv" / "bin" / "mpiexec"), "-n", str(ranks),
            str(REPO / ".venv" / "bin" / "lmdbio"), "bench", "read", path,
            "--strategy", strategy, "--json", str(out), *extra]

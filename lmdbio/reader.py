@@ -574,7 +574,7 @@ class ReadSession:
             raise LmdbioError("several iterations per read need a node ring (a node-level "
                               "strategy)")
         iteration = first
-        stats = IterationStats(iteration)
+        stats = IterationStats(iteration, batches=count)
         acc = self.db.accounting
         acc.reset()
         if self.shared:

@@ -21,7 +21,18 @@ node, read-around included (``--advice random`` turns read-around off, as LMDB's
 ``pread`` calls after the run (cold again with ``--cold``): the physical limit to compare
 with. Throughput is reported three ways: over the whole run (setup included), over the
 iteration loop (after a barrier that follows the setup), and in steady state (each
-consumer's batches after the first ``--warmup`` ones, on its own clock).
+consumer's batches after the first ``--warmup`` ones, on its own clock). The whole run
+starts after every rank has imported lmdbio and loaded its compiled kernels from numba's
+cache (:func:`lmdbio.compiled.load_cached_kernels`; ~3 s of 8 oversubscribed ranks on 2
+cores, reported as ``load_kernels_seconds``), as it starts after ``MPI_Init``: a training
+process pays both once, whatever it reads.
+
+Ring slots: the node-level strategies hand batches to their workers through a ring of
+slots. By default a slot holds as many consecutive batches as a training job's default
+(``--batches-per-slot 0``, :func:`lmdbio.reader.choose_batches_per_slot`: 16 batches of
+32-64 CIFAR-sized records), which LMM and the DM chains read with one walk and one cursor
+hand-off; ``--batches-per-slot 1`` reads iteration by iteration. ``iterations`` then has
+one entry per slot, with its first iteration and its number of ``batches``.
 """
 
 from __future__ import annotations
@@ -55,11 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--last", choices=["pad", "drop", "partial"], default="pad")
     parser.add_argument("--prefetch-depth", type=positive_int, default=4)
-    parser.add_argument("--batches-per-slot", type=non_negative_int, default=1,
+    parser.add_argument("--batches-per-slot", type=non_negative_int, default=0,
                         help="node-level strategies: consecutive batches per ring slot, "
-                             "read as one group (0: chosen from the batch, as a training "
-                             "job's default `readers.batches_per_slot: 0`); per-iteration "
-                             "figures are then per slot")
+                             "read as one group (default 0: chosen from the batch, as a "
+                             "training job's default `readers.batches_per_slot: 0`; 1: one "
+                             "batch per slot, per-iteration figures for every iteration); "
+                             "the `iterations` figures are per slot, each with its first "
+                             "iteration and its `batches`")
     parser.add_argument("--no-symmetric", action="store_true",
                         help="do not map symmetrically (cursors travel as page numbers)")
     parser.add_argument("--pylmdb", action="store_true",
@@ -180,12 +193,16 @@ def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, A
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from mpi4py import MPI
 
+    from lmdbio.compiled import load_cached_kernels
     from lmdbio.mpiutil import abort_on_error
     from lmdbio.reader import ReadOptions, ReadSession
     from lmdbio.topology import Topology
 
     world = MPI.COMM_WORLD
     with abort_on_error():
+        t0 = time.perf_counter()
+        load_cached_kernels()  # before the clock, as the imports (see the module docstring)
+        load_kernels = time.perf_counter() - t0
         topo = Topology.build(world, simulate_nodes=args.simulate_nodes, mode=args.mode)
         path = _node_path(args.path, topo.node_index)
         opts = ReadOptions(strategy=args.strategy, batch_size=args.batch_size,
@@ -287,15 +304,17 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "bytes_read": int(sum(s["bytes"] for s in totals.iterations)),
             "seconds": {
                 "total": elapsed,
+                "load_kernels": load_kernels,
                 "setup": totals.setup_seconds,
                 "loop": t_end - t_loop,
                 "consumer_wait": consumer_wait,
                 **{k: float(sum(s["seconds"][k] for s in totals.iterations))
                    for k in ("prefetch", "wait_cursor", "walk", "copy")},
             },
-            "iterations": [{k: s[k] for k in ("iteration", "missed_pages", "missed_walk_pages",
-                                              "redundant_pages", "prefetched_pages",
-                                              "pages_touched", "own_pages", "extra_pages")}
+            "iterations": [{k: s[k] for k in ("iteration", "batches", "missed_pages",
+                                              "missed_walk_pages", "redundant_pages",
+                                              "prefetched_pages", "pages_touched",
+                                              "own_pages", "extra_pages")}
                            for s in totals.iterations],
             "batch_seconds": batch_times,
             "batch_records": batch_records,
@@ -402,12 +421,20 @@ def _direct_totals(ranks: list[dict]) -> dict[str, Any]:
 
 
 def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo) -> dict:
+    """The JSON document of the run from every rank's figures. ``iterations`` has one
+    entry per read (every reader reads the same slots): ``iteration`` is the run's index of
+    its first iteration (counted across epochs), ``epoch_iteration`` that iteration in its
+    epoch, ``batches`` how many iterations it carried; page figures summed over readers."""
     iters: dict[int, dict] = {}
     for r in ranks:
+        first = 0
         for k, s in enumerate(r["iterations"]):
-            d = iters.setdefault(k, {"iteration": k, "missed_pages": 0, "missed_walk_pages": 0,
-                                     "redundant_pages": 0, "prefetched_pages": 0,
-                                     "own_pages": 0, "pages_touched": 0})
+            d = iters.setdefault(k, {"iteration": first, "epoch_iteration": s["iteration"],
+                                     "batches": s["batches"], "missed_pages": 0,
+                                     "missed_walk_pages": 0, "redundant_pages": 0,
+                                     "prefetched_pages": 0, "own_pages": 0,
+                                     "pages_touched": 0})
+            first += s["batches"]
             for f in ("missed_pages", "missed_walk_pages", "redundant_pages",
                       "prefetched_pages", "own_pages", "pages_touched"):
                 d[f] += s[f]
@@ -447,6 +474,8 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
             "records_per_second": delivered / wall if wall else 0.0,
             "bytes_per_second": nbytes / wall if wall else 0.0,
             "loop_seconds": loop,
+            # not in `seconds`: each rank loading its compiled kernels before the clock
+            "load_kernels_seconds": max(r["seconds"]["load_kernels"] for r in ranks),
             "loop_records_per_second": delivered / loop if loop else 0.0,
             "loop_bytes_per_second": nbytes / loop if loop else 0.0,
             "steady": _steady(ranks, args.warmup),

@@ -25,9 +25,11 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class IterationStats:
-    """One reader's accounting for one iteration."""
+    """One reader's accounting for one iteration, or for one ring slot of ``batches``
+    consecutive iterations read together (a slot group: one walk, one prefetch)."""
 
     iteration: int
+    batches: int = 1
     records: int = 0
     bytes: int = 0
     pages_touched: int = 0
