@@ -31,6 +31,10 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               (one shared page cache, 1,500 iterations) and cold (per-node copies, one
               epoch), every strategy with its default read-around; three repeats
               (table: ``--table slots``)
+  defaults    the issue's command with every option at its default (batch 64, dedicated
+              readers, the job's slot size, accounting on), 8 ranks on 4 nodes, cifar and
+              mnist, warm (4 epochs) and cold (per-node copies, one epoch); three repeats
+              (table: ``--table defaults``)
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -515,6 +519,86 @@ def slots_table(res: Path) -> str:
     return "\n".join(out)
 
 
+DEFAULT_RUN_EPOCHS = {"warm": 4, "cold": 1}
+
+
+def _epoch_iters(name: str, strategy: str, ranks: int, nodes: int, batch: int) -> int:
+    """Iterations of one epoch of ``name`` with ``lmdbio bench read``'s default layout
+    (dedicated: one reader and the other ranks of a node consume; naive: every rank)."""
+    from lmdbio.plan.epoch import iterations_per_epoch
+
+    consumers = ranks if strategy.startswith("naive") else ranks - nodes
+    return iterations_per_epoch(SHAPES[name][0], consumers, batch, "pad")
+
+
+def defaults(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """The issue's command with every option at its default (batch 64, dedicated readers,
+    the job's ring slot size, per-iteration accounting on, each strategy's read-around),
+    8 ranks on 4 simulated nodes: warm (one shared page cache, 4 epochs) and cold (every
+    node its own copy, dropped after the setup, one epoch, resident pages counted after);
+    cifar and mnist, three repeats (table: ``--table defaults``)."""
+    repeats = 1 if quick else 3
+    for rep in range(repeats):
+        for name in ("cifar", "mnist"):
+            copies = node_copies(dbs[name], 4)
+            for cache in ("warm", "cold"):
+                path = str(dbs[name]) if cache == "warm" else copies
+                flags = [] if cache == "warm" else ["--cold", "--footprint"]
+                for s in STRATEGIES:
+                    iters = DEFAULT_RUN_EPOCHS[cache] * _epoch_iters(name, s, 8, 4, 64)
+                    bench(res / f"defaults-{name}-{s}-{cache}-r{rep}.json", 8, path, s,
+                          "--batch-size", "64", "--iters", str(20 if quick else iters),
+                          "--simulate-nodes", "4", "--batches-per-slot", "0", *flags)
+
+
+def defaults_table(res: Path) -> str:
+    """Markdown table of the ``defaults`` runs: medians over repeats, ratios to
+    naive-stride of the same database and cache state."""
+    rows: dict[tuple[str, str, str], list[dict]] = {}
+    for f in sorted(res.glob("defaults-*.json")):
+        name, rest = f.stem[len("defaults-"):].split("-", 1)
+        strategy, cache, _ = rest.rsplit("-", 2)
+        rows.setdefault((name, strategy, cache), []).append(json.loads(f.read_text()))
+
+    def whole(r: dict) -> float:
+        return r["totals"]["records_per_second"]
+
+    def setup(r: dict) -> float:
+        return max(p["seconds"]["setup"] for p in r["per_rank"])
+
+    def node_pages(r: dict) -> float:
+        t = r["totals"]
+        return t["node_pages_touched"] / max(t["own_pages_union"], 1)
+
+    def resident(r: dict) -> float:
+        t = r["totals"]
+        return (t.get("resident_pages") or 0) / max(t["own_pages_union"], 1)
+
+    out = ["| db | cache | strategy | consumers | records | whole run records/s | x naive-stride "
+           "| loop records/s | x naive-stride | setup s | node pages touched / needed "
+           "| resident / needed | runs |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name in ("cifar", "mnist"):
+        for cache in ("warm", "cold"):
+            base = rows.get((name, "naive-stride", cache))
+            if not base:
+                continue
+            for s in STRATEGIES:
+                runs = rows.get((name, s, cache))
+                if not runs:
+                    continue
+                r0 = runs[0]
+                cells = [name, cache, s, str(sum(p["worker"] for p in r0["per_rank"])),
+                         f"{r0['totals']['records_delivered']:,}"]
+                for get in (whole, _loop):
+                    v = _median(runs, get)
+                    cells += [f"{v:,.0f}", f"{v / _median(base, get):.2f}"]
+                cells += [f"{_median(runs, setup):.3f}", f"{_median(runs, node_pages):.2f}",
+                          f"{_median(runs, resident):.2f}" if cache == "cold" else "-",
+                          str(len(runs))]
+                out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     """Warm throughput as a training job runs: no per-iteration page accounting."""
     for name in ("cifar", "mnist"):
@@ -534,12 +618,14 @@ def main() -> int:
     parser.add_argument("--only",
                         default="replay,pages,estimator,throughput,production,direct,warm")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
-    parser.add_argument("--table", choices=["direct", "warm", "advice", "slots"], default=None,
+    parser.add_argument("--table", choices=["direct", "warm", "advice", "slots", "defaults"],
+                        default=None,
                         help="print the markdown table of those runs in --out and exit")
     args = parser.parse_args()
     res = Path(args.out)
     if args.table:
-        tables = {"advice": advice_table, "slots": slots_table}
+        tables = {"advice": advice_table, "slots": slots_table,
+                  "defaults": defaults_table}
         print(tables[args.table](res) if args.table in tables
               else direct_table(res, args.table))
         return 0
@@ -549,7 +635,7 @@ def main() -> int:
     for part in args.only.split(","):
         {"pages": pages, "estimator": estimator, "throughput": throughput,
          "replay": replay, "production": production, "direct": direct, "warm": warm,
-         "advice": advice, "slots": slots}[part](
+         "advice": advice, "slots": slots, "defaults": defaults}[part](
             res, dbs, args.quick)
     (res / "databases.json").write_text(json.dumps(
         {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,
