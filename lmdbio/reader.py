@@ -552,18 +552,23 @@ class ReadSession:
 
     def _read_ahead(self, plan: EpochPlan, iteration: int) -> None:
         """Tell the strategy the records this reader fetches next, from ``iteration`` on
-        (the next slot when a walking strategy fetches it in one call, else its first
-        iteration), so that it can ask for their pages while this slot is gathered and
-        handed off (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
+        (the whole next slot for a random-access strategy and for a walking one that
+        fetches it in one call, else its first iteration), so that it can ask for their
+        pages while this slot is gathered and handed off
+        (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
         if iteration >= plan.iterations or not self.strategy.advising:
             return
         if not self.shared:
             self.strategy.read_ahead(plan, iteration, plan.records(iteration, self.topo.rank))
             return
         count = slot_length(iteration, plan.iterations, self.batches_per_slot)
-        if self.strategy.shuffles or not plan.contiguous_slot(iteration, count):
-            count = 1
-        self.strategy.read_ahead(plan, iteration, self._slot_run(plan, iteration, count))
+        if self.strategy.shuffles:  # random access locates the whole slot in one call
+            ids = self._node_share(plan, iteration, count)[0]
+        else:
+            if not plan.contiguous_slot(iteration, count):
+                count = 1
+            ids = self._slot_run(plan, iteration, count)
+        self.strategy.read_ahead(plan, iteration, ids)
 
     def read_group(self, first: int, count: int) -> IterationStats:
         """Reader side of iterations ``first .. first + count - 1`` in one ring slot (count

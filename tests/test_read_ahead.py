@@ -151,3 +151,32 @@ def test_dm_spec_reads_ahead_exactly_what_its_next_fetch_prefetches(cifar_like, 
     advised.clear()
     s.read_ahead(plan, 2, plan.records(2, 0))
     assert advised == []
+
+
+def test_indexed_asks_for_the_leaves_of_a_slot_it_did_not_read_ahead(tmp_path, open_strategy,
+                                                                       monkeypatch) -> None:
+    """Without read-around, indexed's fetch of records that were not read ahead (an
+    epoch's first slot) first asks for their leaf pages, merged into runs; records read
+    ahead are not asked for twice. Inline values: five to a leaf page."""
+    write_db(tmp_path, random_items(400, 700, seed=5), commit_every=100)
+    db, s = open_strategy(Indexed, tmp_path)
+    db.advise_access(pf.MADV_RANDOM)
+    plan = plan_epoch(len(db), 1, 64)
+    advised: list[list[int]] = []
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: advised.append(
+        sorted(set(np.repeat(np.asarray(a), np.asarray(b)).tolist()))))
+    leaves, first = db.leaves(), db.leaf_directory()
+
+    def leaves_of(ids: np.ndarray) -> list[int]:
+        return sorted(set(leaves[np.searchsorted(first, ids, "right") - 1].tolist()))
+
+    ids = plan.records(0, 0)
+    s.fetch(plan, 0, ids, IterationStats(0))
+    assert advised == [leaves_of(ids)] and len(advised[0]) > 1
+    advised.clear()
+    nxt = plan.records(1, 0)
+    s.read_ahead(plan, 1, nxt)
+    assert advised == [leaves_of(nxt)]  # inline values: nothing else to ask for
+    advised.clear()
+    s.fetch(plan, 1, nxt, IterationStats(1))
+    assert advised == []

@@ -146,9 +146,15 @@ class Indexed(ReadStrategy):
                 save_sidecar(self.db, leaves, first)
         self.db.set_leaf_directory(leaves, first)
         self._overflow = True  # until a fetch shows the records' values are all inline
+        self._ahead: tuple[int, int] | None = None  # (first id, count) last read ahead
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
+        ahead, self._ahead = self._ahead, None
+        if ids.size and ahead != (int(ids[0]), ids.size):
+            # not read ahead (an epoch's first slot, a resume): the leaves in a few reads
+            with Timer(stats, "prefetch"):
+                self._advise_leaves(ids)
         with Timer(stats, "walk"):
             refs = self.db.locate(ids)
         # inline values are in the leaf pages locate has just read: only overflow ones
@@ -160,6 +166,17 @@ class Indexed(ReadStrategy):
             with Timer(stats, "prefetch"):
                 self._advise_overflow_values(refs)
         return refs
+
+    def _advise_leaves(self, ids: np.ndarray) -> None:
+        """Ask for the leaf pages of records ``ids`` (the directory names them: nothing is
+        read), merged into runs; only without read-around, where faults read single
+        pages (with it, faults read around them: advising leaf pages then costs more than
+        it saves, docs/reading.md)."""
+        if self.db.read_around or not self.advising:
+            return
+        leaves, first = self.db.leaves(), self.db.leaf_directory()
+        pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
+        self.advise_pages(pages, np.ones_like(pages))
 
     def _advise_overflow_values(self, refs: RecordRefs) -> None:
         big = np.flatnonzero(refs.ovf_pages > 0)
@@ -173,11 +190,8 @@ class Indexed(ReadStrategy):
         iteration's fetch reads and counts them again) and ask for their overflow pages."""
         if not ids.size or not self.advising:
             return
-        if not self.db.read_around:  # else faults read around them (measured: advising
-            # single leaf pages then costs more than it saves, docs/reading.md)
-            leaves, first = self.db.leaves(), self.db.leaf_directory()
-            pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
-            self.advise_pages(pages, np.ones_like(pages))
+        self._advise_leaves(ids)
+        self._ahead = (int(ids[0]), ids.size)
         if not self._overflow:
             return
         acc = self.db.accounting
