@@ -374,6 +374,28 @@ def test_walk_collect_and_locate_match_the_record_table(medium_db):
             assert bytes(buf[off[j]:off[j + 1]]) == items[i][1]
 
 
+@pytest.mark.parametrize(("start", "n", "wrap"), [
+    (0, 1, False), (100, 500, False), (0, 3000, False), (2990, 10, False),
+    (2997, 10, False), (2997, 10, True), (1234, 7000, True), (5, 0, True)])
+def test_walk_skip_moves_as_walk_collect_over_the_same_pages(medium_db, start, n, wrap):
+    """Skipping ``n`` records leaf by leaf ends where collecting them does, with the same
+    wrap count, end flag and pages read, over a multi-level tree and around its end."""
+    path, _ = medium_db
+    with lmdbio.open(path) as db:
+        db.accounting.enable()
+        moved = []
+        for walk in (db.walk_collect, db.walk_skip):
+            cur = db.cursor()
+            cur.seek_index(start)
+            db.accounting.reset()
+            got, wraps, at_end = walk(cur, n, wrap=wrap)
+            count = got if isinstance(got, int) else len(got)
+            moved.append((count, wraps, at_end, cur.stack, cur.eof,
+                          db.accounting.pages().tolist()))
+        assert moved[0] == moved[1]
+        assert moved[1][0] == (n if wrap else min(n, len(db) - start))
+
+
 def test_located_records_carry_their_keys(medium_db):
     path, items = medium_db
     with lmdbio.open(path) as db:

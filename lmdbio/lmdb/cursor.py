@@ -46,6 +46,13 @@ class Cursor:
         self.initialized = False
         self.eof = False
 
+    def copy(self) -> Cursor:
+        """An independent cursor at the same position."""
+        other = Cursor(self.db)
+        other.stack = [list(level) for level in self.stack]
+        other.initialized, other.eof = self.initialized, self.eof
+        return other
+
     # ----------------------------------------------------------------- pages
     def _nkeys(self, pg: int) -> int:
         code, n = _kernels().check_page(self.db.buf, self.db.fmt, pg, self.db.meta.last_pg)

@@ -592,18 +592,38 @@ class Database:
         """
         from lmdbio.lmdb import kernels as k
 
+        refs = RecordRefs.empty(n)
+        got, wraps, at_end = self._advance(
+            cursor, wrap, lambda pg, slot: k.walk_collect(
+                self.buf, self.fmt, pg, slot, self.db.depth, self.meta.last_pg, n, wrap,
+                self.db.root, refs.val_off, refs.val_len, refs.leaf_pg, refs.ovf_pages,
+                refs.key_off, refs.key_len, self.accounting.touched, self.accounting.enabled))
+        return refs.head(got), wraps, at_end
+
+    def walk_skip(self, cursor, n: int, wrap: bool = False) -> tuple[int, int, bool]:
+        """Advance ``cursor`` over ``n`` records (compiled) without collecting them: leaf by
+        leaf from the leaves' record counts, reading the branch and leaf pages
+        :meth:`walk_collect` reads but parsing no node. Returns ``(passed, wraps,
+        at_end)``, as :meth:`walk_collect` returns its ``wraps`` and ``at_end``."""
+        from lmdbio.lmdb import kernels as k
+
+        return self._advance(
+            cursor, wrap, lambda pg, slot: k.walk_skip(
+                self.buf, self.fmt, pg, slot, self.db.depth, self.meta.last_pg, n, wrap,
+                self.db.root, self.accounting.touched, self.accounting.enabled))
+
+    def _advance(self, cursor, wrap: bool, kernel) -> tuple[int, int, bool]:
+        """Run a cursor-moving ``kernel(stack_pg, stack_slot)`` (returning ``(code, page,
+        records, wraps, at_end)``) on ``cursor``'s stack, positioning an unpositioned
+        cursor first; raises on a bad page, updates the cursor. ``(records, wraps,
+        at_end)``; nothing moves on an empty database or past the end without ``wrap``."""
         if not cursor.initialized and not cursor.first():
-            return RecordRefs.empty(0), 0, True
+            return 0, 0, True
         if cursor.eof and (not wrap or not cursor.first()):
-            return RecordRefs.empty(0), 0, True
-        depth = self.db.depth
+            return 0, 0, True
         stack_pg = np.array([p for p, _ in cursor.stack], np.int64)
         stack_slot = np.array([s for _, s in cursor.stack], np.int64)
-        refs = RecordRefs.empty(n)
-        code, page, got, wraps, at_end = k.walk_collect(
-            self.buf, self.fmt, stack_pg, stack_slot, depth, self.meta.last_pg, n, wrap,
-            self.db.root, refs.val_off, refs.val_len, refs.leaf_pg, refs.ovf_pages,
-            refs.key_off, refs.key_len, self.accounting.touched, self.accounting.enabled)
+        code, page, got, wraps, at_end = kernel(stack_pg, stack_slot)
         if code:
             self._raise(code, page)
         if self.node_cache is not None:
@@ -611,7 +631,7 @@ class Database:
         cursor.stack = [[int(p), int(s)] for p, s in zip(stack_pg, stack_slot, strict=False)]
         if at_end:
             cursor.eof = True
-        return refs.head(got), int(wraps), bool(at_end)
+        return int(got), int(wraps), bool(at_end)
 
     def set_leaf_directory(self, leaves: np.ndarray, first: np.ndarray) -> None:
         """Adopt a leaf directory built elsewhere (collectively, or loaded from a sidecar)."""

@@ -386,6 +386,57 @@ def mark_ranges(touched, psize, offsets, lengths):
             touched[p] = 1
 
 
+@njit(inline="always")
+def _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg, nkeys, wrap, root, touched,
+               account):
+    """Move a cursor past the end of its leaf (``nkeys`` records) to the first record of
+    the next leaf: climb the stack to the first level that has a next child, descend
+    leftmost; at the end of the tree wrap around to the first record when ``wrap``, else
+    stay on the last record. Only branch and leaf pages are read. Returns ``(code, page,
+    wrapped, at_end)``."""
+    psize = fmt[0]
+    leaf_level = depth - 1
+    level = leaf_level - 1
+    while level >= 0:
+        bpg = stack_pg[level]
+        code, bkeys = check_page(buf, fmt, bpg, last_pg)
+        if code != OK:
+            return code, bpg, 0, 0
+        if stack_slot[level] + 1 < bkeys:
+            break
+        level -= 1
+    wrapped = 0
+    if level < 0:
+        if not wrap:
+            stack_slot[leaf_level] = nkeys - 1
+            return OK, 0, 0, 1
+        wrapped = 1
+        level = 0
+        stack_pg[0] = root
+        stack_slot[0] = 0
+        if leaf_level == 0:
+            return OK, 0, wrapped, 0
+        child = branch_child(buf, fmt, root * psize, 0)
+    else:
+        stack_slot[level] += 1
+        child = branch_child(buf, fmt, stack_pg[level] * psize, stack_slot[level])
+    if child < 0:
+        return E_NODE, stack_pg[level], wrapped, 0
+    for lv in range(level + 1, depth):
+        stack_pg[lv] = child
+        stack_slot[lv] = 0
+        code, _ck = check_page(buf, fmt, child, last_pg)
+        if code != OK:
+            return code, child, wrapped, 0
+        if account:
+            touched[child] = 1
+        if lv < leaf_level:
+            child = branch_child(buf, fmt, child * psize, 0)
+            if child < 0:
+                return E_NODE, stack_pg[lv], wrapped, 0
+    return OK, 0, wrapped, 0
+
+
 @njit(cache=True, nogil=True)
 def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
                  val_off, val_len, leaf_pg, ovf_pages, key_off, key_len, touched, account):
@@ -427,45 +478,46 @@ def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
         if slot < nkeys:
             stack_slot[leaf_level] = slot
             return OK, 0, got, wrapped, 0
-        # past this leaf: climb to the first level that has a next child
-        level = leaf_level - 1
-        while level >= 0:
-            bpg = stack_pg[level]
-            code, bkeys = check_page(buf, fmt, bpg, last_pg)
-            if code != OK:
-                return code, bpg, got, wrapped, 0
-            if stack_slot[level] + 1 < bkeys:
-                break
-            level -= 1
-        if level < 0:
-            if not wrap:
-                stack_slot[leaf_level] = nkeys - 1
-                return OK, 0, got, wrapped, 1
-            wrapped += 1
-            level = 0
-            stack_pg[0] = root
-            stack_slot[0] = 0
-            if leaf_level == 0:
-                continue
-            child = branch_child(buf, fmt, root * psize, 0)
-        else:
-            stack_slot[level] += 1
-            child = branch_child(buf, fmt, stack_pg[level] * psize, stack_slot[level])
-        if child < 0:
-            return E_NODE, stack_pg[level], got, wrapped, 0
-        # descend leftmost
-        for lv in range(level + 1, depth):
-            stack_pg[lv] = child
-            stack_slot[lv] = 0
-            code, _ck = check_page(buf, fmt, child, last_pg)
-            if code != OK:
-                return code, child, got, wrapped, 0
-            if account:
-                touched[child] = 1
-            if lv < leaf_level:
-                child = branch_child(buf, fmt, child * psize, 0)
-                if child < 0:
-                    return E_NODE, stack_pg[lv], got, wrapped, 0
+        code, page, w, at_end = _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg,
+                                           nkeys, wrap, root, touched, account)
+        if code != OK:
+            return code, page, got, wrapped, 0
+        wrapped += w
+        if at_end:
+            return OK, 0, got, wrapped, 1
+    return OK, 0, got, wrapped, 0
+
+
+@njit(cache=True, nogil=True)
+def walk_skip(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root, touched,
+              account):
+    """:func:`walk_collect` without collecting: advance a cursor ``n`` records, leaf by
+    leaf from the leaves' record counts (the same branch and leaf pages are read, no node
+    is parsed). Returns ``(code, page, passed, wrapped, at_end)``."""
+    got = 0
+    wrapped = 0
+    leaf_level = depth - 1
+    while got < n:
+        pg = stack_pg[leaf_level]
+        code, nkeys = check_page(buf, fmt, pg, last_pg)
+        if code != OK:
+            return code, pg, got, wrapped, 0
+        if account:
+            touched[pg] = 1
+        slot = stack_slot[leaf_level]
+        take = max(min(nkeys - slot, n - got), 0)
+        got += take
+        slot += take
+        if slot < nkeys:
+            stack_slot[leaf_level] = slot
+            return OK, 0, got, wrapped, 0
+        code, page, w, at_end = _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg,
+                                           nkeys, wrap, root, touched, account)
+        if code != OK:
+            return code, page, got, wrapped, 0
+        wrapped += w
+        if at_end:
+            return OK, 0, got, wrapped, 1
     return OK, 0, got, wrapped, 0
 
 

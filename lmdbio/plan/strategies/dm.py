@@ -108,19 +108,29 @@ class DmSerial(ReadStrategy):
     def walk_share(self, iteration: int, ids: np.ndarray, stats: IterationStats,
                    iterations: int = 1) -> RecordRefs:
         """Receive the cursor, walk to and over this reader's records ``ids`` (one run of
-        the order), send the cursor on; their references."""
+        the order), send the cursor on; their references.
+
+        The next reader waits only for the cursor: the walk over the share moves it leaf
+        by leaf from the leaves' record counts (:meth:`Database.walk_skip`, the same leaf
+        and branch pages an LMDB cursor reads), and the records' references are collected
+        from a copy of the start after the cursor has gone on, off the chain's critical
+        path (measured in docs/reading.md)."""
         self._receive(iteration, stats)
+        start = None
         with Timer(stats, "walk"):
             if ids.size:
                 # past records before this reader's share (an epoch resumed in a slot group)
                 self.walk_to(self.cursor, int(ids[0]), self._at)
-                refs, _, _ = self.db.walk_collect(self.cursor, ids.size, wrap=True)
+                start = self.cursor.copy()
+                self.db.walk_skip(self.cursor, ids.size, wrap=True)
                 self._at = (int(ids[-1]) + 1) % len(self.db)
-            else:
-                refs = RecordRefs.empty(0)
         last = iteration + iterations - 1
         self._send(last)
         self._last = last
+        if start is None:
+            return RecordRefs.empty(0)
+        with Timer(stats, "walk"):
+            refs, _, _ = self.db.walk_collect(start, ids.size, wrap=True)
         return refs
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
