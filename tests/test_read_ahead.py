@@ -180,3 +180,58 @@ def test_indexed_asks_for_the_leaves_of_a_slot_it_did_not_read_ahead(tmp_path, o
     advised.clear()
     s.fetch(plan, 1, nxt, IterationStats(1))
     assert advised == []
+
+
+@pytest.mark.parametrize("advise", [True, False])
+def test_dm_spec_waits_for_its_prefetch_after_the_cursor_has_gone_on(
+        cifar_like, open_strategy, monkeypatch, advise) -> None:
+    """With advice, dm-spec asks for its pages before the chain and touches them (waits
+    for the reads) after its walk has passed the cursor on; without advice the touch is
+    the read, before the chain, as in the paper."""
+    db, s = open_strategy(DmSpec, cifar_like, advise=advise)
+    plan = plan_epoch(len(db), 1, BATCH)
+    order: list[str] = []
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: order.append("advise"))
+    real_touch, real_walk = pf.touch_page_ranges, s.walk_share
+    monkeypatch.setattr(pf, "touch_page_ranges", lambda *a: (order.append("touch"),
+                                                             real_touch(*a))[1])
+    monkeypatch.setattr(s, "walk_share", lambda *a, **k: (order.append("walk"),
+                                                          real_walk(*a, **k))[1])
+    s.begin_epoch(plan)
+    for it in range(3):
+        order.clear()
+        s.fetch(plan, it, plan.records(it, 0), IterationStats(it))
+        walked, touched = order.index("walk"), order.index("touch")
+        assert (touched > walked) == advise, order
+        assert order[0] == "advise", order  # asked for first (a no-op without advice)
+
+
+def test_dm_spec_asks_for_the_leaves_after_a_blind_guess(tmp_path, open_strategy,
+                                                          monkeypatch) -> None:
+    """At an epoch's start (the first guess, nothing observed) dm-spec asks, before its
+    walk, for the leaves the walk will read: the first leaf's siblings under its parent
+    branch page, as many as the share fills at the database's records per leaf; once
+    the estimate has observed iterations it does not."""
+    write_db(tmp_path, random_items(3000, 700, seed=9), commit_every=500)
+    db, s = open_strategy(DmSpec, tmp_path)
+    assert db.db.depth >= 2
+    plan = plan_epoch(len(db), 1, 64)
+    asked: list[list[int]] = []
+    real_advise = s.advise_pages
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: (asked.append(
+        np.repeat(np.asarray(a), np.asarray(b)).tolist()), real_advise(a, b))[1])
+    s.begin_epoch(plan)
+    cur = db.cursor()
+    cur.first()
+    parent, slot = cur.stack[-2]
+    ids = plan.records(0, 0)
+    per_leaf = db.db.entries / db.db.leaf_pages
+    expect = db.branch_children(parent)[slot:slot + int(ids.size / per_leaf * 1.25) + 2]
+    s.fetch(plan, 0, ids, IterationStats(0))
+    assert expect.tolist() in asked
+    # the leaves of the records read: among those asked for
+    assert set(db.leaves()[:int(np.ceil(ids.size / per_leaf))].tolist()) <= set(expect.tolist())
+    for it in (1, 2, 3):
+        asked.clear()
+        s.fetch(plan, it, plan.records(it, 0), IterationStats(it))
+    assert not any(a == db.branch_children(parent)[:len(a)].tolist() for a in asked)

@@ -116,6 +116,7 @@ class DmSerial(ReadStrategy):
         from a copy of the start after the cursor has gone on, off the chain's critical
         path (measured in docs/reading.md)."""
         self._receive(iteration, stats)
+        self._before_walk(ids, stats)
         start = None
         with Timer(stats, "walk"):
             if ids.size:
@@ -137,6 +138,9 @@ class DmSerial(ReadStrategy):
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
         return self.walk_share(iteration, ids, stats, iterations)
 
+    def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
+        """Called with the cursor received, before the walk over ``ids``: nothing here."""
+
     def close(self) -> None:
         from lmdbio.mpiutil import wait_with_timeout
 
@@ -157,15 +161,19 @@ class DmSpec(DmSerial):
         self.tree = getattr(self, "tree", None) or KnownTreePages()
         self._reset_estimates()
         self._expect: int | None = None
+        self._blind = True  # whether the last prediction was the first guess
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
-        t = self.db.record_table(0, 1) if len(self.db) else None
-        first_size = int(t.val_len[0]) if t is not None and len(t) else 1
+        # the first record, from the pages on the way to it (a record table would read
+        # every leaf header: on an inline database the whole file, on every reader)
+        first = self.db.walk_collect(self.db.cursor(), 1)[0] if len(self.db) else None
+        first_size = int(first.val_len[0]) if first is not None and len(first) else 1
         psize = self.db.psize
         self.pages_per_record = max(1, -(-(first_size + self.db.layout.header_size) // psize))
         # overflow values: the first guess counts past the tree pages known (from the walks
         # of earlier epochs, or earlier in this one); inline values live in the leaves
-        self._guess_past_tree = t is not None and len(t) > 0 and int(t.ovf_pages[0]) > 0
+        self._guess_past_tree = first is not None and len(first) > 0 and \
+            int(first.ovf_pages[0]) > 0
 
     def _reset_estimates(self) -> None:
         self.estimator = PageRangeEstimator()
@@ -184,11 +192,31 @@ class DmSpec(DmSerial):
     def _predict(self, ids: np.ndarray, cut: int, regular: bool) -> list[tuple[int, int]]:
         """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around)."""
         first = int(ids[0]) if ids.size else 0
-        ranges = (predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
-                                  first, cut) if regular else None) or [self._guess(first, cut)]
+        ranges = predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
+                                 first, cut) if regular else None
+        self._blind = ranges is None  # the first guess: no iteration observed to go by
+        ranges = ranges or [self._guess(first, cut)]
         if cut < ids.size:  # the records after the wrap-around start again near the front
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
         return ranges
+
+    def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
+        """When this fetch prefetched a blind first guess (an epoch's first slot, the
+        records after a wrap-around or a resume, where the guess can be hundreds of pages
+        off on inline values), ask for the leaf pages the walk is about to read: the
+        children of the cursor's parent branch page from its leaf on, as many as the
+        share fills at the database's average records per leaf (plus a quarter), as a
+        few large reads instead of one fault per leaf on the chain's critical path."""
+        stack = self.cursor.stack
+        if not (self._blind and ids.size and self.advising and len(stack) >= 2):
+            return
+        with Timer(stats, "prefetch"):
+            parent, slot = stack[-2]
+            meta = self.db.db
+            per_leaf = max(meta.entries / max(meta.leaf_pages, 1), 1.0)
+            want = int(ids.size / per_leaf * 1.25) + 2
+            leaves = self.db.branch_children(int(parent))[int(slot):int(slot) + want]
+            self.advise_pages(leaves, np.ones_like(leaves))
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
         """Ask for the pages the next iteration's estimate names (the same estimate that
@@ -223,13 +251,22 @@ class DmSpec(DmSerial):
         starts, lengths, cut = self._ranges(ids)
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
+        # with advice the reads are asked for before the chain and waited for after the
+        # cursor has gone on: the chain waits only for the leaf pages its walk reads, not
+        # for this reader's whole prefetch (without advice the touch is the read, before
+        # the chain as in the paper)
+        wait_after = self.advising and self.db.node_cache is None
         with Timer(stats, "prefetch"):
             if lengths.any() and self.db.node_cache is not None:
                 self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
             elif lengths.any():  # a few large reads, then every page mapped by touching
                 self.advise_pages(starts, lengths)
-                touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
+                if not wait_after:
+                    touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         refs = self.walk_share(iteration, ids, stats, iterations)
+        if wait_after and lengths.any():
+            with Timer(stats, "prefetch"):
+                touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         if not len(refs):
             return refs
         # needed: the pages of the values (read in parallel after the chain) and the leaf and
@@ -248,6 +285,14 @@ class DmSpec(DmSerial):
             self.estimator.observe(*run)
         self.tree.learn(self.db, self.cursor.stack)
         self.value_estimator.observe(int(ids[0]), refs.head(cut), self.db.psize, run)
+        if missed and self.advising:
+            # values the estimate missed: asked for now, as a few large reads before the
+            # gather, rather than faulted in one by one (overflow values; inline ones are
+            # in the leaves the walk read)
+            big = np.flatnonzero(refs.ovf_pages > 0)
+            if big.size:
+                with Timer(stats, "prefetch"):
+                    self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)
