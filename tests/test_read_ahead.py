@@ -235,3 +235,28 @@ def test_dm_spec_asks_for_the_leaves_after_a_blind_guess(tmp_path, open_strategy
         asked.clear()
         s.fetch(plan, it, plan.records(it, 0), IterationStats(it))
     assert not any(a == db.branch_children(parent)[:len(a)].tolist() for a in asked)
+
+
+def test_dm_spec_first_guess_on_inline_values_covers_their_leaves(tmp_path,
+                                                                   open_strategy) -> None:
+    """The first guess for inline values (five to a leaf page here), from the meta pages
+    and from where the last walk ended: it covers nearly all the leaves the records are
+    on and prefetches little else ("every record the size of the first one" would have
+    asked for a page per record, five times too many, and mostly elsewhere)."""
+    write_db(tmp_path, random_items(3000, 700, seed=9), commit_every=500)
+    db, s = open_strategy(DmSpec, tmp_path)
+    s.begin_epoch(plan_epoch(len(db), 1, 64))
+    table = db.record_table()
+    pages = table.val_off // db.psize
+
+    def check(first: int, count: int) -> None:
+        start, length = s._inline_guess(first, count)
+        need = np.unique(pages[first:first + count])
+        covered = np.count_nonzero((need >= start) & (need < start + length))
+        assert covered >= 0.9 * need.size, (first, start, length, need[[0, -1]])
+        assert length <= 1.25 * need.size + 4
+
+    for first in (0, 400, 1200):
+        check(first, 256)
+    s._anchor = (int(pages[1000]), 1000)  # a walk ended on record 1000
+    check(1300, 256)
