@@ -6,10 +6,11 @@ its records in parallel with the others. The last reader sends its end cursor ba
 first for the next iteration. With a symmetric mapping the cursor bytes are raw page
 addresses, valid in every reader; otherwise page numbers.
 
-``dm-spec`` adds speculative prefetch before the chain: every reader touches the pages it
-expects to need, all in parallel, so that the serial walk and the gather run through
-memory. The first iteration of an epoch uses the paper's first guess (every record the
-size of the first one); from then on the estimate is corrected every iteration from the
+``dm-spec`` adds speculative prefetch before the chain: every reader asks for the pages it
+expects to need, all in parallel, and waits for them after passing the cursor on, so that
+the serial walk and the gather run through memory. The first iteration of an epoch uses
+the paper's first guess (every record the size of the first one; for inline values the
+file's pages per record); from then on the estimate is corrected every iteration from the
 pages the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
 records of one size, counted past the tree pages the reader's walks have seen, else the
 reference code's min/max estimator with the changes measured in docs/reading.md.
