@@ -437,6 +437,54 @@ def _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg, nkeys, wrap, root
     return OK, 0, wrapped, 0
 
 
+@njit(inline="always")
+def _walk(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root, collect,
+          val_off, val_len, leaf_pg, ovf_pages, key_off, key_len, touched, account):
+    """The walk of :func:`walk_collect` (``collect``) and :func:`walk_skip` (not)."""
+    psize = fmt[0]
+    got = 0
+    wrapped = 0
+    leaf_level = depth - 1
+    while got < n:
+        pg = stack_pg[leaf_level]
+        code, nkeys = check_page(buf, fmt, pg, last_pg)
+        if code != OK:
+            return code, pg, got, wrapped, 0
+        if account:
+            touched[pg] = 1
+        slot = stack_slot[leaf_level]
+        if collect:
+            base = pg * psize
+            while slot < nkeys and got < n:
+                code, ko, kl, vo, vl, op, _fl = leaf_node(buf, fmt, base, slot, last_pg,
+                                                          False)
+                if code != OK:
+                    return code, pg, got, wrapped, 0
+                key_off[got] = ko
+                key_len[got] = kl
+                val_off[got] = vo
+                val_len[got] = vl
+                leaf_pg[got] = pg
+                ovf_pages[got] = op
+                got += 1
+                slot += 1
+        else:  # leaf by leaf from the record counts
+            take = max(min(nkeys - slot, n - got), 0)
+            got += take
+            slot += take
+        if slot < nkeys:
+            stack_slot[leaf_level] = slot
+            return OK, 0, got, wrapped, 0
+        code, page, w, at_end = _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg,
+                                           nkeys, wrap, root, touched, account)
+        if code != OK:
+            return code, page, got, wrapped, 0
+        wrapped += w
+        if at_end:
+            return OK, 0, got, wrapped, 1
+    return OK, 0, got, wrapped, 0
+
+
 @njit(cache=True, nogil=True)
 def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
                  val_off, val_len, leaf_pg, ovf_pages, key_off, key_len, touched, account):
@@ -450,42 +498,8 @@ def walk_collect(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root,
     after the call the cursor sits on the record following the last one collected (or, at
     the end without ``wrap``, on the last record with ``at_end`` set).
     """
-    psize = fmt[0]
-    got = 0
-    wrapped = 0
-    leaf_level = depth - 1
-    while got < n:
-        pg = stack_pg[leaf_level]
-        code, nkeys = check_page(buf, fmt, pg, last_pg)
-        if code != OK:
-            return code, pg, got, wrapped, 0
-        if account:
-            touched[pg] = 1
-        slot = stack_slot[leaf_level]
-        base = pg * psize
-        while slot < nkeys and got < n:
-            code, ko, kl, vo, vl, op, _fl = leaf_node(buf, fmt, base, slot, last_pg, False)
-            if code != OK:
-                return code, pg, got, wrapped, 0
-            key_off[got] = ko
-            key_len[got] = kl
-            val_off[got] = vo
-            val_len[got] = vl
-            leaf_pg[got] = pg
-            ovf_pages[got] = op
-            got += 1
-            slot += 1
-        if slot < nkeys:
-            stack_slot[leaf_level] = slot
-            return OK, 0, got, wrapped, 0
-        code, page, w, at_end = _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg,
-                                           nkeys, wrap, root, touched, account)
-        if code != OK:
-            return code, page, got, wrapped, 0
-        wrapped += w
-        if at_end:
-            return OK, 0, got, wrapped, 1
-    return OK, 0, got, wrapped, 0
+    return _walk(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root, True,
+                 val_off, val_len, leaf_pg, ovf_pages, key_off, key_len, touched, account)
 
 
 @njit(cache=True, nogil=True)
@@ -494,31 +508,9 @@ def walk_skip(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root, tou
     """:func:`walk_collect` without collecting: advance a cursor ``n`` records, leaf by
     leaf from the leaves' record counts (the same branch and leaf pages are read, no node
     is parsed). Returns ``(code, page, passed, wrapped, at_end)``."""
-    got = 0
-    wrapped = 0
-    leaf_level = depth - 1
-    while got < n:
-        pg = stack_pg[leaf_level]
-        code, nkeys = check_page(buf, fmt, pg, last_pg)
-        if code != OK:
-            return code, pg, got, wrapped, 0
-        if account:
-            touched[pg] = 1
-        slot = stack_slot[leaf_level]
-        take = max(min(nkeys - slot, n - got), 0)
-        got += take
-        slot += take
-        if slot < nkeys:
-            stack_slot[leaf_level] = slot
-            return OK, 0, got, wrapped, 0
-        code, page, w, at_end = _next_leaf(buf, fmt, stack_pg, stack_slot, depth, last_pg,
-                                           nkeys, wrap, root, touched, account)
-        if code != OK:
-            return code, page, got, wrapped, 0
-        wrapped += w
-        if at_end:
-            return OK, 0, got, wrapped, 1
-    return OK, 0, got, wrapped, 0
+    none = np.empty(0, np.int64)
+    return _walk(buf, fmt, stack_pg, stack_slot, depth, last_pg, n, wrap, root, False,
+                 none, none, none, none, none, none, touched, account)
 
 
 @njit(cache=True, nogil=True)
