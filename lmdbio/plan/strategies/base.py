@@ -153,6 +153,13 @@ class ReadStrategy(ABC):
             log.warning("%s: prefetch advice refused, pages are faulted in as read: %s",
                         self.db.path, exc)
 
+    def advise_values(self, refs: RecordRefs) -> None:
+        """:meth:`advise_pages` for the overflow pages of ``refs``' values (inline values are
+        in the leaves that locating them read), one run per value, merged."""
+        big = np.flatnonzero(refs.ovf_pages > 0)
+        if big.size:
+            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
+
     # helpers shared by the walking strategies -------------------------------------------
     def start_walk(self) -> None:
         """A cursor on the first record: where every walking reader starts an epoch."""

@@ -308,12 +308,9 @@ class DmSpec(DmSerial):
         self.value_estimator.observe(int(ids[0]), refs.head(cut), self.db.psize, run)
         if missed and self.advising:
             # values the estimate missed: asked for now, as a few large reads before the
-            # gather, rather than faulted in one by one (overflow values; inline ones are
-            # in the leaves the walk read)
-            big = np.flatnonzero(refs.ovf_pages > 0)
-            if big.size:
-                with Timer(stats, "prefetch"):
-                    self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
+            # gather, rather than faulted in one by one
+            with Timer(stats, "prefetch"):
+                self.advise_values(refs)
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)

@@ -164,7 +164,7 @@ class Indexed(ReadStrategy):
             # large reads, rather than fault them in one page (or read-around window) at a
             # time during the gather
             with Timer(stats, "prefetch"):
-                self._advise_overflow_values(refs)
+                self.advise_values(refs)
         return refs
 
     def _advise_leaves(self, ids: np.ndarray) -> None:
@@ -177,11 +177,6 @@ class Indexed(ReadStrategy):
         leaves, first = self.db.leaves(), self.db.leaf_directory()
         pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
         self.advise_pages(pages, np.ones_like(pages))
-
-    def _advise_overflow_values(self, refs: RecordRefs) -> None:
-        big = np.flatnonzero(refs.ovf_pages > 0)
-        if big.size:
-            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
         """Ask for the next iteration's leaf pages (the directory names them: nothing is
@@ -200,4 +195,4 @@ class Indexed(ReadStrategy):
             refs = self.db.locate(ids)
         finally:
             acc.enabled = was
-        self._advise_overflow_values(refs)
+        self.advise_values(refs)
