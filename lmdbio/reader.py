@@ -19,7 +19,10 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.io.prefetch import MADV_RANDOM
+from lmdbio.io.symmap import map_symmetric
 from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.lmdb.database import _resolve_file
 from lmdbio.plan.epoch import EpochPlan, plan_epoch
 from lmdbio.plan.strategies import (
     IterationStats,
@@ -142,48 +145,54 @@ class ReaderTotals:
 
 def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions
                    ) -> tuple[Database, Any, ReaderTotals]:
-    """Open the database for this rank; readers that hand cursors map it symmetrically."""
+    """Open the database for this rank; readers that hand cursors map it symmetrically.
+
+    One rank per node (its first) pins the snapshot: a pin registers a reader in the lock
+    file, which every process of the host shares, so one pin keeps the pages of the whole
+    node's reads from being recycled; a pin per rank only added a child process per rank
+    (~13 ms of CPU each, all at once, on the setup's critical path)."""
     totals = ReaderTotals()
     mapping = None
+    pin = topo.local_rank == 0
     if shared_cursors and topo.is_reader and opts.symmetric:
-        from lmdbio.io.symmap import map_symmetric
-        from lmdbio.lmdb.database import _resolve_file
-
         mapping = map_symmetric(topo.readers, _resolve_file(path))
         totals.symmetric_attempts = mapping.attempts
         totals.symmetric = bool(mapping.symmetric)
-        db = Database(path, subdb=opts.subdb, buffer=mapping.array,
+        db = Database(path, subdb=opts.subdb, buffer=mapping.array, pin_snapshot=pin,
                       address=mapping.address if mapping.symmetric else None)
     else:
-        db = Database(path, subdb=opts.subdb)
+        db = Database(path, subdb=opts.subdb, pin_snapshot=pin)
     return db, mapping, totals
 
 
 def _host_oversubscribed(topo: Topology) -> bool:
-    """Collective over the world: whether this host runs more ranks than it has cores for
-    this process. Then ring waits must not spin (a spinning rank takes the core from the
-    peer it waits for): they sleep from the first poll."""
+    """Whether this host runs more ranks than it has cores for this process. Then ring
+    waits must not spin (a spinning rank takes the core from the peer it waits for): they
+    sleep from the first poll."""
     import os
 
-    from mpi4py import MPI
-
-    host = topo.world.Split_type(MPI.COMM_TYPE_SHARED, key=topo.rank)
-    try:
-        ranks = host.Get_size()
-    finally:
-        host.Free()
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cores = os.cpu_count() or 1
-    return ranks > cores
+    return topo.host_size > cores
 
 
 def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.ndarray:
     """The ``k`` largest value sizes of the database, ascending (fewer when it holds fewer
-    records). Collective over ``comm``: each rank reads its share of the leaves."""
+    records), or an upper bound of them. Collective over ``comm``: each rank reads its share
+    of the leaves. A tree without overflow pages has only inline values, smaller than
+    :meth:`Database.inline_value_limit`: that bound stands for every value and no leaf is
+    read (on such a file the leaves are the whole file, which this would otherwise read at
+    every start, hidden from the page accounting, which starts after the setup)."""
     from lmdbio.mpiutil import agree
 
+    limit = db.inline_value_limit()
+    if comm is not None:  # the same path on every rank (node copies could differ)
+        limits = comm.allgather(limit)
+        limit = None if None in limits else max(limits)
+    if limit is not None:
+        return np.full(min(k, len(db)), limit, np.int64)
     leaves, err = None, None
     if rank == 0:
         try:
@@ -289,6 +298,21 @@ class ReadSession:
                               f"{opts.transfer!r}")
         self.reads = topo.is_reader if self.shared else True
         t0 = time.perf_counter()
+        if self.shared:
+            self.consumers = topo.n_workers
+            wr = topo.worker_rank if topo.is_worker else 1 << 30
+            firsts = topo.node.allgather(wr)
+            self.first_consumer = min(firsts)
+            self.node_consumers = sum(1 for w in firsts if w != 1 << 30)
+            # every node's consumers, in consumer order: the plan lays slot groups out by node
+            nodes = topo.world.allgather((self.first_consumer, self.node_consumers)
+                                         if topo.local_rank == 0 else None)
+            self.consumers_per_node = tuple(n for _, n in sorted(
+                x for x in nodes if x is not None and x[1] > 0))
+        else:
+            self.consumers = topo.size
+            self.first_consumer, self.node_consumers = topo.rank, 1
+            self.consumers_per_node = (1,) * topo.size
         self.db, self.mapping, self.totals = _open_database(
             path, topo, cls.name.startswith("dm"), opts)
         self.node_cache = None
@@ -302,22 +326,9 @@ class ReadSession:
             comm = topo.readers if topo.is_reader else None
             ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers, opts.timeout,
                                 advise=opts.prefetch_advice)
-            self.consumers = topo.n_workers
-            wr = topo.worker_rank if topo.is_worker else 1 << 30
-            firsts = topo.node.allgather(wr)
-            self.first_consumer = min(firsts)
-            self.node_consumers = sum(1 for w in firsts if w != 1 << 30)
-            # every node's consumers, in consumer order: the plan lays slot groups out by node
-            nodes = topo.world.allgather((self.first_consumer, self.node_consumers)
-                                         if topo.local_rank == 0 else None)
-            self.consumers_per_node = tuple(n for _, n in sorted(
-                x for x in nodes if x is not None and x[1] > 0))
         else:
             ctx = ReaderContext(self.db, None, topo.rank, topo.size, opts.timeout,
                                 advise=opts.prefetch_advice)
-            self.consumers = topo.size
-            self.first_consumer, self.node_consumers = topo.rank, 1
-            self.consumers_per_node = (1,) * topo.size
         self.strategy: ReadStrategy = cls(ctx)
         if self.reads:
             self.strategy.setup()
@@ -349,8 +360,6 @@ class ReadSession:
                                 and self.opts.prefetch_advice and self.node_cache is None)
         if not (off and self.reads):
             return
-        from lmdbio.io.prefetch import MADV_RANDOM
-
         try:
             self.db.advise_access(MADV_RANDOM)
         except OSError as exc:  # advisory: the kernel's read-around stays
@@ -398,6 +407,7 @@ class ReadSession:
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
             keys = max(64, int(self._max_key())) * node_batch
+        self._wait_for_reader("the reader to size the batch ring")
         self.ring = BatchRing.create(
             topo.node, 0, slots=self.opts.prefetch_depth,
             payload_bytes=max(cap, 1) if cap is not None else None,
@@ -409,6 +419,17 @@ class ReadSession:
         #: consecutive batches in one slot, as the node's reader chose them
         self.batches_per_slot = int(topo.node.bcast(per_slot if topo.is_reader else None,
                                                     root=0))
+
+    def _wait_for_reader(self, what: str) -> None:
+        """Collective over the node: its workers wait here, sleeping, until the reader has
+        done its part of the setup (mapping, strategy, ring sizing). Waiting in the next
+        node collective instead (MPI's wait polls, yielding the core only between polls)
+        took CPU from the readers on an oversubscribed host: setup collectives among the
+        readers then cost milliseconds each instead of ~0.1 ms."""
+        from lmdbio.mpiutil import barrier_with_timeout
+
+        barrier_with_timeout(self.topo.node, self.opts.timeout,
+                             f"node {self.topo.node_index}: waiting for {what}")
 
     def _warm_up_worker(self) -> None:
         """Load the compiled checksum a worker verifies slots with, while the readers set
@@ -437,6 +458,7 @@ class ReadSession:
                 blob = fit_transport_model(self.db, self.opts.codec_options).to_bytes()
             except Exception as exc:  # agreed on below so no rank waits forever
                 err = f"{type(exc).__name__}: {exc}"
+        self._wait_for_reader("the reader to fit the IBP transport model")
         agree(self.topo.node, err is None, err or "", "fitting the IBP transport model")
         blob = self.topo.node.bcast(blob, root=0)
         self.codec_model = IBPModel.from_bytes(blob)

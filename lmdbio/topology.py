@@ -7,6 +7,8 @@ derives, for every rank:
   ``simulate_nodes=K`` the world cut into K groups of consecutive ranks, so that the
   multi-node code paths (one reader per node, cursor hand-off between nodes) run on one
   host. A simulated node must still lie inside one shared-memory domain, which is checked.
+* ``host_size`` - the ranks on this rank's host (its shared-memory domain), whatever the
+  nodes: with simulated nodes, all of them; the ring's waits compare it with the cores.
 * ``node_index`` - nodes numbered 0..n_nodes-1 in the order of their lowest world rank.
 * readers - the first ``readers_per_node`` local ranks of every node. ``readers`` is the
   communicator of all readers across nodes ordered by world rank (``MPI.COMM_NULL`` on other
@@ -166,6 +168,7 @@ class Topology:
     node_world_ranks: tuple[int, ...]
     node_readers: tuple[int, ...]
     node_workers: tuple[int, ...]
+    host_size: int
     launcher: LauncherInfo | None = None
     _closed: bool = field(default=False, repr=False)
 
@@ -227,6 +230,9 @@ class Topology:
             shared = node.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
             inside = shared.Get_size() == node.Get_size()
             shared.Free()
+            host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            host_size = host.Get_size()
+            host.Free()
             try:
                 agree(
                     world,
@@ -240,6 +246,7 @@ class Topology:
             n_nodes = simulate_nodes
         else:
             node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+            host_size = node.Get_size()
             # Number nodes by their lowest world rank (node rank 0, since key=rank).
             leader = node.bcast(rank if node.Get_rank() == 0 else None, root=0)
             leaders = sorted(set(world.allgather(leader)))
@@ -304,6 +311,7 @@ class Topology:
             node_world_ranks=node_world_ranks,
             node_readers=node_readers,
             node_workers=node_workers,
+            host_size=host_size,
             launcher=launcher,
         )
 
@@ -333,6 +341,7 @@ class Topology:
             "simulated": self.simulated,
             "local_rank": self.local_rank,
             "local_size": self.local_size,
+            "host_size": self.host_size,
             "requested_mode": self.requested_mode,
             "mode": self.mode,
             "readers_per_node": self.readers_per_node,

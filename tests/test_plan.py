@@ -178,3 +178,36 @@ def test_slot_groups_apply_to_full_batches_of_the_blocked_scheme_only():
     assert not plan_epoch(48, 4, 3).contiguous_slot(0, 2)
     with pytest.raises(ValueError, match="add up"):
         plan_epoch(48, 4, 3, group=2, node_consumers=(1, 2))
+
+
+@pytest.mark.parametrize(("sizes", "inline"), [
+    ((1, 400), True),             # MNIST-like: small inline values
+    ((1900, 2200), False),        # around LMDB's inline limit: some go to overflow pages
+    ((2000, 2024), True),         # up to the largest inline node (8 + 7 + 2023 = 2038 B)
+    ((2020, 2040), False),        # past it: the larger ones go to overflow pages
+    ((3000, 3100), False),        # CIFAR-like: every value on its own overflow pages
+])
+def test_largest_values_reads_no_leaf_of_an_inline_tree_and_bounds_every_value(
+        tmp_path, sizes, inline):
+    """Without overflow pages the ring's capacity comes from the format's inline limit,
+    with no page read; with them, from the exact largest values."""
+    import lmdbio
+    from lmdbio.reader import largest_values
+    from tests.lmdbgen import random_items, write_db
+
+    items = random_items(300, sizes, seed=3, key_fmt="k%06d")
+    write_db(tmp_path, items)
+    real = np.sort([len(v) for _, v in items])
+    with lmdbio.open(tmp_path, accounting=True, pin_snapshot=False) as db:
+        limit = db.inline_value_limit()
+        if inline is not None:
+            assert (limit is not None) == inline
+        db.accounting.reset()
+        top = largest_values(db, None, 0, 1, 64)
+        assert top.shape == (64,)
+        if limit is None:  # values on overflow pages: the exact sizes
+            np.testing.assert_array_equal(top, real[-64:])
+        else:
+            assert real.max() < limit and (top == limit).all()
+            assert db.accounting.pages().size == 0
+        assert largest_values(db, None, 0, 1, 1000).shape == (300,)

@@ -139,6 +139,9 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     last, batch = case.get("last", "pad"), case.get("batch", 4)
     consumers = {r["consumer"]: r for r in results if r["consumer"] is not None}
     n_consumers = results[0]["consumers"]
+    # one snapshot pin per node (its first rank) where the file has a lock file to pin in
+    if db.path.joinpath("lock.mdb").exists():
+        assert [r["pinned"] for r in results] == [r["local_rank"] == 0 for r in results], case
     assert sorted(consumers) == list(range(n_consumers)), (case, sorted(consumers))
     plans: dict[int, object] = {}
 

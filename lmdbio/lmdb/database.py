@@ -25,6 +25,7 @@ from lmdbio.errors import LmdbFormatError, LmdbioError
 from lmdbio.lmdb import format as fmt_mod
 from lmdbio.lmdb.accounting import PageAccounting
 from lmdbio.lmdb.format import F_SUBDATA, MDB_DUPSORT, DbRecord, Meta, PageLayout
+from lmdbio.lmdb.pin import SnapshotPin
 
 
 @dataclass(frozen=True)
@@ -319,8 +320,6 @@ class Database:
         return None
 
     def _pin(self) -> None:
-        from lmdbio.lmdb.pin import SnapshotPin
-
         self._pin_obj = SnapshotPin(self.path, self.meta.txnid)
 
     # ----------------------------------------------------------------- lifecycle
@@ -424,6 +423,16 @@ class Database:
             else:
                 self._leaves, self._nbranches = self._walk(self.db)
         return self._leaves
+
+    def inline_value_limit(self) -> int | None:
+        """An upper bound of every value's size when the tree has no overflow pages, from
+        the format alone (nothing read): LMDB moves a value to overflow pages when its
+        leaf node (8-byte header, key, value) exceeds about half a page less the page
+        header, so an inline value is smaller than ``(psize - page header) // 2``. ``None``
+        when the tree has overflow pages (values of any size) or sorted duplicates."""
+        if self.db.overflow_pages or self.db.flags & MDB_DUPSORT:
+            return None
+        return (self.psize - self.layout.header_size) // 2
 
     def branch_children(self, pg: int) -> np.ndarray:
         """Child page numbers of branch page ``pg``, in key order. Reads that page only (and

@@ -164,6 +164,8 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         "consumers_per_node": list(session.consumers_per_node),
         "reader": bool(session.reads),
         "node": topo.node_index,
+        "local_rank": topo.local_rank,
+        "pinned": session.db.stat()["snapshot_pinned"],
         "batches": got_batches,
         "ids": ids,
         "padding": pads,
