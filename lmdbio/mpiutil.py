@@ -226,9 +226,12 @@ def wait_with_timeout(
         sleep = min(sleep * 2, max_sleep)
 
 
-def barrier_with_timeout(comm: MPI.Comm, seconds: float, what: str = "barrier") -> None:
-    """``Ibarrier`` + :func:`wait_with_timeout`: a barrier that raises instead of hanging."""
-    wait_with_timeout(comm.Ibarrier(), seconds, what)
+def barrier_with_timeout(comm: MPI.Comm, seconds: float, what: str = "barrier", *,
+                         max_sleep: float = 0.01) -> None:
+    """``Ibarrier`` + :func:`wait_with_timeout`: a barrier that raises instead of hanging,
+    and whose waiting ranks sleep (``max_sleep``: the longest sleep between polls) instead
+    of taking the cores of the ranks they wait for."""
+    wait_with_timeout(comm.Ibarrier(), seconds, what, max_sleep=max_sleep)
 
 
 # --------------------------------------------------------------------------- shutdown

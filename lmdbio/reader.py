@@ -429,7 +429,8 @@ class ReadSession:
         from lmdbio.mpiutil import barrier_with_timeout
 
         barrier_with_timeout(self.topo.node, self.opts.timeout,
-                             f"node {self.topo.node_index}: waiting for {what}")
+                             f"node {self.topo.node_index}: waiting for {what}",
+                             max_sleep=1e-3)
 
     def _warm_up_worker(self) -> None:
         """Load the compiled checksum a worker verifies slots with, while the readers set
