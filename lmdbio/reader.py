@@ -10,6 +10,7 @@ a private buffer instead. Everything it does is accounted per iteration.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
-from lmdbio.io.prefetch import MADV_RANDOM
+from lmdbio.io.prefetch import MADV_RANDOM, advise_page_ranges
 from lmdbio.io.symmap import map_symmetric
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.database import _resolve_file
@@ -203,6 +204,11 @@ def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.
         agree(comm, err is None, err or "", "listing leaf pages")
         leaves = comm.bcast(leaves, root=0)
     lo, hi = leaves.shape[0] * rank // size, leaves.shape[0] * (rank + 1) // size
+    if hi > lo:
+        # the share's leaves asked for at once (a cold file: one batch of reads, not a
+        # fault and a read per leaf); advisory, nothing is read or counted by asking
+        with contextlib.suppress(OSError):
+            advise_page_ranges(db.buf, leaves[lo:hi], np.ones(hi - lo, np.int64), db.psize)
     sizes = db._build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
     top = np.sort(sizes)[-k:]
     if comm is not None:
