@@ -434,6 +434,17 @@ class Database:
             return None
         return (self.psize - self.layout.header_size) // 2
 
+    def page_entries(self, pg: int) -> int:
+        """The number of nodes on branch or leaf page ``pg`` (records on a leaf). Reads that
+        page's header only, unaccounted, as :meth:`branch_children`."""
+        from lmdbio.lmdb import kernels as k
+
+        self._check_open()
+        code, n = k.check_page(self.buf, self.fmt, int(pg), self.meta.last_pg)
+        if code:
+            self._raise(code, pg)
+        return int(n)
+
     def branch_children(self, pg: int) -> np.ndarray:
         """Child page numbers of branch page ``pg``, in key order. Reads that page only (and
         does not mark it in the accounting: callers ask about pages a walk already read)."""

@@ -162,6 +162,7 @@ class DmSpec(DmSerial):
         self.tree = getattr(self, "tree", None) or KnownTreePages()
         self._reset_estimates()
         self._expect: int | None = None
+        self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
@@ -179,6 +180,7 @@ class DmSpec(DmSerial):
         # pages between them), and the last page and record a walk ended on this epoch
         self._density = max(self.db.meta.last_pg - 1, 1) / max(len(self.db), 1)
         self._anchor: tuple[int, int] | None = None
+        self._kids: dict[int, np.ndarray] = getattr(self, "_kids", {})
 
     def _reset_estimates(self) -> None:
         self.estimator = PageRangeEstimator()
@@ -213,11 +215,57 @@ class DmSpec(DmSerial):
         first = int(ids[0]) if ids.size else 0
         ranges = predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
                                  first, cut) if regular else None
+        if ranges is not None and self._guess_past_tree:
+            ranges += self._share_leaves(first, cut)
         self._blind = ranges is None  # the first guess: no iteration observed to go by
         ranges = ranges or [self._guess(first, cut)]
         if cut < ids.size:  # the records after the wrap-around start again near the front
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
         return ranges
+
+    def _children(self, branch: int) -> np.ndarray:
+        """The child pages of ``branch`` in key order (parsed once: the snapshot does not
+        change under a session)."""
+        kids = self._kids.get(branch)
+        if kids is None:
+            kids = self._kids[branch] = self.db.branch_children(branch)
+        return kids
+
+    def _share_leaves(self, first_id: int, count: int) -> list[tuple[int, int]]:
+        """The leaf pages the walk over records ``first_id .. first_id + count - 1`` reads,
+        with one more at each end: from where this reader's cursor stopped (record
+        ``self._at``), the leaves as many on as the records between fill at the file's
+        average records per leaf, named by the key-order children of the cursor's parent
+        branch page (and of the next branch page, which is then read here, and named, when
+        the estimate runs past the last child: the walk will read it).
+
+        Overflow values only. The value ranges hold the leaves allocated among the values,
+        but a commit copies the leaf being filled wherever the free list has room (Caffe
+        commits every 1,000 records): a share that crosses a commit walks a leaf far from
+        its values, one missed page per reader and slot otherwise (docs/reading.md)."""
+        stack = self.cursor.stack
+        if len(stack) < 2 or count < 1 or first_id < self._at:
+            return []
+        meta = self.db.db
+        # records per leaf: the cursor's leaf's, or the file's average if that is more (a
+        # file written in key order has full leaves but the last; the average then counts
+        # the last one too, and drifts by a leaf over a few dozen)
+        per_leaf = max(meta.entries / max(meta.leaf_pages, 1),
+                       self.db.page_entries(int(stack[-1][0])), 1.0)
+        parent, slot = (int(x) for x in stack[-2])
+        offset = int(stack[-1][1]) - self._at  # records from the parent's leaf `slot` on
+        lo = slot + int((offset + first_id) / per_leaf)
+        hi = slot + int((offset + first_id + count - 1) / per_leaf) + 1
+        kids = self._children(parent)
+        pages = [kids[max(lo, 0):max(hi, 0)]]
+        if hi > kids.size and len(stack) >= 3:  # on into the next parent's children
+            grand, gslot = (int(x) for x in stack[-3])
+            uncles = self._children(grand)
+            if gslot + 1 < uncles.size:
+                nxt = int(uncles[gslot + 1])
+                pages += [np.array([nxt], np.int64),
+                          self._children(nxt)[max(lo - kids.size, 0):hi - kids.size]]
+        return [(int(pg), 1) for pg in np.concatenate(pages).tolist()]
 
     def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
         """When this fetch prefetched a blind first guess (an epoch's first slot, the
@@ -242,15 +290,23 @@ class DmSpec(DmSerial):
         iteration's :meth:`fetch` will make and touch, from the same state), while this
         one is gathered and handed off. Only when the next records continue these (not
         across a wrap-around or a resume: the fetch then starts a new estimate)."""
-        if ids.size and int(ids[0]) == self._expect and self.advising:
+        if self._continues(ids) and self.advising:
             starts, lengths, _ = self._ranges(ids)
             self.advise_pages(starts, lengths)
+
+    def _continues(self, ids: np.ndarray) -> bool:
+        """Whether records ``ids`` continue this reader's last share, so that the estimates
+        extrapolate to them: they start after it and no later than where shares of the
+        same size would (an epoch's last slot is shorter; a wrap-around or a resume
+        starts elsewhere)."""
+        return ids.size > 0 and self._expect is not None and \
+            self._after <= int(ids[0]) <= self._expect
 
     def _ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
         """``(starts, lengths, cut)``: the prefetch ranges for ``ids``, clipped to the file,
         and where ``ids`` wrap around (``ids.size`` if they do not)."""
         npages = self.db.file_size // self.db.psize
-        regular = ids.size > 0 and int(ids[0]) == self._expect
+        regular = self._continues(ids)
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
         guesses = self._predict(ids, cut, regular)
@@ -265,11 +321,12 @@ class DmSpec(DmSerial):
 
         # the estimates extrapolate from the previous iterations only while the records
         # continue them (not across the wrap-around of a padded last batch, or a resume)
-        if not (ids.size > 0 and int(ids[0]) == self._expect):
+        if not self._continues(ids):
             self._reset_estimates()
         starts, lengths, cut = self._ranges(ids)
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
+            self._after = int(ids[-1]) + 1
         # with advice the reads are asked for before the chain and waited for after the
         # cursor has gone on: the chain waits only for the leaf pages its walk reads, not
         # for this reader's whole prefetch (without advice the touch is the read, before
