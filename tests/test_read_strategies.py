@@ -436,7 +436,8 @@ def test_spec_prefetch_on_caffes_commit_pattern(four_ranks: Launch,
     assert needed > 2000
     assert sum(s["redundant_pages"] for s in its) <= 0.01 * needed
     assert sum(s["missed_pages"] for s in its) <= 0.01 * needed
-    assert sum(s["missed_walk_pages"] for s in its) <= 0.01 * needed
+    # the leaf a share crosses a commit on (copied to a freed page) is named too
+    assert sum(s["missed_walk_pages"] for s in its) == 0, its
 
 
 def test_spec_prefetch_is_exact_on_a_file_written_in_one_commit(
