@@ -180,7 +180,6 @@ class DmSpec(DmSerial):
         # pages between them), and the last page and record a walk ended on this epoch
         self._density = max(self.db.meta.last_pg - 1, 1) / max(len(self.db), 1)
         self._anchor: tuple[int, int] | None = None
-        self._kids: dict[int, np.ndarray] = getattr(self, "_kids", {})
 
     def _reset_estimates(self) -> None:
         self.estimator = PageRangeEstimator()
@@ -223,21 +222,14 @@ class DmSpec(DmSerial):
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
         return ranges
 
-    def _children(self, branch: int) -> np.ndarray:
-        """The child pages of ``branch`` in key order (parsed once: the snapshot does not
-        change under a session)."""
-        kids = self._kids.get(branch)
-        if kids is None:
-            kids = self._kids[branch] = self.db.branch_children(branch)
-        return kids
-
     def _share_leaves(self, first_id: int, count: int) -> list[tuple[int, int]]:
-        """The leaf pages the walk over records ``first_id .. first_id + count - 1`` reads,
-        with one more at each end: from where this reader's cursor stopped (record
-        ``self._at``), the leaves as many on as the records between fill at the file's
-        average records per leaf, named by the key-order children of the cursor's parent
+        """The leaf pages the walk over records ``first_id .. first_id + count - 1`` reads:
+        from where this reader's cursor stopped (record ``self._at``), the leaves as many
+        on as the records between fill (at the larger of the cursor leaf's record count
+        and the file's average), named by the key-order children of the cursor's parent
         branch page (and of the next branch page, which is then read here, and named, when
-        the estimate runs past the last child: the walk will read it).
+        the estimate runs past the last child: the walk will read it). No margin: a leaf
+        more at each end was 3 % of the pages needed in redundant pages on 64-record shares.
 
         Overflow values only. The value ranges hold the leaves allocated among the values,
         but a commit copies the leaf being filled wherever the free list has room (Caffe
@@ -256,15 +248,16 @@ class DmSpec(DmSerial):
         offset = int(stack[-1][1]) - self._at  # records from the parent's leaf `slot` on
         lo = slot + int((offset + first_id) / per_leaf)
         hi = slot + int((offset + first_id + count - 1) / per_leaf) + 1
-        kids = self._children(parent)
+        kids = self.tree.children(self.db, parent)
         pages = [kids[max(lo, 0):max(hi, 0)]]
         if hi > kids.size and len(stack) >= 3:  # on into the next parent's children
             grand, gslot = (int(x) for x in stack[-3])
-            uncles = self._children(grand)
+            uncles = self.tree.children(self.db, grand)
             if gslot + 1 < uncles.size:
                 nxt = int(uncles[gslot + 1])
                 pages += [np.array([nxt], np.int64),
-                          self._children(nxt)[max(lo - kids.size, 0):hi - kids.size]]
+                          self.tree.children(self.db, nxt)[max(lo - kids.size, 0):
+                                                                hi - kids.size]]
         return [(int(pg), 1) for pg in np.concatenate(pages).tolist()]
 
     def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
@@ -282,7 +275,7 @@ class DmSpec(DmSerial):
             meta = self.db.db
             per_leaf = max(meta.entries / max(meta.leaf_pages, 1), 1.0)
             want = int(ids.size / per_leaf * 1.25) + 2
-            leaves = self.db.branch_children(int(parent))[int(slot):int(slot) + want]
+            leaves = self.tree.children(self.db, int(parent))[int(slot):int(slot) + want]
             self.advise_pages(leaves, np.ones_like(leaves))
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:

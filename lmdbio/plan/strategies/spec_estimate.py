@@ -89,6 +89,15 @@ class KnownTreePages:
         self.leaves = np.empty(0, np.int64)  # sorted: the known leaf pages
         self._shifted = np.empty(0, np.int64)  # pages - arange: page_of's lookup table
         self._parsed: set[int] = set()
+        self._children: dict[int, np.ndarray] = {}  # branch page: its children, key order
+
+    def children(self, db, branch: int) -> np.ndarray:
+        """The child pages of branch page ``branch`` in key order, parsed once (the
+        snapshot does not change under a reader)."""
+        kids = self._children.get(branch)
+        if kids is None:
+            kids = self._children[branch] = db.branch_children(branch)
+        return kids
 
     def learn(self, db, stack: list[list[int]]) -> None:
         """Add the children of the branch pages on a cursor ``stack`` (root first, leaf
@@ -99,7 +108,7 @@ class KnownTreePages:
         leaf_parent = int(stack[-2][0]) if len(stack) >= 2 else -1
         found = [np.asarray(branches, np.int64)]
         for pg in branches:
-            children = db.branch_children(pg)
+            children = self.children(db, pg)
             found.append(children)
             if pg == leaf_parent:
                 self.leaves = np.union1d(self.leaves, children)
