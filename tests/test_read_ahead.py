@@ -54,8 +54,12 @@ def _cold(path: Path, db: Database) -> None:
     """Unmap ``db``'s pages in this process and drop the file from the page cache, then turn
     read-around off in ``db``'s mapping (skip where the file system keeps it resident).
     The file's first 16 pages may stay (the meta pages, read again by the snapshot pin's
-    LMDB environment with the kernel's read-around): no test looks at them."""
+    LMDB environment with the kernel's read-around): no test looks at them. The pin is
+    waited for first: its child starts at low priority, and opening its environment after
+    the drop would read (around) the file's first pages again."""
     from lmdbio.io import _libc
+
+    db.stat()  # waits for the pin child's answer (its environment is open by then)
 
     length = db.buf.shape[0] // pf.OS_PAGE_SIZE * pf.OS_PAGE_SIZE
     _libc.madvise(db.buf.ctypes.data, length, pf.MADV_DONTNEED)
