@@ -138,6 +138,8 @@ class ReaderTotals:
 
     touched: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     own: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
+    #: all zero between iterations: the pages of one iteration's records while counting
+    scratch: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     iterations: list[dict] = field(default_factory=list)
     setup_seconds: float = 0.0
     symmetric_attempts: int = 0
@@ -238,6 +240,12 @@ SLOT_TARGET_BYTES = 4 << 20
 #: estimated as 4 bytes per record byte), the whole slot being decoded ahead at once
 SLOT_TARGET_DECODED_BYTES = 48 << 20
 SLOT_MAX_BATCHES = 16
+#: slots of record spans carry 8 bytes per record, not the records: the readers' per-slot
+#: work (~1-2 ms of CPU on the project's machine, mostly Python and numpy calls whatever
+#: the slot's size) is amortized over more records; larger slots were slower on a cold
+#: file (fewer slots an epoch to overlap the reads of the next with: docs/reading.md)
+SLOT_TARGET_SPAN_RECORDS = 2048
+SLOT_MAX_SPAN_BATCHES = 64
 
 
 def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = False,
@@ -251,17 +259,20 @@ def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = 
     only makes each slot's copy and decode larger than the caches (measured in
     docs/service.md).
 
-    Slots of record ``spans`` copy nothing: the payload rule gives way to the workers' decoded
-    output, at most :data:`SLOT_TARGET_DECODED_BYTES` per worker (``consumers`` workers share
-    the node batch), so 32 ImageNet-sized records per worker travel two batches per slot:
-    8 ranks, 45-49 CPU µs per sample against 63-65 with one (the readers' per-slot Python
-    halved), and less of the workers' time in the loader (docs/service.md)."""
-    by_records = -(-SLOT_TARGET_RECORDS // max(per_worker, 1))
+    Slots of record ``spans`` copy nothing: they aim at :data:`SLOT_TARGET_SPAN_RECORDS`
+    records per worker (at most :data:`SLOT_MAX_SPAN_BATCHES` batches), and the payload rule
+    gives way to the workers' decoded output, at most :data:`SLOT_TARGET_DECODED_BYTES` per
+    worker (``consumers`` workers share the node batch), so 32 ImageNet-sized records per
+    worker travel two batches per slot: 8 ranks, 45-49 CPU µs per sample against 63-65 with
+    one (the readers' per-slot Python halved), and less of the workers' time in the loader
+    (docs/service.md)."""
     if spans:
+        by_records = -(-SLOT_TARGET_SPAN_RECORDS // max(per_worker, 1))
         decoded = 4 * max(batch_bytes, 1) // max(consumers, 1)
         by_bytes = max(1, SLOT_TARGET_DECODED_BYTES // max(decoded, 1))
-    else:
-        by_bytes = -(-SLOT_TARGET_BYTES // max(batch_bytes, 1))
+        return max(1, min(by_records, by_bytes, SLOT_MAX_SPAN_BATCHES))
+    by_records = -(-SLOT_TARGET_RECORDS // max(per_worker, 1))
+    by_bytes = -(-SLOT_TARGET_BYTES // max(batch_bytes, 1))
     return max(1, min(by_records, by_bytes, SLOT_MAX_BATCHES))
 
 
@@ -387,7 +398,22 @@ class ReadSession:
         node_batch = self.opts.batch_size * self.node_consumers
         cap = None
         per_slot = max(int(self.opts.batches_per_slot), 0)
-        if topo.is_reader:
+        if topo.is_reader and self.by_reference:
+            # spans: a slot holds 8 bytes per record, and no leaf is read to size it; the
+            # decoded-output rule goes by the file's bytes per record
+            if per_slot == 0:
+                per_record = self.db.psize * (self.db.meta.last_pg + 1) // max(len(self.db), 1)
+                per_slot = choose_batches_per_slot(
+                    self.opts.batch_size, per_record * node_batch, spans=True,
+                    consumers=self.node_consumers)
+                if topo.readers is not None:  # one slot group size in every node's plan
+                    from mpi4py import MPI
+
+                    per_slot = int(topo.readers.allreduce(per_slot, op=MPI.MIN))
+            node_batch *= per_slot
+            cap = 8 * node_batch
+            keys = max(64, int(self._max_key())) * node_batch
+        elif topo.is_reader:
             # one pass over the leaves gives the capacity of any slot size; nodes of
             # unequal size need different counts: every reader collects the largest
             most = node_batch * (per_slot or SLOT_MAX_BATCHES)
@@ -400,9 +426,7 @@ class ReadSession:
             cap = batch_capacity(top, node_batch)
             if per_slot == 0:
                 per_slot = 1 if self.codec_model is not None else \
-                    choose_batches_per_slot(self.opts.batch_size, cap,
-                                            spans=self.by_reference,
-                                            consumers=self.node_consumers)
+                    choose_batches_per_slot(self.opts.batch_size, cap)
             if per_slot > 1:
                 cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot
@@ -529,9 +553,7 @@ class ReadSession:
         if count == 1:
             return (plan.group_records(first, c0, nc), plan.group_padding(first, c0, nc),
                     plan.group_sizes(first, c0, nc))
-        its = range(first, first + count)
-        ids = np.concatenate([plan.records(i, c) for c in range(c0, c0 + nc) for i in its])
-        pad = np.concatenate([plan.padding(i, c) for c in range(c0, c0 + nc) for i in its])
+        ids, pad = plan.slot_records(first, count, c0, nc, worker_major=True)
         return ids, pad, plan.sizes[first:first + count, c0:c0 + nc].sum(axis=0)
 
     def _fetch_group(self, plan: EpochPlan, first: int, count: int, ids: np.ndarray,
@@ -576,8 +598,7 @@ class ReadSession:
         c0, nc = self.first_consumer, self.node_consumers
         if count == 1:
             return plan.group_records(first, c0, nc)
-        return np.concatenate([plan.group_records(i, c0, nc)
-                               for i in range(first, first + count)])
+        return plan.slot_records(first, count, c0, nc)[0]
 
     def _read_ahead(self, plan: EpochPlan, iteration: int) -> None:
         """Tell the strategy the records this reader fetches next, from ``iteration`` on
@@ -686,18 +707,20 @@ class ReadSession:
         stats.bytes = refs.nbytes
         if not self.opts.accounting:
             return
+        from lmdbio.lmdb.kernels import account_records
+
         acc = self.db.accounting
-        touched = acc.pages()
-        own = refs.pages(self.db.psize) if len(refs) else np.empty(0, np.int64)
-        stats.pages_touched = int(touched.size)
-        stats.own_pages = int(own.size)
-        stats.extra_pages = int(np.setdiff1d(touched, own, assume_unique=True).size)
         t = self.totals
         if t.touched.shape != acc.touched.shape:
             t.touched = np.zeros_like(acc.touched)
             t.own = np.zeros_like(acc.touched)
-        t.touched |= acc.touched
-        t.own[own] = 1
+            t.scratch = np.zeros_like(acc.touched)
+        # pages touched, pages of the records, touched beyond them; totals or-ed: one pass
+        touched, own, extra = account_records(acc.touched, t.scratch, t.touched,
+                                              t.own, refs.leaf_pg, refs.val_off,
+                                              refs.val_len, self.db.psize)
+        stats.pages_touched, stats.own_pages, stats.extra_pages = \
+            int(touched), int(own), int(extra)
         # a flat copy (dataclasses.asdict deep-copies field by field: ~50 us per iteration)
         t.iterations.append({**stats.__dict__, "seconds": dict(stats.seconds)})
 

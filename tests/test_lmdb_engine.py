@@ -334,6 +334,32 @@ def test_accounting_counts_pages(medium_db):
         assert set(db.accounting.pages()) == set(range(first, last + 1))
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_account_records_equals_the_set_operations(seed):
+    """The compiled per-iteration accounting gives what numpy's set operations give (pages
+    touched, pages of the records: leaves and every value page, touched beyond them), or-s
+    the totals and leaves its scratch bitmap zeroed."""
+    from lmdbio.lmdb.kernels import account_records
+
+    rng = np.random.default_rng(seed)
+    npages, psize, n = 300, 4096, int(rng.integers(0, 40))
+    touched = (rng.random(npages) < 0.2).astype(np.uint8)
+    leaf_pg = rng.integers(2, npages, n)
+    val_off = rng.integers(2 * psize, (npages - 10) * psize, n)
+    val_len = rng.integers(0, 5 * psize, n)
+    scratch, tot_t, tot_o = (np.zeros(npages, np.uint8) for _ in range(3))
+    tot_o[5] = 1
+    got = account_records(touched, scratch, tot_t, tot_o, leaf_pg, val_off, val_len, psize)
+    first = val_off // psize
+    last = (val_off + np.maximum(val_len, 1) - 1) // psize
+    own = set(leaf_pg.tolist()).union(*(range(a, b + 1) for a, b in zip(first, last)))
+    pages = set(np.flatnonzero(touched).tolist())
+    assert got == (len(pages), len(own), len(pages - own))
+    assert not scratch.any()
+    assert set(np.flatnonzero(tot_t).tolist()) == pages
+    assert set(np.flatnonzero(tot_o).tolist()) == own | {5}
+
+
 def test_snapshot_pin(tmp_path):
     write_db(tmp_path, random_items(10, 10))  # py-lmdb leaves lock.mdb behind
     assert (tmp_path / "lock.mdb").exists()

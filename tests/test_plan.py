@@ -55,6 +55,17 @@ def test_coverage_and_equal_batches(n, consumers, batch, last, shuffle, seed, ep
             np.testing.assert_array_equal(
                 plan.group_padding(i, first, count),
                 np.concatenate([plan.padding(i, c) for c in cs] or [np.empty(0, bool)]))
+    for i, k in ((0, plan.iterations), (plan.iterations // 2, 2)):  # several iterations
+        k = min(k, plan.iterations - i)
+        for first, count in ((0, consumers), (consumers // 2, consumers - consumers // 2)):
+            cs, its = range(first, first + count), range(i, i + k)
+            for worker_major, pairs in ((False, [(j, c) for j in its for c in cs]),
+                                        (True, [(j, c) for c in cs for j in its])):
+                ids, pad = plan.slot_records(i, k, first, count, worker_major=worker_major)
+                np.testing.assert_array_equal(ids, np.concatenate(
+                    [plan.records(j, c) for j, c in pairs] or [np.empty(0, np.int64)]))
+                np.testing.assert_array_equal(pad, np.concatenate(
+                    [plan.padding(j, c) for j, c in pairs] or [np.empty(0, bool)]))
     if scheme == "blocked" and shuffle == "none" and n:
         # a node's consumers read one contiguous range of records (mod n for padding)
         for i in range(plan.iterations):
@@ -97,6 +108,12 @@ def test_group_records_never_let_a_caller_write_into_the_plan():
         got[0] = -1
     with pytest.raises(ValueError):
         plan.group_padding(0, 0, 4)[0] = True
+    for worker_major in (False, True):
+        ids, pad = plan.slot_records(0, 3, 1, 2, worker_major=worker_major)
+        with pytest.raises(ValueError):
+            ids[0] = -1
+        with pytest.raises(ValueError):
+            pad[0] = True
 
 
 def test_slot_groups_and_the_automatic_slot_size():
@@ -119,8 +136,12 @@ def test_slot_groups_and_the_automatic_slot_size():
     assert choose_batches_per_slot(32, 32 * 150_541, spans=True) == 2  # 19.3 MB per batch
     assert choose_batches_per_slot(32, 4 * 32 * 150_541, spans=True, consumers=4) == 2
     assert choose_batches_per_slot(256, 256 * 150_541, spans=True) == 1
-    assert choose_batches_per_slot(32, 32 * 3085, spans=True) == 16  # CIFAR-sized: as before
-    assert choose_batches_per_slot(128, 128 * 3085, spans=True) == 8
+    # CIFAR-sized spans: 2,048 records per worker, within the decoded-output cap
+    assert choose_batches_per_slot(32, 32 * 3085, spans=True) == 64
+    assert choose_batches_per_slot(64, 64 * 4096, spans=True) == 32
+    assert choose_batches_per_slot(128, 128 * 3085, spans=True) == 16
+    assert choose_batches_per_slot(256, 256 * 12_000, spans=True) == 4  # 12 MiB decoded
+    assert choose_batches_per_slot(8, 8 * 100, spans=True) == 64  # at most 64 batches
 
 
 def test_batch_capacity_bounds_any_batch_even_beyond_the_database():

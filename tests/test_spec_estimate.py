@@ -127,3 +127,18 @@ def test_branch_children_are_the_leaves_under_the_root(caffe_like) -> None:
         assert np.array_equal(db.branch_children(db.db.root), db.leaves())
         with pytest.raises(LmdbFormatError, match=f"page {int(db.leaves()[0])}"):
             db.branch_children(int(db.leaves()[0]))  # a leaf page is not a branch
+
+
+def test_values_outside_the_prefetched_ranges_are_the_ones_advised_again():
+    """dm-spec asks again only for the values a prefetch missed (all or part of them)."""
+    from lmdbio.lmdb import RecordRefs
+    from lmdbio.plan.strategies.dm import _outside
+
+    psize = 4096
+    first = np.array([10, 12, 20, 30, 41], np.int64)  # value pages, 1 or 2 each
+    lens = np.array([3000, 5000, 3000, 3000, 100], np.int64)
+    zeros = np.zeros(5, np.int64)
+    refs = RecordRefs(first * psize + 16, lens, zeros, np.ones(5, np.int64), zeros, zeros)
+    starts, lengths = np.array([10, 28], np.int64), np.array([3, 4], np.int64)
+    # 10 inside [10, 13); 12-13 crosses its end; 20 outside; 30 inside [28, 32); 41 outside
+    assert _outside(refs, psize, starts, lengths).tolist() == [1, 2, 4]

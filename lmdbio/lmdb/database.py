@@ -707,7 +707,9 @@ class Database:
     def check_values(self, refs: RecordRefs) -> None:
         """Check the overflow page headers of ``refs``' values (what :meth:`gather_batch`
         checks before copying), for a reader that hands out their spans instead: a corrupt
-        file raises here, naming the page, not in a worker's decoder."""
+        file raises here, naming the page, not in a worker's decoder. With accounting on,
+        every page of the values is marked touched: the node's workers read them from the
+        mapping (the node's I/O is the same as if the reader had copied them)."""
         from lmdbio.lmdb import kernels as k
 
         idx = np.arange(len(refs), dtype=np.int64)
@@ -715,6 +717,8 @@ class Database:
                                               idx, self.accounting.touched, False)
         if code:
             self._raise(code, page)
+        if self.accounting.enabled and len(refs):
+            k.mark_ranges(self.accounting.touched, self.psize, refs.val_off, refs.val_len)
 
     def gather_batch(self, refs: RecordRefs, payload: np.ndarray, offsets: np.ndarray,
                      keys: np.ndarray, key_offsets: np.ndarray) -> tuple[int, int]:

@@ -297,7 +297,8 @@ def leaf_records(buf, fmt, leaves, last_pg, dupsort,
 def check_overflow_headers(buf, fmt, val_off, ovf_pages, indices, touched, account):
     """Check the first page header of the overflow runs of the records ``indices``.
 
-    Returns ``(code, page)``; marks the whole run as touched when accounting.
+    Returns ``(code, page)``. Marks nothing (``touched`` and ``account`` keep the
+    signature of the other kernels): callers that read the values mark their pages.
     """
     for t in range(indices.shape[0]):
         r = indices[t]
@@ -378,12 +379,54 @@ def gather_lengths(val_len, indices, prefix_limit):
 
 @njit(cache=True, nogil=True)
 def mark_ranges(touched, psize, offsets, lengths):
-    """Mark the pages covered by byte ranges (``offsets[i]``, ``lengths[i]``) as touched."""
+    """Mark the pages covered by byte ranges (``offsets[i]``, ``lengths[i]``) as touched
+    (empty ranges mark nothing; pages beyond the bitmap are not marked: callers pass
+    ranges a walk validated against the file)."""
+    n = touched.shape[0]
     for i in range(offsets.shape[0]):
-        if lengths[i] <= 0:
+        if lengths[i] <= 0 or offsets[i] < 0:
             continue
-        for p in range(offsets[i] // psize, (offsets[i] + lengths[i] - 1) // psize + 1):
+        last = min((offsets[i] + lengths[i] - 1) // psize, n - 1)
+        for p in range(offsets[i] // psize, last + 1):
             touched[p] = 1
+
+
+@njit(cache=True, nogil=True)
+def account_records(touched, own, total_touched, total_own, leaf_pg, val_off, val_len,
+                    psize):
+    """One iteration's page accounting in one pass: ``own`` (all zero on entry, and again
+    on return) marks the pages holding the records (their leaf pages and every page of
+    their values); the pages ``touched`` marks are or-ed into ``total_touched`` and the
+    records' pages into ``total_own``. Returns ``(touched, own, extra)``: the pages
+    touched, the pages holding the records, and the pages touched that hold none of them.
+    """
+    n = touched.shape[0]
+    n_own = 0
+    for i in range(leaf_pg.shape[0]):
+        p = leaf_pg[i]
+        if 0 <= p < n and own[p] == 0:
+            own[p] = 1
+            n_own += 1
+    for i in range(val_off.shape[0]):
+        if val_off[i] < 0:
+            continue
+        last = min((val_off[i] + max(val_len[i], 1) - 1) // psize, n - 1)
+        for p in range(val_off[i] // psize, last + 1):
+            if own[p] == 0:
+                own[p] = 1
+                n_own += 1
+    n_touched = 0
+    extra = 0
+    for p in range(n):
+        if touched[p]:
+            n_touched += 1
+            total_touched[p] = 1
+            if own[p] == 0:
+                extra += 1
+        if own[p]:
+            total_own[p] = 1
+            own[p] = 0
+    return n_touched, n_own, extra
 
 
 @njit(inline="always")

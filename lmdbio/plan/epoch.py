@@ -93,6 +93,31 @@ class EpochPlan:
         parts = [rows[k, :sizes[k]] for k in range(rows.shape[0])]
         return np.concatenate(parts) if parts else np.empty(0, arr.dtype)
 
+    def slot_records(self, iteration: int, iterations: int, first: int, count: int,
+                     *, worker_major: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Records and padding flags of consumers ``first .. first+count-1`` over iterations
+        ``iteration .. iteration+iterations-1``: iteration after iteration (each as
+        :meth:`group_records`), or with ``worker_major`` consumer after consumer (each
+        consumer's batches back to back, as a node ring's slot holds them). One slice of
+        the plan when every batch is full, whatever the number of batches."""
+        its = slice(iteration, iteration + iterations)
+        cons = slice(first, first + count)
+        if bool((self.sizes[its, cons] == self.table.shape[2]).all()):
+            rows, pad = self.table[its, cons], self.pad[its, cons]
+            if worker_major:
+                rows, pad = rows.transpose(1, 0, 2), pad.transpose(1, 0, 2)
+            rows, pad = rows.reshape(-1), pad.reshape(-1)
+            rows.flags.writeable = pad.flags.writeable = False  # may be views of the plan
+            return rows, pad
+        pairs = [(i, c) for c in range(first, first + count)
+                 for i in range(iteration, iteration + iterations)] if worker_major else \
+            [(i, c) for i in range(iteration, iteration + iterations)
+             for c in range(first, first + count)]
+        if not pairs:
+            return np.empty(0, self.table.dtype), np.empty(0, bool)
+        return (np.concatenate([self.records(i, c) for i, c in pairs]),
+                np.concatenate([self.padding(i, c) for i, c in pairs]))
+
     def group_sizes(self, iteration: int, first: int, count: int) -> np.ndarray:
         return self.sizes[iteration, first:first + count].copy()
 
@@ -281,10 +306,8 @@ def plan_epoch(
             table = np.where(beyond, order[np.minimum(start + (pos - start) % length,
                                                       n_records - 1)], table)
     delivered = np.zeros(n_records, bool)
-    for it in range(iters):
-        for cc in range(consumers):
-            s = sizes[it, cc]
-            delivered[table[it, cc, :s][~pad[it, cc, :s]]] = True
+    real = (np.arange(table.shape[2])[None, None, :] < sizes[:, :, None]) & ~pad
+    delivered[table[real]] = True
     dropped = order[~delivered[order]] if last == "drop" else np.empty(0, np.int64)
     return EpochPlan(n_records, consumers, batch, last, scheme, order, table, sizes, pad,
                      dropped, group)

@@ -286,6 +286,14 @@ class DmSpec(DmSerial):
         if self._continues(ids) and self.advising:
             starts, lengths, _ = self._ranges(ids)
             self.advise_pages(starts, lengths)
+            self._advised = (starts, lengths)
+
+    def _advised_already(self, starts: np.ndarray, lengths: np.ndarray) -> bool:
+        """Whether :meth:`read_ahead` asked for exactly these ranges (the fetch that follows
+        it computes the same estimate: asking again is a syscall per range for nothing)."""
+        advised, self._advised = getattr(self, "_advised", None), None
+        return advised is not None and np.array_equal(advised[0], starts) and \
+            np.array_equal(advised[1], lengths)
 
     def _continues(self, ids: np.ndarray) -> bool:
         """Whether records ``ids`` continue this reader's last share, so that the estimates
@@ -329,7 +337,8 @@ class DmSpec(DmSerial):
             if lengths.any() and self.db.node_cache is not None:
                 self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
             elif lengths.any():  # a few large reads, then every page mapped by touching
-                self.advise_pages(starts, lengths)
+                if not self._advised_already(starts, lengths):
+                    self.advise_pages(starts, lengths)
                 if not wait_after:
                     touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         refs = self.walk_share(iteration, ids, stats, iterations)
@@ -360,10 +369,21 @@ class DmSpec(DmSerial):
             # values the estimate missed: asked for now, as a few large reads before the
             # gather, rather than faulted in one by one
             with Timer(stats, "prefetch"):
-                self.advise_values(refs)
+                self.advise_values(refs.take(_outside(refs, self.db.psize, starts, lengths)))
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)
         stats.redundant_pages = int(redundant)
         self.last_prefetch = (int(starts[0]), int(lengths[0]))
         return refs
+
+
+def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarray
+             ) -> np.ndarray:
+    """Indices of the records whose value pages are not all inside one of the page ranges
+    ``[starts[j], starts[j] + lengths[j])`` (the values a prefetch missed, or part of)."""
+    first, count = refs.value_page_runs(psize)
+    last = first + count - 1
+    inside = ((first[:, None] >= starts[None, :]) &
+              (last[:, None] < (starts + lengths)[None, :])).any(axis=1)
+    return np.flatnonzero(~inside)
