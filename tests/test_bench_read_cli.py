@@ -39,6 +39,7 @@ CASES = [
     ("dm-spec", []),
     ("indexed", ["--shuffle", "block", "--seed", "5"]),
     ("dm-spec", ["--mode", "colocated", "--batches-per-slot", "1", "--no-symmetric"]),
+    ("dm-spec", ["--transfer", "copy"]),
 ]
 
 
@@ -74,18 +75,24 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
     assert totals["records_delivered"] == 2 * per_epoch * consumers * BATCH
     assert totals["records_per_second"] > 0
 
-    # the default slot size groups 16 iterations per slot (per-slot figures), one per slot
-    # when asked; either way the entries cover every iteration once
+    # node rings carry record spans by default, records copied when asked
+    spans = strategy != "naive-stride" and "copy" not in extra
+    assert doc["transfer"] == ("spans" if spans else "copy")
+    # the default slot size groups iterations (per-slot figures): batches of 8 records are
+    # 64 to a slot of spans (the most), 16 to a slot of copied records; one per slot when
+    # asked; either way the entries cover every iteration once
     grouped = strategy != "naive-stride" and "--batches-per-slot" not in extra
     its = doc["iterations"]
     assert sum(s["batches"] for s in its) == 2 * per_epoch
     assert [s["iteration"] for s in its] == \
         [sum(t["batches"] for t in its[:k]) for k in range(len(its))]
     assert (max(s["batches"] for s in its) > 1) == grouped
-    assert doc["batches_per_slot"] == (16 if grouped else 1)
+    assert doc["batches_per_slot"] == ((64 if spans else 16) if grouped else 1)
 
     workers = [r for r in doc["per_rank"] if r["worker"]]
     assert len(workers) == consumers
+    for r in workers:  # every record's 3,072 bytes, as spans or copied
+        assert r["bytes_delivered"] == 3072 * len(r["records"])
     for r in doc["per_rank"]:
         for key in ("rank", "node", "records", "pages_touched", "own_pages", "extra_pages",
                     "bytes_delivered", "seconds"):
@@ -108,6 +115,8 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
 
     readers = [r for r in doc["per_rank"] if r["reader"]]
     assert totals["needed_pages"] == sum(r["own_pages"] for r in readers) > 0
+    for r in readers:  # the records' pages are read (by the workers, for spans) and counted
+        assert r["pages_touched"] >= r["own_pages"]
     if strategy == "indexed":
         assert totals["extra_pages"] == 0
     if strategy.startswith("dm"):

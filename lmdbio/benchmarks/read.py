@@ -99,11 +99,47 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every (simulated) node reads its pages into its own cache with "
                              "O_DIRECT reads (nodes stop sharing the host's page cache; "
                              "the caches start empty after the setup and at every epoch)")
+    parser.add_argument("--transfer", choices=["copy", "spans"], default="spans",
+                        help="node-level strategies: the ring slot carries each record's "
+                             "span in the file and the worker reads the record from its "
+                             "own mapping of it (default, as a job's `readers.transfer: "
+                             "auto` for Caffe records; copy with --direct), or the reader "
+                             "copies the records into the slot; either way the worker "
+                             "reads every delivered byte (copying spans into its own "
+                             "buffer, as naive ranks copy their records, or checking the "
+                             "slot checksum)")
     parser.add_argument("--footprint", action="store_true",
                         help="count each node's resident file pages after the run (mincore)")
     parser.add_argument("--sequential", action="store_true",
                         help="rank 0 times a sequential read of the whole file after the run")
     parser.add_argument("--json", metavar="OUT", default=None, type=output_file)
+
+
+class _BatchCopy:
+    """A consumer's own batch buffer, reused: a batch delivered as spans of the database
+    mapping is copied into it with the compiled gather the naive strategies' ranks use for
+    their records, so that every consumer ends each batch with its records' bytes in its
+    own memory, however they were delivered (copied records were read once already, by the
+    slot checksum)."""
+
+    def __init__(self) -> None:
+        self.buf = np.empty(0, np.uint8)
+        self.offsets = np.empty(1, np.int64)
+        self._untracked = np.zeros(1, np.uint8)  # no page accounting on the consumer
+
+    def gather(self, mapping: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> int:
+        """Copy ``mapping[starts[i]:starts[i] + lengths[i]]`` back to back (spans the
+        worker checked against its mapping); returns the bytes copied."""
+        from lmdbio.lmdb.kernels import gather_ranges
+
+        n = int(starts.shape[0])
+        nbytes = int(lengths.sum())
+        if self.buf.shape[0] < nbytes:
+            self.buf = np.empty(nbytes, np.uint8)
+        if self.offsets.shape[0] < n + 1:
+            self.offsets = np.empty(n + 1, np.int64)
+        return int(gather_ranges(mapping, starts, lengths, self.buf, self.offsets, 4096,
+                                 self._untracked, False))
 
 
 def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
@@ -222,7 +258,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                            batches_per_slot=args.batches_per_slot,
                            symmetric=not args.no_symmetric,
                            accounting=not args.no_accounting, direct_io=args.direct,
-                           prefetch_advice=not args.no_prefetch_advice)
+                           prefetch_advice=not args.no_prefetch_advice,
+                           transfer=args.transfer)
         _sleeping_barrier(world, args.timeout)
         t_start = time.perf_counter()
         session = ReadSession(path, topo, opts)
@@ -247,15 +284,21 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         _sleeping_barrier(world, args.timeout)
         t_loop = time.perf_counter()
 
+        own_copy = _BatchCopy()
+
         def take(got: Any) -> None:
             nonlocal delivered_bytes
+            if got.lengths is not None:  # spans: the records into this consumer's memory
+                nbytes = own_copy.gather(got.payload, got.offsets, got.lengths)
+            else:
+                nbytes = int(got.offsets[-1])
             batch_times.append(time.perf_counter() - t_loop)
             records.extend(got.ids.tolist())
             padding.extend(got.padding.tolist())
             batch_records.append(int(got.ids.size))
-            batch_bytes.append(int(got.offsets[-1]))
+            batch_bytes.append(nbytes)
             batch_counts.append(int(got.batches))
-            delivered_bytes += int(got.offsets[-1])
+            delivered_bytes += nbytes
             got.release()
 
         for epoch, it, count in _slots(schedule, session.batches_per_slot):
@@ -337,6 +380,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "batch_counts": batch_counts,
             "batches_per_slot": session.batches_per_slot,
             "read_around": bool(session.db.read_around),
+            "spans": bool(session.by_reference),
             "symmetric": totals.symmetric,
             "symmetric_attempts": totals.symmetric_attempts,
             "pylmdb_seconds": baseline,
@@ -480,6 +524,8 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         # read_around "auto": off for dm-spec and indexed; --advice sets it for every rank)
         "read_around": all(r.get("read_around", True) for r in ranks if r["reader"]),
         "accounting": not args.no_accounting,
+        # how the node rings carried records: "spans" when the readers handed out spans
+        "transfer": "spans" if any(r.get("spans") for r in ranks) else "copy",
         "records_in_database": n_records,
         "iterations": [iters[k] for k in sorted(iters)],
         "per_rank": [{k: v for k, v in r.items() if k not in hidden} for r in ranks],
