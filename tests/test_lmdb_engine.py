@@ -352,7 +352,7 @@ def test_account_records_equals_the_set_operations(seed):
     got = account_records(touched, scratch, tot_t, tot_o, leaf_pg, val_off, val_len, psize)
     first = val_off // psize
     last = (val_off + np.maximum(val_len, 1) - 1) // psize
-    own = set(leaf_pg.tolist()).union(*(range(a, b + 1) for a, b in zip(first, last)))
+    own = set(leaf_pg.tolist()).union(*(range(a, b + 1) for a, b in zip(first, last, strict=True)))
     pages = set(np.flatnonzero(touched).tolist())
     assert got == (len(pages), len(own), len(pages - own))
     assert not scratch.any()
