@@ -32,9 +32,10 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               epoch), every strategy with its default read-around; three repeats
               (table: ``--table slots``)
   defaults    the issue's command with every option at its default (batch 64, dedicated
-              readers, the job's slot size, accounting on), 8 ranks on 4 nodes, cifar and
-              mnist, warm (4 epochs) and cold (per-node copies, one epoch); three repeats
-              (table: ``--table defaults``)
+              readers, the job's slot size, record spans, accounting on), 8 ranks on 4
+              nodes, cifar and mnist, warm (4 epochs) and cold (per-node copies, one
+              epoch), plus dm-spec and indexed with records copied into the ring; three
+              repeats (table: ``--table defaults``)
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -106,6 +107,9 @@ def bench(out: Path, ranks: int, path: str, strategy: str, *extra: str,
         # the series measured before `lmdbio bench read` took the job's slot size by
         # default ran one batch per slot; they stay what docs/reading.md describes
         extra = (*extra, "--batches-per-slot", "1")
+    if "--transfer" not in extra:
+        # and before node rings carried record spans by default: records copied
+        extra = (*extra, "--transfer", "copy")
     cmd = [str(REPO / ".venv" / "bin" / "mpiexec"), "-n", str(ranks),
            str(REPO / ".venv" / "bin" / "lmdbio"), "bench", "read", path,
            "--strategy", strategy, "--json", str(out), *extra]
@@ -520,6 +524,11 @@ def slots_table(res: Path) -> str:
 
 
 DEFAULT_RUN_EPOCHS = {"warm": 4, "cold": 1}
+#: (row label, strategy, --transfer) of the ``defaults`` series: every strategy with the
+#: command's default transfer (record spans; the naive strategies have no ring), and the
+#: two node-level strategies of the targets with records copied into the ring too
+DEFAULT_VARIANTS = [*((s, s, "spans") for s in STRATEGIES),
+                    ("dm-spec-copy", "dm-spec", "copy"), ("indexed-copy", "indexed", "copy")]
 
 
 def _epoch_iters(name: str, strategy: str, ranks: int, nodes: int, batch: int) -> int:
@@ -544,11 +553,12 @@ def defaults(res: Path, dbs: dict[str, Path], quick: bool) -> None:
             for cache in ("warm", "cold"):
                 path = str(dbs[name]) if cache == "warm" else copies
                 flags = [] if cache == "warm" else ["--cold", "--footprint"]
-                for s in STRATEGIES:
+                for label, s, transfer in DEFAULT_VARIANTS:
                     iters = DEFAULT_RUN_EPOCHS[cache] * _epoch_iters(name, s, 8, 4, 64)
-                    bench(res / f"defaults-{name}-{s}-{cache}-r{rep}.json", 8, path, s,
+                    bench(res / f"defaults-{name}-{label}-{cache}-r{rep}.json", 8, path, s,
                           "--batch-size", "64", "--iters", str(20 if quick else iters),
-                          "--simulate-nodes", "4", "--batches-per-slot", "0", *flags)
+                          "--simulate-nodes", "4", "--batches-per-slot", "0",
+                          "--transfer", transfer, *flags)
 
 
 def defaults_table(res: Path) -> str:
@@ -582,7 +592,7 @@ def defaults_table(res: Path) -> str:
             base = rows.get((name, "naive-stride", cache))
             if not base:
                 continue
-            for s in STRATEGIES:
+            for s, _, _ in DEFAULT_VARIANTS:
                 runs = rows.get((name, s, cache))
                 if not runs:
                     continue
