@@ -30,10 +30,17 @@ process pays both once, whatever it reads.
 
 Ring slots: the node-level strategies hand batches to their workers through a ring of
 slots. By default a slot holds as many consecutive batches as a training job's default
-(``--batches-per-slot 0``, :func:`lmdbio.reader.choose_batches_per_slot`: 16 batches of
-32-64 CIFAR-sized records), which LMM and the DM chains read with one walk and one cursor
-hand-off; ``--batches-per-slot 1`` reads iteration by iteration. ``iterations`` then has
-one entry per slot, with its first iteration and its number of ``batches``.
+(``--batches-per-slot 0``, :func:`lmdbio.reader.choose_batches_per_slot`: 2,048 records
+per worker when slots carry record spans, e.g. 32 batches of 64 CIFAR-sized records; 16
+batches with ``--transfer copy``), which LMM and the DM chains read with one walk and one
+cursor hand-off; ``--batches-per-slot 1`` reads iteration by iteration. ``iterations``
+then has one entry per slot, with its first iteration and its number of ``batches``.
+
+Transfer: by default a slot carries each record's span in the database file (as a job's
+``readers.transfer: auto`` does for Caffe records) and every worker copies its batch from
+its own mapping of the file into its own buffer, with the compiled gather the naive
+strategies' ranks copy their records with; ``--transfer copy`` has the reader copy the
+records into the slot (the worker then checks the slot checksum, reading them).
 """
 
 from __future__ import annotations
