@@ -583,6 +583,8 @@ class ReadSession:
             if slot_pages is not None:  # the slot's pages, as the accounting reports them
                 acc.touched[:] = slot_pages
             refs = RecordRefs.concat(parts)
+        if nc == 1:  # one worker: iteration-major is worker-major
+            return refs
         # iteration-major (as fetched) -> worker-major (as the slot holds them)
         sizes = plan.sizes[first:first + count, c0:c0 + nc]
         start = np.zeros(sizes.size, np.int64)

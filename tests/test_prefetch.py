@@ -158,6 +158,44 @@ def test_advise_page_ranges_reads_runs_without_read_around(cold) -> None:
         assert pf.advise_page_ranges(m.array, [], [], psize) == 0
 
 
+def test_advice_in_pieces_no_larger_than_one_willneed_reads(cold) -> None:
+    """Runs larger than what one WILLNEED call reads (the kernel cuts it to the device's
+    read-ahead limit) are advised in pieces of at most that: the whole run is read."""
+    path, _ = cold
+    limit = pf.readahead_limit(path)
+    assert limit >= PAGE and limit % PAGE == 0
+    with map_file(path) as m:
+        pf.advise(m, advice=pf.MADV_RANDOM)
+        # 3 pieces of 4 pages, plus 1 page: 4 calls
+        assert pf.advise_page_ranges(m.array, [20], [13], PAGE, max_bytes=4 * PAGE) == 4
+        want = np.zeros(N_PAGES + 1, bool)
+        want[20:33] = True
+        assert _eventually(lambda: (pf.resident_pages(m) == want).all())
+
+
+def test_readahead_limit_falls_back_without_a_block_device(tmp_path: Path) -> None:
+    assert pf.readahead_limit(tmp_path / "missing") == pf.DEFAULT_READAHEAD_LIMIT
+    assert pf.readahead_limit("/proc/self/status") == pf.DEFAULT_READAHEAD_LIMIT
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(1, 30)), max_size=8),
+       st.integers(1, 9))
+def test_split_runs_cover_each_run_in_pieces(runs: list[tuple[int, int]], chunk: int) -> None:
+    starts = np.array([a for a, _ in runs], dtype=np.int64)
+    stops = np.array([a + n for a, n in runs], dtype=np.int64)
+    first, last = pf._split_runs(starts, stops, chunk)
+    assert ((last - first) <= chunk).all() and ((last - first) > 0).all()
+    pieces = iter(zip(first.tolist(), last.tolist(), strict=True))
+    for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
+        at = a
+        while at < b:  # the run's pieces, in order, back to back
+            got = next(pieces)
+            assert got[0] == at
+            at = got[1]
+        assert at == b
+
+
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 12)), max_size=12))
 def test_merge_ranges_is_the_union(ranges: list[tuple[int, int]]) -> None:

@@ -216,12 +216,48 @@ def _checked_page_ranges(
     return s, c
 
 
+#: what :func:`readahead_limit` assumes when the file's block device is not known (the
+#: kernel's default ``read_ahead_kb``; network file systems have no entry under /sys/dev)
+DEFAULT_READAHEAD_LIMIT = 128 << 10
+
+
+def readahead_limit(path: str | os.PathLike) -> int:
+    """The most one ``MADV_WILLNEED`` (``POSIX_FADV_WILLNEED``) call reads of ``path``:
+    Linux cuts the request to the larger of its device's ``read_ahead_kb`` and
+    ``max_sectors_kb`` (``force_page_cache_ra``) and the rest is left to faults, one page at
+    a time under ``MADV_RANDOM``: a 16 MiB range asked for at once read 8 MiB ahead here and
+    faulted the rest (a cold dm-spec slot took 250 ms instead of ~20). From the device's
+    queue settings in sysfs (its partition's parent for a partition); the kernel's default
+    read-ahead when they cannot be read."""
+    try:
+        dev = os.stat(path).st_dev
+        base = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}")
+        for queue in (base / "queue", base / ".." / "queue"):
+            if queue.is_dir():
+                kb = max(int((queue / name).read_text()) for name in
+                         ("read_ahead_kb", "max_sectors_kb"))
+                return max(kb << 10, OS_PAGE_SIZE)
+    except (OSError, ValueError):
+        pass
+    return DEFAULT_READAHEAD_LIMIT
+
+
+def _split_runs(starts: np.ndarray, stops: np.ndarray, chunk: int
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """Byte runs cut into pieces of at most ``chunk`` bytes (whole-array)."""
+    pieces = np.maximum(-(-(stops - starts) // chunk), 1)
+    first = np.repeat(starts, pieces) + \
+        (np.arange(int(pieces.sum())) - np.repeat(np.cumsum(pieces) - pieces, pieces)) * chunk
+    return first, np.minimum(first + chunk, np.repeat(stops, pieces))
+
+
 def advise_page_ranges(
     target: Mapping | np.ndarray,
     starts: Sequence[int] | np.ndarray,
     counts: Sequence[int] | np.ndarray,
     page_size: int,
     advice: int = MADV_WILLNEED,
+    max_bytes: int | None = None,
 ) -> int:
     """``madvise`` database page ranges of a mapping (or of the array over one, such as
     :attr:`lmdbio.lmdb.Database.buf`): the ranges are merged and each merged run is advised
@@ -229,13 +265,18 @@ def advise_page_ranges(
     asynchronous requests and returns at once, whatever read-around the mapping has
     (``MADV_RANDOM`` included): the way a reader turns the page ranges it will need into
     a few large reads instead of a page fault, and a 4 KiB read, per page. Bad ranges raise
-    before anything is advised. Returns the number of ``madvise`` calls."""
+    before anything is advised. ``max_bytes``: merged runs are advised in pieces of at most
+    this many bytes (:func:`readahead_limit`: one call reads no more). Returns the number
+    of ``madvise`` calls."""
     arr = _as_array(target)
     s, c = _checked_page_ranges("advise_page_ranges", arr.shape[0], starts, counts,
                                 page_size)
     run_starts, run_stops = _merge_ranges(s * page_size, (s + c) * page_size)
     if not run_starts.size:
         return 0
+    if max_bytes is not None:
+        run_starts, run_stops = _split_runs(run_starts, run_stops,
+                                            max(int(max_bytes), OS_PAGE_SIZE))
     base = arr.ctypes.data
     # absolute addresses, page-aligned down, never before the buffer's first whole OS page
     floor = -(-base // OS_PAGE_SIZE) * OS_PAGE_SIZE

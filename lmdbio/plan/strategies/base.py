@@ -95,6 +95,8 @@ class ReadStrategy(ABC):
         self.ctx = ctx
         self.db = ctx.db
         self._advice_refused = False
+        #: bytes one MADV_WILLNEED call reads of this file (found at the first advice)
+        self._advice_limit: int | None = None
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Collective over the readers, once before the first epoch."""
@@ -146,8 +148,13 @@ class ReadStrategy(ABC):
 
         if not self.advising:
             return
+        if self._advice_limit is None:
+            from lmdbio.io.prefetch import readahead_limit
+
+            self._advice_limit = readahead_limit(self.db.path)
         try:
-            advise_page_ranges(self.db.buf, starts, counts, self.db.psize)
+            advise_page_ranges(self.db.buf, starts, counts, self.db.psize,
+                               max_bytes=self._advice_limit)
         except LmdbioError as exc:
             self._advice_refused = True
             log.warning("%s: prefetch advice refused, pages are faulted in as read: %s",
