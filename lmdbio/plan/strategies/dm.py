@@ -164,6 +164,7 @@ class DmSpec(DmSerial):
         self._expect: int | None = None
         self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
+        self._advised: tuple[np.ndarray, np.ndarray] | None = None  # by read_ahead
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
         # the first record, from the pages on the way to it (a record table would read
@@ -291,7 +292,7 @@ class DmSpec(DmSerial):
     def _advised_already(self, starts: np.ndarray, lengths: np.ndarray) -> bool:
         """Whether :meth:`read_ahead` asked for exactly these ranges (the fetch that follows
         it computes the same estimate: asking again is a syscall per range for nothing)."""
-        advised, self._advised = getattr(self, "_advised", None), None
+        advised, self._advised = self._advised, None
         return advised is not None and np.array_equal(advised[0], starts) and \
             np.array_equal(advised[1], lengths)
 
