@@ -241,7 +241,7 @@ SLOT_TARGET_BYTES = 4 << 20
 SLOT_TARGET_DECODED_BYTES = 48 << 20
 SLOT_MAX_BATCHES = 16
 #: slots of record spans carry 8 bytes per record, not the records: the readers' per-slot
-#: work (~1-2 ms of CPU on the project's machine, mostly Python and numpy calls whatever
+#: work (~2-3 ms of CPU on the project's machine, mostly Python and numpy calls whatever
 #: the slot's size) is amortized over more records; larger slots were slower on a cold
 #: file (fewer slots an epoch to overlap the reads of the next with: docs/reading.md)
 SLOT_TARGET_SPAN_RECORDS = 2048
