@@ -427,6 +427,10 @@ class ReadSession:
             if per_slot == 0:
                 per_slot = 1 if self.codec_model is not None else \
                     choose_batches_per_slot(self.opts.batch_size, cap)
+                if topo.readers is not None:  # nodes of unequal size: one slot group size
+                    from mpi4py import MPI
+
+                    per_slot = int(topo.readers.allreduce(per_slot, op=MPI.MIN))
             if per_slot > 1:
                 cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot

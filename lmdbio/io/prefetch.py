@@ -236,7 +236,7 @@ def readahead_limit(path: str | os.PathLike) -> int:
             if queue.is_dir():
                 kb = max(int((queue / name).read_text()) for name in
                          ("read_ahead_kb", "max_sectors_kb"))
-                return max(kb << 10, OS_PAGE_SIZE)
+                return max((kb << 10) // OS_PAGE_SIZE * OS_PAGE_SIZE, OS_PAGE_SIZE)
     except (OSError, ValueError):
         pass
     return DEFAULT_READAHEAD_LIMIT
@@ -275,8 +275,10 @@ def advise_page_ranges(
     if not run_starts.size:
         return 0
     if max_bytes is not None:
-        run_starts, run_stops = _split_runs(run_starts, run_stops,
-                                            max(int(max_bytes), OS_PAGE_SIZE))
+        # whole OS pages: a piece is advised from its first page's start
+        run_starts, run_stops = _split_runs(
+            run_starts, run_stops, max(int(max_bytes) // OS_PAGE_SIZE * OS_PAGE_SIZE,
+                                       OS_PAGE_SIZE))
     base = arr.ctypes.data
     # absolute addresses, page-aligned down, never before the buffer's first whole OS page
     floor = -(-base // OS_PAGE_SIZE) * OS_PAGE_SIZE

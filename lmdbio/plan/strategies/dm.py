@@ -334,11 +334,12 @@ class DmSpec(DmSerial):
         # for this reader's whole prefetch (without advice the touch is the read, before
         # the chain as in the paper)
         wait_after = self.advising and self.db.node_cache is None
+        advised = self._advised_already(starts, lengths)  # (and forgotten either way)
         with Timer(stats, "prefetch"):
             if lengths.any() and self.db.node_cache is not None:
                 self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
             elif lengths.any():  # a few large reads, then every page mapped by touching
-                if not self._advised_already(starts, lengths):
+                if not advised:
                     self.advise_pages(starts, lengths)
                 if not wait_after:
                     touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
