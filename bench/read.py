@@ -33,9 +33,9 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               (table: ``--table slots``)
   defaults    the issue's command with every option at its default (batch 64, dedicated
               readers, the job's slot size, record spans, accounting on), 8 ranks on 4
-              nodes, cifar and mnist, warm (4 epochs) and cold (per-node copies, one
-              epoch), plus dm-spec and indexed with records copied into the ring; three
-              repeats (table: ``--table defaults``)
+              nodes, cifar, mnist and imagenet, warm (4 epochs) and cold (per-node
+              copies, one epoch), plus dm-spec and indexed with records copied into the
+              ring; three repeats (table: ``--table defaults``)
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -524,6 +524,9 @@ def slots_table(res: Path) -> str:
 
 
 DEFAULT_RUN_EPOCHS = {"warm": 4, "cold": 1}
+#: the databases of the ``defaults`` series (imagenet: 1,600 records of 150 KB, 7
+#: iterations an epoch at batch 64 on 4 consumers)
+DEFAULT_DBS = ("cifar", "mnist", "imagenet")
 #: (row label, strategy, --transfer) of the ``defaults`` series: every strategy with the
 #: command's default transfer (record spans; the naive strategies have no ring), and the
 #: two node-level strategies of the targets with records copied into the ring too
@@ -545,10 +548,10 @@ def defaults(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     the job's ring slot size, per-iteration accounting on, each strategy's read-around),
     8 ranks on 4 simulated nodes: warm (one shared page cache, 4 epochs) and cold (every
     node its own copy, dropped after the setup, one epoch, resident pages counted after);
-    cifar and mnist, three repeats (table: ``--table defaults``)."""
+    cifar, mnist and imagenet, three repeats (table: ``--table defaults``)."""
     repeats = 1 if quick else 3
     for rep in range(repeats):
-        for name in ("cifar", "mnist"):
+        for name in DEFAULT_DBS:
             copies = node_copies(dbs[name], 4)
             for cache in ("warm", "cold"):
                 path = str(dbs[name]) if cache == "warm" else copies
@@ -587,7 +590,7 @@ def defaults_table(res: Path) -> str:
     out = ["| db | cache | strategy | consumers | records | whole run records/s | x naive-stride "
            "| loop records/s | x naive-stride | setup s | node pages touched / needed "
            "| resident / needed | runs |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for name in ("cifar", "mnist"):
+    for name in DEFAULT_DBS:
         for cache in ("warm", "cold"):
             base = rows.get((name, "naive-stride", cache))
             if not base:
