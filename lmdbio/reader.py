@@ -209,7 +209,7 @@ def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.
     if hi > lo:
         # the share's leaves asked for at once (a cold file: one batch of reads, not a
         # fault and a read per leaf); advisory, nothing is read or counted by asking
-        with contextlib.suppress(OSError):
+        with contextlib.suppress(LmdbioError):  # a refused advice (not a file mapping)
             advise_page_ranges(db.buf, leaves[lo:hi], np.ones(hi - lo, np.int64), db.psize)
     sizes = db._build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
     top = np.sort(sizes)[-k:]
