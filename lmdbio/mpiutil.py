@@ -51,6 +51,7 @@ __all__ = [
     "rank_prefix",
     "remove_shutdown",
     "run_shutdown",
+    "sleeping_barrier",
     "wait_with_timeout",
 ]
 
@@ -232,6 +233,15 @@ def barrier_with_timeout(comm: MPI.Comm, seconds: float, what: str = "barrier", 
     and whose waiting ranks sleep (``max_sleep``: the longest sleep between polls) instead
     of taking the cores of the ranks they wait for."""
     wait_with_timeout(comm.Ibarrier(), seconds, what, max_sleep=max_sleep)
+
+
+def sleeping_barrier(comm: MPI.Comm, seconds: float, what: str = "barrier") -> None:
+    """:func:`barrier_with_timeout` polling at most every millisecond: for ranks that wait
+    while others work (a node's workers during its reader's setup, readers while reader 0
+    reads the leaf directory, a benchmark's ranks around its timed part). MPI's own waits
+    poll with ``sched_yield`` on an oversubscribed host and took the cores of the ranks
+    being waited for: setup collectives cost milliseconds each instead of ~0.1 ms."""
+    barrier_with_timeout(comm, seconds, what, max_sleep=1e-3)
 
 
 # --------------------------------------------------------------------------- shutdown

@@ -403,16 +403,11 @@ class ReadSession:
             # decoded-output rule goes by the file's bytes per record
             if per_slot == 0:
                 per_record = self.db.psize * (self.db.meta.last_pg + 1) // max(len(self.db), 1)
-                per_slot = choose_batches_per_slot(
+                per_slot = self._agreed_slot_size(choose_batches_per_slot(
                     self.opts.batch_size, per_record * node_batch, spans=True,
-                    consumers=self.node_consumers)
-                if topo.readers is not None:  # one slot group size in every node's plan
-                    from mpi4py import MPI
-
-                    per_slot = int(topo.readers.allreduce(per_slot, op=MPI.MIN))
+                    consumers=self.node_consumers))
             node_batch *= per_slot
             cap = 8 * node_batch
-            keys = max(64, int(self._max_key())) * node_batch
         elif topo.is_reader:
             # one pass over the leaves gives the capacity of any slot size; nodes of
             # unequal size need different counts: every reader collects the largest
@@ -425,12 +420,9 @@ class ReadSession:
                                  most)
             cap = batch_capacity(top, node_batch)
             if per_slot == 0:
-                per_slot = 1 if self.codec_model is not None else \
-                    choose_batches_per_slot(self.opts.batch_size, cap)
-                if topo.readers is not None:  # nodes of unequal size: one slot group size
-                    from mpi4py import MPI
-
-                    per_slot = int(topo.readers.allreduce(per_slot, op=MPI.MIN))
+                per_slot = self._agreed_slot_size(
+                    1 if self.codec_model is not None else
+                    choose_batches_per_slot(self.opts.batch_size, cap))
             if per_slot > 1:
                 cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot
@@ -440,7 +432,7 @@ class ReadSession:
                 per_row = cap // max(node_batch, 1)
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
-            keys = max(64, int(self._max_key())) * node_batch
+        keys = max(64, int(self._max_key())) * node_batch  # a reader's slot key bytes
         self._wait_for_reader("the reader to size the batch ring")
         self.ring = BatchRing.create(
             topo.node, 0, slots=self.opts.prefetch_depth,
@@ -454,17 +446,25 @@ class ReadSession:
         self.batches_per_slot = int(topo.node.bcast(per_slot if topo.is_reader else None,
                                                     root=0))
 
-    def _wait_for_reader(self, what: str) -> None:
-        """Collective over the node: its workers wait here, sleeping, until the reader has
-        done its part of the setup (mapping, strategy, ring sizing). Waiting in the next
-        node collective instead (MPI's wait polls, yielding the core only between polls)
-        took CPU from the readers on an oversubscribed host: setup collectives among the
-        readers then cost milliseconds each instead of ~0.1 ms."""
-        from lmdbio.mpiutil import barrier_with_timeout
+    def _agreed_slot_size(self, per_slot: int) -> int:
+        """Collective over the readers: the smallest of their automatic slot sizes. Every
+        node's epoch plan lays slot groups out with one size, and nodes of unequal size
+        (or sizing from their own leaves) could choose different ones."""
+        readers = self.topo.readers
+        if readers is None:
+            return per_slot
+        from mpi4py import MPI
 
-        barrier_with_timeout(self.topo.node, self.opts.timeout,
-                             f"node {self.topo.node_index}: waiting for {what}",
-                             max_sleep=1e-3)
+        return int(readers.allreduce(per_slot, op=MPI.MIN))
+
+    def _wait_for_reader(self, what: str) -> None:
+        """Collective over the node: its workers wait here, sleeping
+        (:func:`~lmdbio.mpiutil.sleeping_barrier`), until the reader has done its part of
+        the setup (mapping, strategy, ring sizing), not in the next node collective."""
+        from lmdbio.mpiutil import sleeping_barrier
+
+        sleeping_barrier(self.topo.node, self.opts.timeout,
+                         f"node {self.topo.node_index}: waiting for {what}")
 
     def _warm_up_worker(self) -> None:
         """Load the compiled checksum a worker verifies slots with, while the readers set

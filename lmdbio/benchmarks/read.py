@@ -194,16 +194,6 @@ def _drop_from_cache(world: Any, session: Any, topo: Any, path: str) -> None:
     world.Barrier()
 
 
-def _sleeping_barrier(world: Any, timeout: float) -> None:
-    """The barriers around the timed part: ranks that arrive first sleep (polling at most
-    every millisecond) instead of waiting in MPI's barrier, which on an oversubscribed
-    host polls with ``sched_yield`` and takes CPU from the ranks still setting up or
-    reading, whatever the strategy."""
-    from lmdbio.mpiutil import barrier_with_timeout
-
-    barrier_with_timeout(world, timeout, "bench read barrier", max_sleep=1e-3)
-
-
 def _advise(session: Any, advice: str) -> None:
     """``madvise`` this rank's mapping of the database (read-around on page faults)."""
     from lmdbio.io import prefetch as pf
@@ -248,7 +238,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from mpi4py import MPI
 
     from lmdbio.compiled import load_cached_kernels
-    from lmdbio.mpiutil import abort_on_error
+    from lmdbio.mpiutil import abort_on_error, sleeping_barrier
     from lmdbio.reader import ReadOptions, ReadSession
     from lmdbio.topology import Topology
 
@@ -267,7 +257,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                            accounting=not args.no_accounting, direct_io=args.direct,
                            prefetch_advice=not args.no_prefetch_advice,
                            transfer=args.transfer)
-        _sleeping_barrier(world, args.timeout)
+        sleeping_barrier(world, args.timeout, "bench read barrier")
         t_start = time.perf_counter()
         session = ReadSession(path, topo, opts)
         plan = session.begin_epoch(0)
@@ -288,7 +278,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             t0 = time.perf_counter()
             _drop_from_cache(world, session, topo, path)
             drop_seconds = time.perf_counter() - t0
-        _sleeping_barrier(world, args.timeout)
+        sleeping_barrier(world, args.timeout, "bench read barrier")
         t_loop = time.perf_counter()
 
         own_copy = _BatchCopy()
@@ -334,7 +324,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             del got
         t_end = time.perf_counter()
         elapsed = t_end - t_start - drop_seconds
-        _sleeping_barrier(world, args.timeout)
+        sleeping_barrier(world, args.timeout, "bench read barrier")
         resident = None
         cache = session.node_cache
         direct = cache.stats() if cache is not None else None

@@ -22,6 +22,7 @@ import numpy as np
 from lmdbio.errors import LmdbioError
 from lmdbio.io.prefetch import advise_page_ranges
 from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.mpiutil import sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan
 from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
 
@@ -111,7 +112,8 @@ def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: floa
         except Exception as exc:  # agreed on below, so no rank is left waiting
             error = str(exc)
     if comm is not None:
-        _wait_for_first_reader(comm, "the leaf pages", timeout)
+        # the others wait sleeping, not polling in the broadcast (reader 0's core)
+        sleeping_barrier(comm, timeout, "readers: waiting for reader 0's leaf pages")
         agree(comm, error is None, error or "", "listing the leaf pages")
         leaves = comm.bcast(leaves, root=0)
     elif error:
@@ -132,16 +134,6 @@ def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: floa
     return leaves, first
 
 
-def _wait_for_first_reader(comm, what: str, timeout: float = 120.0) -> None:
-    """Collective over the readers: the others wait, sleeping, while reader 0 reads
-    ``what`` (waiting in the broadcast that follows polls, and on an oversubscribed host
-    took reader 0's core: its 8-page sidecar check took 0.5-15 ms instead of 0.5)."""
-    from lmdbio.mpiutil import barrier_with_timeout
-
-    barrier_with_timeout(comm, timeout, f"readers: waiting for reader 0 to read {what}",
-                         max_sleep=1e-3)
-
-
 class Indexed(ReadStrategy):
     """Reads located through the leaf directory: exact, random access, shuffle-capable."""
 
@@ -152,8 +144,11 @@ class Indexed(ReadStrategy):
     def setup(self) -> None:
         comm = self.ctx.readers
         cached = load_sidecar(self.db) if self.ctx.reader_index == 0 else None
-        if comm is not None:
-            _wait_for_first_reader(comm, "the leaf directory's sidecar", self.ctx.timeout)
+        if comm is not None:  # the others wait sleeping, not polling in the broadcast: on
+            # an oversubscribed host that took reader 0's core (its sidecar check took
+            # 0.5-15 ms instead of 0.5)
+            sleeping_barrier(comm, self.ctx.timeout,
+                             "readers: waiting for reader 0's leaf directory sidecar")
         have = comm.bcast(cached is not None, root=0) if comm is not None else cached is not None
         if have:
             leaves, first = comm.bcast(cached, root=0) if comm is not None else cached
