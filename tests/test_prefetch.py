@@ -176,6 +176,26 @@ def test_advice_in_pieces_no_larger_than_one_willneed_reads(cold) -> None:
         assert _eventually(lambda: (pf.resident_pages(m) == want).all())
 
 
+@pytest.mark.parametrize("samples", [16, 1, None])
+def test_pages_resident_sees_the_page_cache(cold, samples) -> None:
+    """A cold file's pages are not resident; once one range is read it is, the ranges around
+    it still are not (whether every page is checked or a sample); no pages count as
+    resident; bad ranges raise."""
+    path, _ = cold
+    with map_file(path) as m:
+        pf.advise(m, advice=pf.MADV_RANDOM)
+        assert not pf.pages_resident(m.array, [10], [8], PAGE, samples=samples)
+        pf.touch_page_ranges(m.array, [10], [8], PAGE)
+        assert pf.pages_resident(m.array, [10, 12], [8, 2], PAGE, samples=samples)
+        assert pf.pages_resident(m.array, [10, 40], [8, 0], PAGE, samples=samples)
+        assert pf.pages_resident(m.array, [], [], PAGE, samples=samples)
+        if samples != 1:  # one sample looks at the first page only
+            assert not pf.pages_resident(m.array, [10, 60], [8, 1], PAGE, samples=samples)
+            assert not pf.pages_resident(m.array, [4], [7], PAGE, samples=samples)
+        with pytest.raises(LmdbioError, match="range 0"):
+            pf.pages_resident(m.array, [N_PAGES], [1], PAGE, samples=samples)
+
+
 def test_readahead_limit_falls_back_without_a_block_device(tmp_path: Path) -> None:
     assert pf.readahead_limit(tmp_path / "missing") == pf.DEFAULT_READAHEAD_LIMIT
     assert pf.readahead_limit("/proc/self/status") == pf.DEFAULT_READAHEAD_LIMIT

@@ -295,6 +295,56 @@ def advise_page_ranges(
     return int(keep.sum())
 
 
+def pages_resident(
+    target: Mapping | np.ndarray,
+    starts: Sequence[int] | np.ndarray,
+    counts: Sequence[int] | np.ndarray,
+    page_size: int,
+    samples: int | None = 16,
+) -> bool:
+    """Whether the database pages of the ranges ``[starts[i], starts[i] + counts[i])`` are in
+    the page cache: ``samples`` of them, spread evenly over the ranges, one ``mincore`` each
+    (``None``: every page, one ``mincore`` over the ranges' span and a count per range).
+
+    The question a reader asks before :func:`advise_page_ranges`: on a warm file every
+    advised page is there already, and the advice (a call per piece of each run) and the
+    touch that waits for it only cost CPU. A sample, because ``mincore`` costs ~55 ns per
+    page not mapped in this process (0.44 ms for a 2,048-record CIFAR-like slot, as much as
+    the advice): 16 pages cost ~30 us. A sample that finds every page while some others
+    are missing (a file partly in the cache) only leaves those to be faulted in as read.
+    False when ``mincore`` refuses (then advise as usual); True for no pages. Bad ranges
+    raise as in :func:`advise_page_ranges`."""
+    arr = _as_array(target)
+    s, c = _checked_page_ranges("pages_resident", arr.shape[0], starts, counts, page_size)
+    keep = c > 0
+    if not keep.any():
+        return True
+    s, c = s[keep], c[keep]
+    base = arr.ctypes.data
+    if samples is not None:
+        ends = np.cumsum(c)
+        total = int(ends[-1])
+        k = max(1, min(int(samples), total))
+        picks = np.arange(k, dtype=np.int64) * total // k  # among the ranges' pages
+        which = np.searchsorted(ends, picks, side="right")
+        pages = s[which] + picks - (ends[which] - c[which])
+        addrs = (base + pages * page_size) // OS_PAGE_SIZE * OS_PAGE_SIZE
+        try:
+            return all(_libc.page_resident(a) for a in addrs.tolist())
+        except OSError:
+            return False
+    first = (base + s * page_size) // OS_PAGE_SIZE  # absolute OS page numbers
+    stop = -(-(base + (s + c) * page_size) // OS_PAGE_SIZE)
+    lo, hi = int(first.min()), int(stop.max())
+    try:
+        resident = _libc.mincore(lo * OS_PAGE_SIZE, (hi - lo) * OS_PAGE_SIZE)
+    except OSError:
+        return False
+    missing = np.zeros(resident.shape[0] + 1, np.int64)
+    np.cumsum(~resident, out=missing[1:])
+    return bool((missing[stop - lo] == missing[first - lo]).all())
+
+
 def prefetch_pages(
     target: Mapping | np.ndarray,
     starts: Sequence[int] | np.ndarray,

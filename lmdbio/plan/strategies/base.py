@@ -95,6 +95,8 @@ class ReadStrategy(ABC):
         self.ctx = ctx
         self.db = ctx.db
         self._advice_refused = False
+        #: advice not sent because every page asked for was in the page cache already
+        self.resident_skips = 0
         #: bytes one MADV_WILLNEED call reads of this file (found at the first advice)
         self._advice_limit: int | None = None
 
@@ -136,29 +138,36 @@ class ReadStrategy(ABC):
         not refused it."""
         return self.ctx.advise and self.db.node_cache is None and not self._advice_refused
 
-    def advise_pages(self, starts: np.ndarray, counts: np.ndarray) -> None:
+    def advise_pages(self, starts: np.ndarray, counts: np.ndarray) -> bool:
         """Ask the kernel for database pages ``[starts[i], starts[i] + counts[i])`` now, as
         a few large asynchronous reads (``MADV_WILLNEED``, one call per merged run), so that
         the reads that follow wait on them instead of faulting pages in one at a time; a
-        no-op unless :attr:`advising`. Advisory: if the kernel refuses (a buffer that is
-        not a file mapping), a warning is logged once and the reads fault pages in as
-        before."""
+        no-op unless :attr:`advising`, and when every page is in the page cache already
+        (:func:`~lmdbio.io.prefetch.pages_resident`, one ``mincore``: a warm file costs no
+        advice; counted in :attr:`resident_skips`). Advisory: if the kernel refuses (a
+        buffer that is not a file mapping), a warning is logged once and the reads fault
+        pages in as before. Returns whether the kernel was asked."""
         from lmdbio.errors import LmdbioError
-        from lmdbio.io.prefetch import advise_page_ranges
+        from lmdbio.io.prefetch import advise_page_ranges, pages_resident
 
         if not self.advising:
-            return
+            return False
         if self._advice_limit is None:
             from lmdbio.io.prefetch import readahead_limit
 
             self._advice_limit = readahead_limit(self.db.path)
         try:
+            if pages_resident(self.db.buf, starts, counts, self.db.psize):
+                self.resident_skips += 1
+                return False
             advise_page_ranges(self.db.buf, starts, counts, self.db.psize,
                                max_bytes=self._advice_limit)
         except LmdbioError as exc:
             self._advice_refused = True
             log.warning("%s: prefetch advice refused, pages are faulted in as read: %s",
                         self.db.path, exc)
+            return False
+        return True
 
     def advise_values(self, refs: RecordRefs) -> None:
         """:meth:`advise_pages` for the overflow pages of ``refs``' values (inline values are

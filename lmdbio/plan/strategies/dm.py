@@ -164,7 +164,7 @@ class DmSpec(DmSerial):
         self._expect: int | None = None
         self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
-        self._advised: tuple[np.ndarray, np.ndarray] | None = None  # by read_ahead
+        self._advised: tuple[np.ndarray, np.ndarray, bool] | None = None  # read_ahead
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
         # the first record, from the pages on the way to it (a record table would read
@@ -286,15 +286,18 @@ class DmSpec(DmSerial):
         across a wrap-around or a resume: the fetch then starts a new estimate)."""
         if self._continues(ids) and self.advising:
             starts, lengths, _ = self._ranges(ids)
-            self.advise_pages(starts, lengths)
-            self._advised = (starts, lengths)
+            self._advised = (starts, lengths, self.advise_pages(starts, lengths))
 
-    def _advised_already(self, starts: np.ndarray, lengths: np.ndarray) -> bool:
-        """Whether :meth:`read_ahead` asked for exactly these ranges (the fetch that follows
-        it computes the same estimate: asking again is a syscall per range for nothing)."""
+    def _advised_already(self, starts: np.ndarray, lengths: np.ndarray) -> bool | None:
+        """Whether :meth:`read_ahead` asked the kernel for these ranges (True), found them
+        all in the page cache (False), or did not see them (None: another estimate). The
+        fetch that follows it computes the same estimate: asking again, or checking the
+        page cache again, is a syscall per range for nothing."""
         advised, self._advised = self._advised, None
-        return advised is not None and np.array_equal(advised[0], starts) and \
-            np.array_equal(advised[1], lengths)
+        if advised is None or not (np.array_equal(advised[0], starts) and
+                                   np.array_equal(advised[1], lengths)):
+            return None
+        return advised[2]
 
     def _continues(self, ids: np.ndarray) -> bool:
         """Whether records ``ids`` continue this reader's last share, so that the estimates
@@ -334,17 +337,19 @@ class DmSpec(DmSerial):
         # for this reader's whole prefetch (without advice the touch is the read, before
         # the chain as in the paper)
         wait_after = self.advising and self.db.node_cache is None
-        advised = self._advised_already(starts, lengths)  # (and forgotten either way)
+        asked = self._advised_already(starts, lengths)  # (and forgotten either way)
         with Timer(stats, "prefetch"):
             if lengths.any() and self.db.node_cache is not None:
                 self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
             elif lengths.any():  # a few large reads, then every page mapped by touching
-                if not advised:
-                    self.advise_pages(starts, lengths)
+                if asked is None:
+                    asked = self.advise_pages(starts, lengths)
                 if not wait_after:
                     touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         refs = self.walk_share(iteration, ids, stats, iterations)
-        if wait_after and lengths.any():
+        # nothing to wait for when every page was in the page cache (a warm file): the
+        # walk and the workers map them as they read
+        if wait_after and asked and lengths.any():
             with Timer(stats, "prefetch"):
                 touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         if not len(refs):
