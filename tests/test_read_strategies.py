@@ -139,9 +139,12 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     last, batch = case.get("last", "pad"), case.get("batch", 4)
     consumers = {r["consumer"]: r for r in results if r["consumer"] is not None}
     n_consumers = results[0]["consumers"]
-    # one snapshot pin per node (its first rank) where the file has a lock file to pin in
+    # one snapshot pin per host and file where the file has a lock file to pin in: each
+    # node's first rank, or with simulated nodes (one host, one file) the first node's
     if db.path.joinpath("lock.mdb").exists():
-        assert [r["pinned"] for r in results] == [r["local_rank"] == 0 for r in results], case
+        expect = [r["local_rank"] == 0 and (not r["simulated"] or rank == 0)
+                  for rank, r in enumerate(results)]
+        assert [r["pinned"] for r in results] == expect, case
     assert sorted(consumers) == list(range(n_consumers)), (case, sorted(consumers))
     plans: dict[int, object] = {}
 
@@ -151,7 +154,8 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
                        shuffle=case.get("shuffle", "none"), seed=case.get("seed", 0))
     planner = SimpleNamespace(db=db.database, cls=strategy, opts=opts, consumers=n_consumers,
                               reads=True, plan_group=results[0]["plan_group"],
-                              consumers_per_node=tuple(results[0]["consumers_per_node"]))
+                              consumers_per_node=tuple(results[0]["consumers_per_node"]),
+                              _unshuffled_plan=None)
 
     def plan(epoch: int):
         if epoch not in plans:
@@ -480,3 +484,35 @@ def test_direct_io_nodes_read_into_their_own_caches(four_ranks: Launch,
             assert read >= max(r["own_pages"] for r in mine) > 0, (case, node)
             held = max(r["node_pages"] for r in results if r["node"] == node)
             assert 0 < held <= read, (case, node)
+
+
+# --------------------------------------------------------------------------- snapshot pins
+
+_PIN_SCRIPT = """
+import json, sys
+from lmdbio.reader import ReadOptions, ReadSession
+from lmdbio.topology import Topology
+from _result import emit
+
+paths = json.loads(sys.argv[1])
+with Topology.build(simulate_nodes=2) as topo:
+    session = ReadSession(paths[topo.node_index], topo, ReadOptions(strategy="dm-spec"))
+    emit({"local_rank": topo.local_rank, "node": topo.node_index,
+          "pinned": session.db.stat()["snapshot_pinned"]})
+    session.close()
+"""
+
+
+def test_one_snapshot_pin_per_host_and_file(tmp_path: Path) -> None:
+    """Simulated nodes share a host, and with it the lock file's reader table: the nodes
+    reading one file are pinned once (by the first node's first rank), nodes reading
+    their own copies once each."""
+    items = random_items(40, (100, 5000), seed=5)
+    copies = [tmp_path / "a", tmp_path / "b"]
+    for path in copies:
+        write_db(path, items)
+    for paths, expect in (([copies[0], copies[0]], [True, False, False, False]),
+                          ([copies[0], copies[1]], [True, False, True, False])):
+        run = run_mpi(4, _PIN_SCRIPT, [json.dumps([str(p) for p in paths])], timeout=90)
+        got = [run.results[rank][-1]["pinned"] for rank in range(4)]
+        assert got == expect, (paths, run.output())

@@ -165,6 +165,7 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         "reader": bool(session.reads),
         "node": topo.node_index,
         "local_rank": topo.local_rank,
+        "simulated": topo.simulated,
         "pinned": session.db.stat()["snapshot_pinned"],
         "batches": got_batches,
         "ids": ids,
