@@ -463,10 +463,10 @@ class ReadSession:
             key_bytes=keys if topo.is_reader else None,
             colocated=topo.mode == "colocated", timeout=self.opts.timeout,
             checksum=self.opts.checksum,
-            spin=0.0 if _host_oversubscribed(topo) else 2e-4)
+            spin=0.0 if _host_oversubscribed(topo) else 2e-4,
+            reader_info=per_slot if topo.is_reader else None)
         #: consecutive batches in one slot, as the node's reader chose them
-        self.batches_per_slot = int(topo.node.bcast(per_slot if topo.is_reader else None,
-                                                    root=0))
+        self.batches_per_slot = int(self.ring.reader_info)
 
     def _agreed_slot_size(self, per_slot: int) -> int:
         """Collective over the readers: the smallest of their automatic slot sizes. Every

@@ -380,17 +380,25 @@ def map_symmetric(
     rank = comm.Get_rank()
     p = _resolve(path)
 
-    # Step 1: everyone opens, everyone learns everyone's outcome.
+    # Step 1: everyone opens, everyone learns everyone's outcome (and rank 0's first
+    # address draw, for the first attempt: one exchange less)
     fd = -1
     fail_set: frozenset[int] = frozenset()
     fail_count: int | None = None
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    first_draw = None
+    slots = 0
     try:
         fail_set, fail_count = _fail_plan(fail_ranks, fail_attempts)
         fd, size, mlen = _open_checked(p, length)
         mine: tuple[str, int, int] = ("", size, mlen)
+        slots = (high - low - mlen) // alignment + 1 if high - low >= mlen else 0
+        if rank == 0 and slots:
+            first_draw = low + rng.randrange(slots) * alignment
     except LmdbioError as exc:
         mine = (str(exc), -1, -1)
-    everyone = comm.allgather(mine)
+    gathered = comm.allgather((*mine, first_draw))
+    everyone = [g[:3] for g in gathered]
     errors = {r: e for r, (e, _, _) in enumerate(everyone) if e}
     if not errors and len({(s, n) for _, s, n in everyone}) > 1:
         sizes = {r: (s, n) for r, (_, s, n) in enumerate(everyone)}
@@ -404,15 +412,16 @@ def map_symmetric(
         raise LmdbioError(f"{p}: symmetric mapping cannot start: {detail}")
     size, mlen = mine[1], mine[2]
 
-    rng = random.Random(seed) if seed is not None else random.SystemRandom()
-    slots = (high - low - mlen) // alignment + 1 if high - low >= mlen else 0
     try:
         attempt = 0
         last_error = "the file does not fit in the address window" if slots == 0 else ""
         while slots and attempt < max_attempts:
             attempt += 1
-            addr = comm.bcast(low + rng.randrange(slots) * alignment if rank == 0 else None,
-                              root=0)
+            if attempt == 1:
+                addr = gathered[0][3]
+            else:
+                addr = comm.bcast(low + rng.randrange(slots) * alignment if rank == 0
+                                  else None, root=0)
             block = rank in fail_set and (fail_count is None or attempt <= fail_count)
             got, err = _try_fixed(fd, addr, mlen, block)
             everyone_ok = comm.allreduce(1 if got is not None else 0, op=MPI.MIN)

@@ -104,15 +104,6 @@ class RingStats:
         return asdict(self)
 
 
-def _agree_or_raise(comm: MPI.Comm, error: str | None, what: str) -> None:
-    """Collective: raise ``RingError`` on every rank if any rank reports ``error``."""
-    errors = comm.allgather(error)
-    bad = {r: e for r, e in enumerate(errors) if e}
-    if bad:
-        detail = "; ".join(f"node rank {r}: {e}" for r, e in sorted(bad.items()))
-        raise RingError(f"{what} failed: {detail}")
-
-
 class BatchRing:
     """K batch slots in node shared memory, written by one reader rank, read by the workers.
 
@@ -153,6 +144,7 @@ class BatchRing:
         timeout: float = DEFAULT_TIMEOUT,
         max_sleep: float = 1e-3,
         spin: float = 2e-4,
+        reader_info: Any = None,
     ) -> BatchRing:
         """Collective over ``node_comm`` (ranks that share memory): allocate the ring.
 
@@ -164,6 +156,9 @@ class BatchRing:
         every rank but the reader, or all ranks with ``colocated``, or the reader alone on a
         single-rank node) and ``checksum`` (per worker part: ``True``/``"xxh64"``,
         ``"crc32"`` or ``False``).
+        ``reader_info``: a small picklable value of the reader's that every rank gets as
+        :attr:`reader_info` in the same exchange (the caller's own setting, such as its slot
+        size: one collective less).
         ``timeout`` (seconds) bounds every wait of this rank unless a call gives its own;
         waits poll ``Test`` (with ``sched_yield``) for ``spin`` seconds, then sleep from 20 us
         doubling up to ``max_sleep``.
@@ -178,12 +173,17 @@ class BatchRing:
         if not isinstance(node_comm, MPI.Intracomm) or node_comm == MPI.COMM_NULL:
             raise ConfigError(f"BatchRing.create needs an intracommunicator, got {node_comm!r}")
         rank, size = node_comm.Get_rank(), node_comm.Get_size()
-        # 1. every rank must agree on the root and the slot count before any bcast from it
-        gathered = node_comm.allgather((reader_rank, slots))
-        if any(g != gathered[0] for g in gathered):
+        # 1. one exchange: every rank's (reader_rank, slots), which must agree before anyone
+        # takes the reader's word, and the reader's sizes and roles (or why it refuses them)
+        cfg: tuple[Any, ...] | str | None = None
+        if not isinstance(reader_rank, bool) and reader_rank == rank:
+            cfg = cls._reader_config(size, reader_rank, slots, payload_bytes, max_records,
+                                     key_bytes, workers, colocated, checksum, reader_info)
+        gathered = node_comm.allgather((reader_rank, slots, cfg))
+        if any(g[:2] != gathered[0][:2] for g in gathered):
             raise ConfigError(
                 "BatchRing.create: reader_rank and slots must be equal on every rank, got "
-                + ", ".join(f"node rank {r}: {g}" for r, g in enumerate(gathered))
+                + ", ".join(f"node rank {r}: {g[:2]}" for r, g in enumerate(gathered))
             )
         try:
             reader = int(reader_rank)
@@ -198,37 +198,16 @@ class BatchRing:
                               f"{size} ranks")
         if k < 1:
             raise ConfigError(f"BatchRing.create: slots (prefetch depth) must be >= 1, got {k}")
-        # 2. the reader decides sizes and roles; everyone raises alike on a bad config
-        cfg: tuple[Any, ...] | str | None = None
-        if rank == reader:
-            try:
-                if payload_bytes is None or max_records is None:
-                    raise ConfigError("the reader must give payload_bytes and max_records")
-                if workers is None:
-                    if colocated or size == 1:
-                        wlist = list(range(size))
-                    else:
-                        wlist = [r for r in range(size) if r != reader]
-                else:
-                    wlist = [int(w) for w in workers]
-                    if not wlist or len(set(wlist)) != len(wlist) or \
-                            not all(0 <= w < size for w in wlist):
-                        raise ConfigError(f"workers must be distinct node ranks in 0..{size - 1},"
-                                          f" got {list(workers)}")
-                kb = 64 * int(max_records) if key_bytes is None else key_bytes
-                layout = SlotLayout(len(wlist), max_records, payload_bytes, kb)
-                layout.window_bytes(k)
-                cfg = (layout.n_parts, layout.max_records, layout.payload_capacity,
-                       layout.key_capacity, tuple(wlist), checksum_kind(checksum))
-            except (ConfigError, TypeError, ValueError) as exc:
-                cfg = f"{type(exc).__name__}: {exc}"
-        cfg = node_comm.bcast(cfg, root=reader)
+        # 2. the reader decided sizes and roles; everyone raises alike on a bad config
+        cfg = gathered[reader][2]
         if isinstance(cfg, str):
             raise ConfigError(f"BatchRing.create (node rank {reader}, the reader): {cfg}")
-        n_parts, max_rec, cap, kcap, wtuple, kind = cfg
+        n_parts, max_rec, cap, kcap, wtuple, kind, info = cfg
         layout = SlotLayout(n_parts, max_rec, cap, kcap)
 
         self = object.__new__(cls)
+        #: what the reader passed as ``reader_info``
+        self.reader_info = info
         self._init_state(MPI, node_comm.Dup(), layout, k, reader, wtuple, kind,
                          float(timeout), float(max_sleep), float(spin))
         try:
@@ -238,6 +217,36 @@ class BatchRing:
             raise
         self._start()
         return self
+
+    @staticmethod
+    def _reader_config(size: int, reader: int, slots: int, payload_bytes: int | None,
+                       max_records: int | None, key_bytes: int | None,
+                       workers: Sequence[int] | None, colocated: bool,
+                       checksum: bool | str, info: Any) -> tuple[Any, ...] | str:
+        """The reader's ``(parts, max_records, payload capacity, key capacity, workers,
+        checksum kind, reader_info)`` for :meth:`create`, or the reason it refuses them (a
+        string every rank then raises as :class:`~lmdbio.errors.ConfigError`)."""
+        try:
+            if payload_bytes is None or max_records is None:
+                raise ConfigError("the reader must give payload_bytes and max_records")
+            if workers is None:
+                if colocated or size == 1:
+                    wlist = list(range(size))
+                else:
+                    wlist = [r for r in range(size) if r != reader]
+            else:
+                wlist = [int(w) for w in workers]
+                if not wlist or len(set(wlist)) != len(wlist) or \
+                        not all(0 <= w < size for w in wlist):
+                    raise ConfigError(f"workers must be distinct node ranks in 0..{size - 1},"
+                                      f" got {list(workers)}")
+            kb = 64 * int(max_records) if key_bytes is None else key_bytes
+            layout = SlotLayout(len(wlist), max_records, payload_bytes, kb)
+            layout.window_bytes(max(int(slots), 1))
+            return (layout.n_parts, layout.max_records, layout.payload_capacity,
+                    layout.key_capacity, tuple(wlist), checksum_kind(checksum), info)
+        except (ConfigError, TypeError, ValueError) as exc:
+            return f"{type(exc).__name__}: {exc}"
 
     def _init_state(self, MPI: Any, comm: MPI.Intracomm, layout: SlotLayout, k: int, reader: int,
                     workers: tuple[int, ...], checksum: int, timeout: float, max_sleep: float,
@@ -290,7 +299,10 @@ class BatchRing:
         self._shutdown_cb: Callable[[str], None] | None = None
 
     def _allocate(self, layout: SlotLayout) -> None:
-        """Collective: allocate the window, map the reader's segment, start the lock epoch."""
+        """Collective: allocate the window, map the reader's segment, start the lock epoch.
+
+        One exchange after both steps says whether every rank allocated and mapped it (a
+        rank that has mapped it has it: an MPI library may unlink its backing file then)."""
         MPI = self._MPI
         comm = self._comm
         nbytes = layout.window_bytes(self.slots)
@@ -300,33 +312,36 @@ class BatchRing:
             win = MPI.Win.Allocate_shared(nbytes if self.is_reader else 0, 1,
                                           comm=comm)
         except MPI.Exception as exc:
-            error = (f"MPI.Win.Allocate_shared of {nbytes} bytes failed ({exc}); are all "
-                     "ranks of the node communicator on one shared-memory node?")
-        _agree_or_raise(comm, error, "allocating the batch ring window")
+            error = (f"allocating the batch ring window: MPI.Win.Allocate_shared of {nbytes} "
+                     f"bytes failed ({exc}); are all ranks of the node communicator on one "
+                     "shared-memory node?")
         base = None
-        try:
-            mem, _ = win.Shared_query(self.reader_rank)
-            have = len(memoryview(mem))
-            if have < nbytes:
-                error = f"the reader's segment has {have} bytes, expected {nbytes}"
-            else:
-                # the one root array: every view derives from it (numpy points their .base
-                # here), so its reference count tells whether views are still alive
-                base = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
-            del mem
-        except MPI.Exception as exc:
-            error = f"MPI.Win.Shared_query failed: {exc}"
-        try:
-            _agree_or_raise(comm, error, "mapping the batch ring window")
-        except RingError:
-            win.Free()
-            raise
+        if win is not None:
+            try:
+                mem, _ = win.Shared_query(self.reader_rank)
+                have = len(memoryview(mem))
+                if have < nbytes:
+                    error = (f"mapping the batch ring window: the reader's segment has {have} "
+                             f"bytes, expected {nbytes}")
+                else:
+                    # the one root array: every view derives from it (numpy points their
+                    # .base here), so its reference count tells whether views are alive
+                    base = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
+                del mem
+            except MPI.Exception as exc:
+                error = f"mapping the batch ring window: MPI.Win.Shared_query failed: {exc}"
+        states = comm.allgather((win is not None, error))
+        if any(e for _, e in states):
+            if all(allocated for allocated, _ in states):
+                base = None
+                win.Free()  # collective: every rank holds a window to free
+            detail = "; ".join(f"node rank {r}: {e}" for r, (_, e) in enumerate(states) if e)
+            raise RingError(f"creating the batch ring failed: {detail}")
         win.Lock_all(MPI.MODE_NOCHECK)
         self._win = win
         self._base = base
         self.layout = layout
         self._rebuild_bufs()
-        comm.Barrier()  # every rank has mapped it: an MPI library may unlink the file now
         if self.is_reader:
             self.backing_file = backing_file(self._base.ctypes.data)
             if self.backing_file:
