@@ -143,6 +143,9 @@ def test_dm_spec_reads_ahead_exactly_what_its_next_fetch_prefetches(cifar_like, 
             advised.clear()
             s.read_ahead(plan, it, ids)
             ahead = list(advised)
+            # the fetch takes read-ahead's estimate: it is the one it would compute
+            starts, lengths, _ = s._ranges(ids)
+            assert ahead == [(starts.tolist(), lengths.tolist())], f"iteration {it}"
         advised.clear()
         touched.clear()
         db.accounting.reset()

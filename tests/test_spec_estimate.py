@@ -142,3 +142,26 @@ def test_values_outside_the_prefetched_ranges_are_the_ones_advised_again():
     starts, lengths = np.array([10, 28], np.int64), np.array([3, 4], np.int64)
     # 10 inside [10, 13); 12-13 crosses its end; 20 outside; 30 inside [28, 32); 41 outside
     assert _outside(refs, psize, starts, lengths).tolist() == [1, 2, 4]
+    # adjacent ranges join: 12-13 lies in [10, 13) + [13, 14); unsorted ranges are fine
+    assert _outside(refs, psize, np.array([28, 13, 10]), np.array([4, 1, 3])).tolist() == [2, 4]
+    assert _outside(refs, psize, np.empty(0, np.int64), np.empty(0, np.int64)).tolist() == \
+        [0, 1, 2, 3, 4]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 60), st.integers(0, 9000)), max_size=30),
+       st.lists(st.tuples(st.integers(0, 70), st.integers(0, 8)), max_size=8))
+def test_values_outside_matches_a_page_by_page_check(values, ranges):
+    """The compiled pass equals the definition: a value is outside when one of its pages
+    is in no range."""
+    from lmdbio.plan.strategies._spec_kernels import values_outside
+
+    psize = 4096
+    off = np.array([p * psize + 8 for p, _ in values], np.int64)
+    lens = np.array([n for _, n in values], np.int64)
+    starts = np.array([a for a, _ in ranges], np.int64)
+    lengths = np.array([n for _, n in ranges], np.int64)
+    covered = {p for a, n in ranges for p in range(a, a + n)}
+    want = [i for i, (o, n) in enumerate(zip(off.tolist(), lens.tolist(), strict=True))
+            if any(p not in covered for p in range(o // psize, (o + max(n, 1) - 1) // psize + 1))]
+    assert values_outside(off, lens, psize, starts, lengths).tolist() == want

@@ -98,3 +98,39 @@ def observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths
         if b > a:
             scratch[a:b] = 0
     return best_start, best_end, needed, missed, missed_walk, redundant, prefetched
+
+
+@njit(cache=True, nogil=True)
+def values_outside(val_off, val_len, psize, starts, lengths):
+    """Indices of the values not wholly inside the union of the page ranges ``[starts[j],
+    starts[j] + lengths[j])``: the values a prefetch missed, all or part of (an empty value
+    stands for its first page). The ranges are merged (sorted, overlapping or adjacent ones
+    joined), then each value's page span is found by binary search: one pass, where the
+    numpy form built a values-by-ranges matrix (~0.12 ms a 2,048-record slot)."""
+    keep = lengths > 0
+    s = starts[keep]
+    e = s + lengths[keep]
+    order = np.argsort(s)
+    s = s[order]
+    e = e[order]
+    m = 0
+    ms = np.empty(s.shape[0], np.int64)
+    me = np.empty(s.shape[0], np.int64)
+    for j in range(s.shape[0]):
+        if m and s[j] <= me[m - 1]:
+            me[m - 1] = max(me[m - 1], e[j])
+        else:
+            ms[m] = s[j]
+            me[m] = e[j]
+            m += 1
+    out = np.empty(val_off.shape[0], np.int64)
+    k = 0
+    for i in range(val_off.shape[0]):
+        n = val_len[i] if val_len[i] > 0 else 1
+        first = val_off[i] // psize
+        last = (val_off[i] + n - 1) // psize
+        j = np.searchsorted(ms[:m], first, side="right") - 1
+        if j < 0 or last >= me[j]:
+            out[k] = i
+            k += 1
+    return out[:k]

@@ -164,7 +164,7 @@ class DmSpec(DmSerial):
         self._expect: int | None = None
         self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
-        self._advised: tuple[np.ndarray, np.ndarray, bool] | None = None  # read_ahead
+        self._advised: tuple | None = None  # (ids, starts, lengths, cut, asked) read_ahead
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
         # the first record, from the pages on the way to it (a record table would read
@@ -285,19 +285,19 @@ class DmSpec(DmSerial):
         one is gathered and handed off. Only when the next records continue these (not
         across a wrap-around or a resume: the fetch then starts a new estimate)."""
         if self._continues(ids) and self.advising:
-            starts, lengths, _ = self._ranges(ids)
-            self._advised = (starts, lengths, self.advise_pages(starts, lengths))
+            starts, lengths, cut = self._ranges(ids)
+            self._advised = (ids, starts, lengths, cut, self.advise_pages(starts, lengths))
 
-    def _advised_already(self, starts: np.ndarray, lengths: np.ndarray) -> bool | None:
-        """Whether :meth:`read_ahead` asked the kernel for these ranges (True), found them
-        all in the page cache (False), or did not see them (None: another estimate). The
-        fetch that follows it computes the same estimate: asking again, or checking the
-        page cache again, is a syscall per range for nothing."""
+    def _read_ahead_for(self, ids: np.ndarray
+                        ) -> tuple[np.ndarray, np.ndarray, int, bool] | None:
+        """``(starts, lengths, cut, asked)`` of :meth:`read_ahead` when it was called with
+        these records (forgotten either way): the fetch that follows it computes the same
+        estimate from the same state, so it takes that one, and whether the kernel was
+        asked for it (True) or every page was in the page cache (False); None otherwise."""
         advised, self._advised = self._advised, None
-        if advised is None or not (np.array_equal(advised[0], starts) and
-                                   np.array_equal(advised[1], lengths)):
+        if advised is None or not np.array_equal(advised[0], ids):
             return None
-        return advised[2]
+        return advised[1:]
 
     def _continues(self, ids: np.ndarray) -> bool:
         """Whether records ``ids`` continue this reader's last share, so that the estimates
@@ -328,7 +328,12 @@ class DmSpec(DmSerial):
         # continue them (not across the wrap-around of a padded last batch, or a resume)
         if not self._continues(ids):
             self._reset_estimates()
-        starts, lengths, cut = self._ranges(ids)
+        ahead = self._read_ahead_for(ids)
+        if ahead is not None:
+            starts, lengths, cut, asked = ahead
+        else:
+            starts, lengths, cut = self._ranges(ids)
+            asked = None
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
             self._after = int(ids[-1]) + 1
@@ -337,7 +342,6 @@ class DmSpec(DmSerial):
         # for this reader's whole prefetch (without advice the touch is the read, before
         # the chain as in the paper)
         wait_after = self.advising and self.db.node_cache is None
-        asked = self._advised_already(starts, lengths)  # (and forgotten either way)
         with Timer(stats, "prefetch"):
             if lengths.any() and self.db.node_cache is not None:
                 self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
@@ -387,10 +391,10 @@ class DmSpec(DmSerial):
 
 def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarray
              ) -> np.ndarray:
-    """Indices of the records whose value pages are not all inside one of the page ranges
-    ``[starts[j], starts[j] + lengths[j])`` (the values a prefetch missed, or part of)."""
-    first, count = refs.value_page_runs(psize)
-    last = first + count - 1
-    inside = ((first[:, None] >= starts[None, :]) &
-              (last[:, None] < (starts + lengths)[None, :])).any(axis=1)
-    return np.flatnonzero(~inside)
+    """Indices of the records whose value pages are not all inside the page ranges
+    ``[starts[j], starts[j] + lengths[j])`` (their union: the values a prefetch missed, or
+    part of); one compiled pass (:func:`._spec_kernels.values_outside`)."""
+    from lmdbio.plan.strategies._spec_kernels import values_outside
+
+    return values_outside(refs.val_off, refs.val_len, psize,
+                          np.asarray(starts, np.int64), np.asarray(lengths, np.int64))
