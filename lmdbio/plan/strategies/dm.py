@@ -376,9 +376,10 @@ class DmSpec(DmSerial):
                 self._anchor = (run[1] - 1, int(ids[-1]))
         self.tree.learn(self.db, self.cursor.stack)
         self.value_estimator.observe(int(ids[0]), refs.head(cut), self.db.psize, run)
-        if missed and self.advising:
+        if missed and self.advising and asked is not False:
             # values the estimate missed: asked for now, as a few large reads before the
-            # gather, rather than faulted in one by one
+            # gather, rather than faulted in one by one (not when the estimate's pages were
+            # all in the page cache: the file is warm, the values next to them too)
             with Timer(stats, "prefetch"):
                 self.advise_values(refs.take(_outside(refs, self.db.psize, starts, lengths)))
         stats.prefetched_pages = int(prefetched)
