@@ -183,8 +183,8 @@ def _pins_snapshot(topo: Topology, path: str) -> bool:
         try:
             st = _resolve_file(path).stat()
             key = (topo.hostname, st.st_dev, st.st_ino)
-        except (OSError, LmdbioError):
-            key = (topo.hostname, str(path))  # opening the database will say what is wrong
+        except Exception:  # any rank raising here would leave the others in the allgather
+            key = (topo.hostname, repr(path))  # opening the database will say what is wrong
     keys = topo.world.allgather(key)
     return key is not None and keys.index(key) == topo.rank
 

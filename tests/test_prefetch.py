@@ -196,6 +196,20 @@ def test_pages_resident_sees_the_page_cache(cold, samples) -> None:
             pf.pages_resident(m.array, [N_PAGES], [1], PAGE, samples=samples)
 
 
+def test_pages_resident_samples_spread_over_the_ranges(cold) -> None:
+    """More pages than samples: the sample spans every range and includes the last page (where
+    an estimate runs out), so a missing last page or a missing page a pick lands on is seen."""
+    path, _ = cold
+    with map_file(path) as m:
+        pf.advise(m, advice=pf.MADV_RANDOM)
+        pf.touch_page_ranges(m.array, [10, 13], [2, 27], PAGE)  # pages 10-11, 13-39
+        assert pf.pages_resident(m.array, [10, 13], [2, 27], PAGE, samples=16)
+        assert not pf.pages_resident(m.array, [10, 13], [2, 28], PAGE, samples=16)  # 40
+        # 30 pages, 16 picks at (2i + 1) * 30 // 32: the second is page 12, not resident
+        assert not pf.pages_resident(m.array, [10], [30], PAGE, samples=16)
+        assert not pf.pages_resident(m.array, [10], [30], PAGE, samples=None)
+
+
 def test_readahead_limit_falls_back_without_a_block_device(tmp_path: Path) -> None:
     assert pf.readahead_limit(tmp_path / "missing") == pf.DEFAULT_READAHEAD_LIMIT
     assert pf.readahead_limit("/proc/self/status") == pf.DEFAULT_READAHEAD_LIMIT

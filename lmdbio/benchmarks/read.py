@@ -302,9 +302,10 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             else:
                 nbytes = int(got.offsets[-1])
             batch_times.append(time.perf_counter() - t_loop)
-            # the ids as arrays (fresh, not views of the slot): listed after the clock
-            records.append(got.ids)
-            padding.append(got.padding)
+            # the ids as arrays, listed after the clock (copies: ring deliveries are fresh
+            # arrays already, private ones views of the epoch plan, not kept alive here)
+            records.append(got.ids.copy())
+            padding.append(got.padding.copy())
             batch_records.append(int(got.ids.size))
             batch_bytes.append(nbytes)
             batch_counts.append(int(got.batches))

@@ -325,7 +325,9 @@ def pages_resident(
         ends = np.cumsum(c)
         total = int(ends[-1])
         k = max(1, min(int(samples), total))
-        picks = np.arange(k, dtype=np.int64) * total // k  # among the ranges' pages
+        # centred among the ranges' pages, and the last one (where an estimate runs out)
+        picks = (2 * np.arange(k, dtype=np.int64) + 1) * total // (2 * k)
+        picks[-1] = total - 1
         which = np.searchsorted(ends, picks, side="right")
         pages = s[which] + picks - (ends[which] - c[which])
         addrs = (base + pages * page_size) // OS_PAGE_SIZE * OS_PAGE_SIZE

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import sys
 import time
 from collections import deque
@@ -200,6 +201,9 @@ class BatchRing:
             raise ConfigError(f"BatchRing.create: slots (prefetch depth) must be >= 1, got {k}")
         # 2. the reader decided sizes and roles; everyone raises alike on a bad config
         cfg = gathered[reader][2]
+        if cfg is None:  # reader_rank given in a form that names no rank (e.g. "0")
+            raise ConfigError(f"BatchRing.create: reader_rank must be an integer node rank, "
+                              f"got {reader_rank!r}")
         if isinstance(cfg, str):
             raise ConfigError(f"BatchRing.create (node rank {reader}, the reader): {cfg}")
         n_parts, max_rec, cap, kcap, wtuple, kind, info = cfg
@@ -240,12 +244,14 @@ class BatchRing:
                         not all(0 <= w < size for w in wlist):
                     raise ConfigError(f"workers must be distinct node ranks in 0..{size - 1},"
                                       f" got {list(workers)}")
+            pickle.dumps(info)  # sent with the configuration: refuse it here, not in the
+            # collective (the other ranks would wait there for a reader that raised)
             kb = 64 * int(max_records) if key_bytes is None else key_bytes
             layout = SlotLayout(len(wlist), max_records, payload_bytes, kb)
             layout.window_bytes(max(int(slots), 1))
             return (layout.n_parts, layout.max_records, layout.payload_capacity,
                     layout.key_capacity, tuple(wlist), checksum_kind(checksum), info)
-        except (ConfigError, TypeError, ValueError) as exc:
+        except Exception as exc:  # every rank raises it after the exchange
             return f"{type(exc).__name__}: {exc}"
 
     def _init_state(self, MPI: Any, comm: MPI.Intracomm, layout: SlotLayout, k: int, reader: int,

@@ -150,7 +150,7 @@ class ReadStrategy(ABC):
         from lmdbio.errors import LmdbioError
         from lmdbio.io.prefetch import advise_page_ranges, pages_resident
 
-        if not self.advising:
+        if not self.advising or not np.any(counts):
             return False
         if self._advice_limit is None:
             from lmdbio.io.prefetch import readahead_limit

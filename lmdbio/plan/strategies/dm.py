@@ -353,7 +353,8 @@ class DmSpec(DmSerial):
         refs = self.walk_share(iteration, ids, stats, iterations)
         # nothing to wait for when every page was in the page cache (a warm file): the
         # walk and the workers map them as they read
-        if wait_after and asked and lengths.any():
+        if wait_after and (asked or not self.advising) and lengths.any():
+            # (not advising any more: the kernel refused the advice just now)
             with Timer(stats, "prefetch"):
                 touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         if not len(refs):
