@@ -154,7 +154,8 @@ def test_values_outside_the_prefetched_ranges_are_the_ones_advised_again():
 def test_values_outside_matches_a_page_by_page_check(values, ranges):
     """The compiled pass equals the definition: a value is outside when one of its pages
     is in no range."""
-    from lmdbio.plan.strategies._spec_kernels import values_outside
+    from lmdbio.lmdb import RecordRefs
+    from lmdbio.plan.strategies.dm import _outside
 
     psize = 4096
     off = np.array([p * psize + 8 for p, _ in values], np.int64)
@@ -164,4 +165,6 @@ def test_values_outside_matches_a_page_by_page_check(values, ranges):
     covered = {p for a, n in ranges for p in range(a, a + n)}
     want = [i for i, (o, n) in enumerate(zip(off.tolist(), lens.tolist(), strict=True))
             if any(p not in covered for p in range(o // psize, (o + max(n, 1) - 1) // psize + 1))]
-    assert values_outside(off, lens, psize, starts, lengths).tolist() == want
+    refs = RecordRefs(off, lens, np.zeros_like(off), np.ones_like(off), np.zeros_like(off),
+                      np.zeros_like(off))
+    assert _outside(refs, psize, starts, lengths).tolist() == want

@@ -101,36 +101,20 @@ def observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths
 
 
 @njit(cache=True, nogil=True)
-def values_outside(val_off, val_len, psize, starts, lengths):
-    """Indices of the values not wholly inside the union of the page ranges ``[starts[j],
-    starts[j] + lengths[j])``: the values a prefetch missed, all or part of (an empty value
-    stands for its first page). The ranges are merged (sorted, overlapping or adjacent ones
-    joined), then each value's page span is found by binary search: one pass, where the
-    numpy form built a values-by-ranges matrix (~0.12 ms a 2,048-record slot)."""
-    keep = lengths > 0
-    s = starts[keep]
-    e = s + lengths[keep]
-    order = np.argsort(s)
-    s = s[order]
-    e = e[order]
-    m = 0
-    ms = np.empty(s.shape[0], np.int64)
-    me = np.empty(s.shape[0], np.int64)
-    for j in range(s.shape[0]):
-        if m and s[j] <= me[m - 1]:
-            me[m - 1] = max(me[m - 1], e[j])
-        else:
-            ms[m] = s[j]
-            me[m] = e[j]
-            m += 1
+def values_outside(val_off, val_len, psize, run_starts, run_stops):
+    """Indices of the values not wholly inside the page runs ``[run_starts[j],
+    run_stops[j])`` (sorted and disjoint: :func:`lmdbio.io.prefetch._merge_ranges` of the
+    prefetched ranges): the values a prefetch missed, all or part of (an empty value stands
+    for its first page). Each value's page span is found by binary search: one pass, where
+    the numpy form built a values-by-ranges matrix (~0.12 ms a 2,048-record slot)."""
     out = np.empty(val_off.shape[0], np.int64)
     k = 0
     for i in range(val_off.shape[0]):
         n = val_len[i] if val_len[i] > 0 else 1
         first = val_off[i] // psize
         last = (val_off[i] + n - 1) // psize
-        j = np.searchsorted(ms[:m], first, side="right") - 1
-        if j < 0 or last >= me[j]:
+        j = np.searchsorted(run_starts, first, side="right") - 1
+        if j < 0 or last >= run_stops[j]:
             out[k] = i
             k += 1
     return out[:k]

@@ -396,7 +396,9 @@ def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarr
     """Indices of the records whose value pages are not all inside the page ranges
     ``[starts[j], starts[j] + lengths[j])`` (their union: the values a prefetch missed, or
     part of); one compiled pass (:func:`._spec_kernels.values_outside`)."""
+    from lmdbio.io.prefetch import _merge_ranges
     from lmdbio.plan.strategies._spec_kernels import values_outside
 
-    return values_outside(refs.val_off, refs.val_len, psize,
-                          np.asarray(starts, np.int64), np.asarray(lengths, np.int64))
+    starts = np.asarray(starts, np.int64)
+    run_starts, run_stops = _merge_ranges(starts, starts + np.asarray(lengths, np.int64))
+    return values_outside(refs.val_off, refs.val_len, psize, run_starts, run_stops)
