@@ -712,13 +712,11 @@ class Database:
         mapping (the node's I/O is the same as if the reader had copied them)."""
         from lmdbio.lmdb import kernels as k
 
-        idx = np.arange(len(refs), dtype=np.int64)
-        code, page = k.check_overflow_headers(self.buf, self.fmt, refs.val_off, refs.ovf_pages,
-                                              idx, self.accounting.touched, False)
+        code, page = k.check_values(self.buf, self.fmt, refs.val_off, refs.val_len,
+                                    refs.ovf_pages, self.accounting.touched,
+                                    self.accounting.enabled)
         if code:
             self._raise(code, page)
-        if self.accounting.enabled and len(refs):
-            k.mark_ranges(self.accounting.touched, self.psize, refs.val_off, refs.val_len)
 
     def gather_batch(self, refs: RecordRefs, payload: np.ndarray, offsets: np.ndarray,
                      keys: np.ndarray, key_offsets: np.ndarray) -> tuple[int, int]:

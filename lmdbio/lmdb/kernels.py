@@ -378,17 +378,23 @@ def gather_lengths(val_len, indices, prefix_limit):
 
 
 @njit(cache=True, nogil=True)
-def mark_ranges(touched, psize, offsets, lengths):
-    """Mark the pages covered by byte ranges (``offsets[i]``, ``lengths[i]``) as touched
-    (empty ranges mark nothing; pages beyond the bitmap are not marked: callers pass
-    ranges a walk validated against the file)."""
+def check_values(buf, fmt, val_off, val_len, ovf_pages, touched, account):
+    """Check the overflow page header of every value (as :func:`check_overflow_headers`)
+    and, with ``account``, mark the pages of the values as touched, in one pass (empty
+    values mark nothing; pages beyond the bitmap are not marked: the ranges come from a
+    walk that validated them against the file). Returns ``(code, page)``; on a bad header
+    the values before it have been marked."""
     n = touched.shape[0]
-    for i in range(offsets.shape[0]):
-        if lengths[i] <= 0 or offsets[i] < 0:
-            continue
-        last = min((offsets[i] + lengths[i] - 1) // psize, n - 1)
-        for p in range(offsets[i] // psize, last + 1):
-            touched[p] = 1
+    psize = fmt[0]
+    for i in range(val_off.shape[0]):
+        bad = _bad_overflow_run(buf, fmt, val_off[i], ovf_pages[i])
+        if bad >= 0:
+            return E_OVERFLOW_HEADER, bad
+        if account and val_len[i] > 0 and val_off[i] >= 0:
+            last = min((val_off[i] + val_len[i] - 1) // psize, n - 1)
+            for p in range(val_off[i] // psize, last + 1):
+                touched[p] = 1
+    return OK, 0
 
 
 @njit(cache=True, nogil=True)
