@@ -103,8 +103,9 @@ def widen_u8_f32(src, src_off, dst, streaming):
 
 #: the modules whose kernels a read session calls (page walks, gathers, page touching,
 #: slot checksums, the dm-spec estimate, the byte copy above)
-READ_KERNEL_MODULES = ("lmdbio.lmdb.kernels", "lmdbio.io._touch", "lmdbio.shm._hash",
-                       "lmdbio.plan.strategies._spec_kernels", "lmdbio.compiled")
+READ_KERNEL_MODULES = ("lmdbio.lmdb.kernels", "lmdbio.io._touch", "lmdbio.io._residency",
+                       "lmdbio.shm._hash", "lmdbio.plan.strategies._spec_kernels",
+                       "lmdbio.compiled")
 
 
 def load_cached_kernels(modules: tuple[str, ...] = READ_KERNEL_MODULES) -> int:

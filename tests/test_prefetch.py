@@ -351,3 +351,39 @@ def test_direct_reader_fallback_when_refused(
 def test_direct_reader_missing_file(tmp_path: Path) -> None:
     with pytest.raises(LmdbioError, match="cannot open"):
         pf.DirectReader(tmp_path / "missing")
+
+
+def _sampled_reference(resident: np.ndarray, starts: list[int], counts: list[int],
+                       samples: int) -> bool:
+    """The sample :func:`pages_resident` takes, page by page: ``samples`` picks centred among
+    the ranges' pages, the last pick on the last page."""
+    pages = [s + i for s, c in zip(starts, counts, strict=True) for i in range(c)]
+    if not pages:
+        return True
+    k = min(samples, len(pages))
+    picks = [(2 * j + 1) * len(pages) // (2 * k) for j in range(k - 1)] + [len(pages) - 1]
+    return all(resident[pages[p]] for p in picks)
+
+
+@settings(max_examples=120, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 70), st.integers(0, 12)), max_size=6),
+       st.sets(st.integers(0, 79), max_size=80), st.integers(1, 20))
+def test_pages_resident_sample_is_the_documented_one(ranges, touched, samples) -> None:
+    """The compiled sample answers as the picks it documents, over anonymous memory whose
+    written pages are the resident ones (pages never written are not)."""
+    import mmap
+
+    region = mmap.mmap(-1, 80 * PAGE)
+    try:
+        arr = np.frombuffer(region, dtype=np.uint8)
+        for p in touched:
+            arr[p * PAGE] = 1
+        resident = pf._libc.mincore(arr.ctypes.data, 80 * PAGE)
+        assert resident[sorted(touched)].all() if touched else True
+        starts = [a for a, _ in ranges]
+        counts = [min(n, 80 - a) for a, n in ranges]
+        assert pf.pages_resident(arr, starts, counts, PAGE, samples=samples) == \
+            _sampled_reference(resident, starts, counts, samples)
+        del arr
+    finally:
+        region.close()

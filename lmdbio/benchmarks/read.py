@@ -124,40 +124,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 class _BatchCopy:
     """A consumer's own batch buffer, reused: a batch delivered as spans of the database
-    mapping is copied into it with the compiled gather the naive strategies' ranks use for
-    their records, so that every consumer ends each batch with its records' bytes in its
-    own memory, however they were delivered (copied records were read once already, by the
-    slot checksum)."""
+    mapping is copied into it, so that every consumer ends each batch with its records'
+    bytes in its own memory, however they were delivered (copied records were read once
+    already, by the slot checksum)."""
 
     def __init__(self) -> None:
         self.buf = np.empty(0, np.uint8)
-        self.offsets = np.empty(1, np.int64)
-        self._untracked = np.zeros(1, np.uint8)  # no page accounting on the consumer
-
-    def gather(self, mapping: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> int:
-        """Copy ``mapping[starts[i]:starts[i] + lengths[i]]`` back to back (spans the
-        worker checked against its mapping); returns the bytes copied."""
-        from lmdbio.lmdb.kernels import gather_ranges
-
-        n = int(starts.shape[0])
-        nbytes = int(lengths.sum())
-        if self.buf.shape[0] < nbytes:
-            self.buf = np.empty(nbytes, np.uint8)
-        if self.offsets.shape[0] < n + 1:
-            self.offsets = np.empty(n + 1, np.int64)
-        return int(gather_ranges(mapping, starts, lengths, self.buf, self.offsets, 4096,
-                                 self._untracked, False))
 
     def gather_batches(self, mapping: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
                        batch: int) -> int:
-        """:meth:`gather` one batch (``batch`` records) at a time into the same buffer, as a
-        consumer takes a slot of several batches: each batch's bytes land in memory the
-        size of one batch, as a naive rank's do, not in one slot-sized buffer; returns the
-        bytes copied."""
-        n = int(starts.shape[0])
+        """Copy the spans one batch (``batch`` records) at a time into the same buffer, as
+        a consumer takes a slot of several batches: each batch's bytes land in memory the
+        size of one batch, as a naive rank's do, not in one slot-sized buffer. One compiled
+        call per slot (:func:`~lmdbio.lmdb.kernels.gather_each_batch`); returns the bytes
+        copied."""
+        from lmdbio.lmdb.kernels import gather_each_batch
+
         step = max(int(batch), 1)
-        return sum(self.gather(mapping, starts[i:i + step], lengths[i:i + step])
-                   for i in range(0, n, step))
+        while True:
+            nbytes = int(gather_each_batch(mapping, starts, lengths, step, self.buf))
+            if nbytes >= 0:
+                return nbytes
+            # too small for a batch: grow to the slot's largest batch and copy again
+            firsts = np.arange(0, starts.shape[0], step)
+            self.buf = np.empty(int(np.add.reduceat(lengths, firsts).max()), np.uint8)
 
 
 def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:

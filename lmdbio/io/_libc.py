@@ -26,7 +26,6 @@ __all__ = [
     "mincore",
     "mmap",
     "munmap",
-    "page_resident",
 ]
 
 OS_PAGE_SIZE: int = _mmap.PAGESIZE
@@ -88,17 +87,6 @@ def madvise(addr: int, length: int, advice: int) -> None:
     """``madvise(2)``; ``addr`` must be OS-page aligned."""
     if _madvise_fn(addr, length, advice) != 0:
         raise _oserror(f"madvise(addr={addr:#x}, length={length}, advice={advice})")
-
-
-_one_page = ctypes.create_string_buffer(1)
-
-
-def page_resident(addr: int) -> bool:
-    """``mincore(2)`` of the one OS page at ``addr`` (aligned, mapped): whether it is
-    resident. A call without allocating, for sampling many pages one at a time."""
-    if _mincore_fn(addr, OS_PAGE_SIZE, _one_page) != 0:
-        raise _oserror(f"mincore(addr={addr:#x}, length={OS_PAGE_SIZE})")
-    return bool(_one_page.raw[0] & 1)
 
 
 def mincore(addr: int, length: int) -> np.ndarray:

@@ -657,3 +657,26 @@ def gather_ranges(buf, val_off, val_len, out, out_offsets, psize, touched, accou
         pos = _copy_range(out, pos, buf, val_off[t], val_len[t], psize, touched, account)
         out_offsets[t + 1] = pos
     return pos
+
+
+@njit(cache=True, nogil=True)
+def gather_each_batch(buf, val_off, val_len, batch, out):
+    """Copy byte ranges batch by batch (``batch`` ranges each) into ``out``, every batch
+    from ``out[0]`` on: a consumer taking the batches of a ring slot one after another, each
+    into memory the size of one batch. Returns the bytes copied over all batches, or
+    ``-1 - t`` when ``out`` is too small for range ``t`` (nothing past it is copied).
+
+    Callers check that every range lies inside ``buf`` (spans a worker checked against its
+    mapping) and that ``batch`` is at least 1.
+    """
+    total = 0
+    n = val_off.shape[0]
+    for first in range(0, n, batch):
+        pos = 0
+        for t in range(first, min(first + batch, n)):
+            if pos + val_len[t] > out.shape[0]:
+                return -1 - t
+            copy_bytes(out, pos, buf, val_off[t], val_len[t])
+            pos += val_len[t]
+        total += pos
+    return total
