@@ -31,7 +31,7 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               (one shared page cache, 1,500 iterations) and cold (per-node copies, one
               epoch), every strategy with its default read-around; three repeats
               (table: ``--table slots``)
-  defaults    the issue's command with every option at its default (batch 64, dedicated
+  defaults    the issue's command with every option at its default (batch 64, colocated
               readers, the job's slot size, record spans, accounting on), 8 ranks on 4
               nodes, cifar, mnist and imagenet, warm (4 epochs) and cold (per-node
               copies, one epoch), plus dm-spec and indexed with records copied into the
@@ -534,17 +534,16 @@ DEFAULT_VARIANTS = [*((s, s, "spans") for s in STRATEGIES),
                     ("dm-spec-copy", "dm-spec", "copy"), ("indexed-copy", "indexed", "copy")]
 
 
-def _epoch_iters(name: str, strategy: str, ranks: int, nodes: int, batch: int) -> int:
+def _epoch_iters(name: str, ranks: int, batch: int) -> int:
     """Iterations of one epoch of ``name`` with ``lmdbio bench read``'s default layout
-    (dedicated: one reader and the other ranks of a node consume; naive: every rank)."""
+    (colocated: every rank consumes, whatever the strategy)."""
     from lmdbio.plan.epoch import iterations_per_epoch
 
-    consumers = ranks if strategy.startswith("naive") else ranks - nodes
-    return iterations_per_epoch(SHAPES[name][0], consumers, batch, "pad")
+    return iterations_per_epoch(SHAPES[name][0], ranks, batch, "pad")
 
 
 def defaults(res: Path, dbs: dict[str, Path], quick: bool) -> None:
-    """The issue's command with every option at its default (batch 64, dedicated readers,
+    """The issue's command with every option at its default (batch 64, colocated readers,
     the job's ring slot size, per-iteration accounting on, each strategy's read-around),
     8 ranks on 4 simulated nodes: warm (one shared page cache, 4 epochs) and cold (every
     node its own copy, dropped after the setup, one epoch, resident pages counted after);
@@ -557,7 +556,7 @@ def defaults(res: Path, dbs: dict[str, Path], quick: bool) -> None:
                 path = str(dbs[name]) if cache == "warm" else copies
                 flags = [] if cache == "warm" else ["--cold", "--footprint"]
                 for label, s, transfer in DEFAULT_VARIANTS:
-                    iters = DEFAULT_RUN_EPOCHS[cache] * _epoch_iters(name, s, 8, 4, 64)
+                    iters = DEFAULT_RUN_EPOCHS[cache] * _epoch_iters(name, 8, 64)
                     bench(res / f"defaults-{name}-{label}-{cache}-r{rep}.json", 8, path, s,
                           "--batch-size", "64", "--iters", str(20 if quick else iters),
                           "--simulate-nodes", "4", "--batches-per-slot", "0",

@@ -38,7 +38,8 @@ CASES = [
     ("dm-serial", []),
     ("dm-spec", []),
     ("indexed", ["--shuffle", "block", "--seed", "5"]),
-    ("dm-spec", ["--mode", "colocated", "--batches-per-slot", "1", "--no-symmetric"]),
+    ("dm-spec", ["--mode", "dedicated"]),
+    ("dm-spec", ["--batches-per-slot", "1", "--no-symmetric"]),
     ("dm-spec", ["--transfer", "copy"]),
 ]
 
@@ -62,12 +63,14 @@ def run_bench(db: Path, out: Path, strategy: str, extra: list[str], iters: int) 
                          ids=[" ".join([s, *e]) for s, e in CASES])
 def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
                          extra: list[str]) -> None:
-    colocated = "colocated" in extra
-    consumers = RANKS if strategy.startswith("naive") or colocated else NODES
+    # colocated by default: every rank consumes; dedicated: one consumer per 2-rank node
+    dedicated = "dedicated" in extra
+    consumers = NODES if dedicated and not strategy.startswith("naive") else RANKS
     per_epoch = iterations_per_epoch(RECORDS, consumers, BATCH, "pad")
     doc = run_bench(cifar_like, tmp_path / "out.json", strategy, extra, 2 * per_epoch)
 
     assert (doc["strategy"], doc["ranks"], doc["nodes"]) == (strategy, RANKS, NODES)
+    assert doc["mode"] == ("dedicated" if dedicated else "colocated")
     totals = doc["totals"]
     for key in ("records_per_second", "bytes_per_second", "extra_pages", "needed_pages",
                 "symmetric_mapping_attempts", "load_kernels_seconds"):

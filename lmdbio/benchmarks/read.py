@@ -68,7 +68,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=positive_int, default=64, help="records per consumer")
     parser.add_argument("--iters", type=positive_int, default=10)
     parser.add_argument("--simulate-nodes", type=non_negative_int, default=0)
-    parser.add_argument("--mode", choices=["dedicated", "colocated"], default="dedicated")
+    parser.add_argument("--mode", choices=["dedicated", "colocated"], default="colocated",
+                        help="node-level strategies: colocated (default: every rank consumes, "
+                             "one per node also reads, as in LMDBIO-LMM, so that every "
+                             "strategy has the naive strategies' consumers and batches) or "
+                             "dedicated (readers only read: a training job's default "
+                             "`readers.mode`; half the ranks of a 2-rank node consume)")
     parser.add_argument("--shuffle", nargs="?", const="global", default="none",
                         choices=["none", "global", "block"])
     parser.add_argument("--seed", type=int, default=0)
@@ -515,6 +520,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "strategy": args.strategy,
         "ranks": topo.size,
         "nodes": topo.n_nodes,
+        "mode": args.mode,
         "readers": len(readers),
         "batch_size": args.batch_size,
         "shuffle": args.shuffle,
