@@ -146,13 +146,12 @@ class _BatchCopy:
         from lmdbio.lmdb.kernels import gather_each_batch
 
         step = max(int(batch), 1)
-        while True:
-            nbytes = int(gather_each_batch(mapping, starts, lengths, step, self.buf))
-            if nbytes >= 0:
-                return nbytes
-            # too small for a batch: grow to the slot's largest batch and copy again
+        nbytes = int(gather_each_batch(mapping, starts, lengths, step, self.buf))
+        if nbytes < 0:  # too small for a batch: grow to the slot's largest, copy again
             firsts = np.arange(0, starts.shape[0], step)
             self.buf = np.empty(int(np.add.reduceat(lengths, firsts).max()), np.uint8)
+            nbytes = int(gather_each_batch(mapping, starts, lengths, step, self.buf))
+        return nbytes
 
 
 def _schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
