@@ -188,7 +188,7 @@ class ReadersConfig:
             "messages, checksums, validation, one decode call) is paid once for all of them. "
             "0 chooses: the fewest batches that reach 1,024 records per worker or 4 MiB of "
             "payload per slot, at most 16 (large records: one batch per slot); slots of "
-            "record spans (`transfer` spans) instead aim at 2,048 records per worker, at "
+            "record spans (`transfer` spans) instead aim at 4,096 records per worker, at "
             "most 64 batches and about 48 MiB of decoded float32 output per worker (from "
             "the file's bytes per record; ImageNet-sized batches of 32: two per slot).",
             minimum=0

@@ -30,8 +30,9 @@ process pays both once, whatever it reads.
 
 Ring slots: the node-level strategies hand batches to their workers through a ring of
 slots. By default a slot holds as many consecutive batches as a training job's default
-(``--batches-per-slot 0``, :func:`lmdbio.reader.choose_batches_per_slot`: 2,048 records
-per worker when slots carry record spans, e.g. 32 batches of 64 CIFAR-sized records; 16
+(``--batches-per-slot 0``, :func:`lmdbio.reader.choose_batches_per_slot`: 4,096 records
+per worker when slots carry record spans, e.g. 47 batches of 64 CIFAR-sized records (the
+48 MiB decoded-output cap); 16
 batches with ``--transfer copy``), which LMM and the DM chains read with one walk and one
 cursor hand-off; ``--batches-per-slot 1`` reads iteration by iteration. ``iterations``
 then has one entry per slot, with its first iteration and its number of ``batches``.
