@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -146,17 +146,12 @@ class ReaderTotals:
     symmetric: bool = False
 
 
-def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions
-                   ) -> tuple[Database, Any, ReaderTotals]:
+def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions,
+                   pin: bool) -> tuple[Database, Any, ReaderTotals]:
     """Open the database for this rank; readers that hand cursors map it symmetrically.
-
-    One rank per node (its first) pins the snapshot: a pin registers a reader in the lock
-    file, which every process of the host shares, so one pin keeps the pages of the whole
-    node's reads from being recycled; a pin per rank only added a child process per rank
-    (~13 ms of CPU each, all at once, on the setup's critical path)."""
+    ``pin``: whether this rank pins the snapshot (:func:`_pins_snapshot`)."""
     totals = ReaderTotals()
     mapping = None
-    pin = _pins_snapshot(topo, path)
     if shared_cursors and topo.is_reader and opts.symmetric:
         mapping = map_symmetric(topo.readers, _resolve_file(path))
         totals.symmetric_attempts = mapping.attempts
@@ -168,25 +163,47 @@ def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOp
     return db, mapping, totals
 
 
-def _pins_snapshot(topo: Topology, path: str) -> bool:
+def _pin_key(topo: Topology, path: str) -> tuple[Any, ...] | None:
+    """What tells apart the files the node's first ranks pin on one host (simulated nodes
+    only; ``None`` elsewhere): ``(host, device, inode)`` of the data file."""
+    if not (topo.simulated and topo.local_rank == 0):
+        return None
+    try:
+        st = _resolve_file(path).stat()
+        return (topo.hostname, st.st_dev, st.st_ino)
+    except Exception:  # any rank raising here would leave the others in the exchange
+        return (topo.hostname, repr(path))  # opening the database will say what is wrong
+
+
+def _pins_snapshot(topo: Topology, key: tuple[Any, ...] | None,
+                   keys: Sequence[tuple[Any, ...] | None]) -> bool:
     """Whether this rank pins the snapshot (:class:`~lmdbio.lmdb.pin.SnapshotPin`): one
-    rank per host and file, as on a cluster, where a node is a host and its first rank
-    pins. Simulated nodes share a host: a pin registers its reader in the lock file every
-    process of the host shares, so the first node's pin covers the other nodes reading the
-    same file (each pin is a child process, ~13 ms of CPU to start, on the same cores as
-    the ranks); nodes reading their own copies pin each. Collective over the world
-    communicator when the nodes are simulated."""
+    rank per node (its first), as on a cluster, where a node is a host: a pin registers a
+    reader in the lock file, which every process of the host shares, so one pin keeps the
+    pages of the whole node's reads from being recycled (a pin per rank only added a child
+    process per rank, ~13 ms of CPU each, all at once, on the setup's critical path).
+    Simulated nodes share a host: the first node's pin covers the other nodes reading the
+    same file, and nodes reading their own copies pin each. ``key`` is this rank's
+    :func:`_pin_key`, ``keys`` every rank's, in world rank order."""
     if not topo.simulated:
         return topo.local_rank == 0
-    key = None
-    if topo.local_rank == 0:
-        try:
-            st = _resolve_file(path).stat()
-            key = (topo.hostname, st.st_dev, st.st_ino)
-        except Exception:  # any rank raising here would leave the others in the allgather
-            key = (topo.hostname, repr(path))  # opening the database will say what is wrong
-    keys = topo.world.allgather(key)
     return key is not None and keys.index(key) == topo.rank
+
+
+def node_consumers(ranks: Sequence[tuple[int, int, Any]], node: int
+                   ) -> tuple[int, int, tuple[int, ...]]:
+    """From every rank's ``(node index, consumer rank or -1, ...)``: the first consumer
+    rank of node ``node``, its number of consumers, and every node's number of consumers
+    in consumer order (nodes without consumers left out): the plan lays slot groups out by
+    node."""
+    firsts: dict[int, int] = {}
+    counts: dict[int, int] = {}
+    for index, consumer, *_ in ranks:
+        if consumer >= 0:
+            firsts[index] = min(firsts.get(index, consumer), consumer)
+            counts[index] = counts.get(index, 0) + 1
+    order = sorted(firsts, key=firsts.__getitem__)
+    return firsts.get(node, 1 << 30), counts.get(node, 0), tuple(counts[i] for i in order)
 
 
 def _host_oversubscribed(topo: Topology) -> bool:
@@ -337,23 +354,23 @@ class ReadSession:
                               f"{opts.transfer!r}")
         self.reads = topo.is_reader if self.shared else True
         t0 = time.perf_counter()
+        # one exchange over the world: every rank's node and consumer rank (the node-level
+        # strategies' layout) and the pin choice of simulated nodes (one per file and host)
+        pin_key = _pin_key(topo, path)
+        exchange = self.shared or topo.simulated
+        wr = topo.worker_rank if topo.is_worker else -1
+        seen = topo.world.allgather((topo.node_index, wr, pin_key)) if exchange else []
         if self.shared:
             self.consumers = topo.n_workers
-            wr = topo.worker_rank if topo.is_worker else 1 << 30
-            firsts = topo.node.allgather(wr)
-            self.first_consumer = min(firsts)
-            self.node_consumers = sum(1 for w in firsts if w != 1 << 30)
-            # every node's consumers, in consumer order: the plan lays slot groups out by node
-            nodes = topo.world.allgather((self.first_consumer, self.node_consumers)
-                                         if topo.local_rank == 0 else None)
-            self.consumers_per_node = tuple(n for _, n in sorted(
-                x for x in nodes if x is not None and x[1] > 0))
+            self.first_consumer, self.node_consumers, self.consumers_per_node = \
+                node_consumers(seen, topo.node_index)
         else:
             self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
             self.consumers_per_node = (1,) * topo.size
+        pin = _pins_snapshot(topo, pin_key, [k for _, _, k in seen])
         self.db, self.mapping, self.totals = _open_database(
-            path, topo, cls.name.startswith("dm"), opts)
+            path, topo, cls.name.startswith("dm"), opts, pin)
         self.node_cache = None
         if opts.direct_io:
             from lmdbio.io.direct import NodeCache

@@ -233,3 +233,20 @@ def test_largest_values_reads_no_leaf_of_an_inline_tree_and_bounds_every_value(
             assert real.max() < limit and (top == limit).all()
             assert db.accounting.pages().size == 0
         assert largest_values(db, None, 0, 1, 1000).shape == (300,)
+
+
+def test_node_consumers_from_every_ranks_node_and_consumer_rank():
+    from lmdbio.reader import node_consumers
+
+    # dedicated, 2 nodes of 3 ranks: node rank 0 reads, the others consume
+    ranks = [(0, -1, None), (0, 0, None), (0, 1, None), (1, -1, None), (1, 2, None),
+             (1, 3, None)]
+    assert node_consumers(ranks, 0) == (0, 2, (2, 2))
+    assert node_consumers(ranks, 1) == (2, 2, (2, 2))
+    # nodes listed in consumer order whatever their index; unequal nodes keep their counts
+    ranks = [(1, 0, "pin"), (1, 1, None), (0, 2, None), (1, 3, None)]
+    assert node_consumers(ranks, 0) == (2, 1, (3, 1))
+    assert node_consumers(ranks, 1) == (0, 3, (3, 1))
+    # a node without consumers: no first consumer, left out of the layout
+    ranks = [(0, -1, None), (1, 0, None)]
+    assert node_consumers(ranks, 0) == (1 << 30, 0, (1,))
