@@ -36,6 +36,10 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
               nodes, cifar, mnist and imagenet, warm (4 epochs) and cold (per-node
               copies, one epoch), plus dm-spec and indexed with records copied into the
               ring; three repeats (table: ``--table defaults``)
+  repeats     the same command on cifar, warm, naive-stride, dm-serial, dm-spec and
+              indexed, 4 epochs and 100 iterations, seven repeats with the strategies
+              interleaved in each (table: ``--table repeats``: medians and the range of
+              the ratios to naive-stride within a repeat)
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
@@ -623,6 +627,66 @@ def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
                   "--no-accounting", *extra)
 
 
+#: the ``repeats`` experiment: its strategies, in the order each repeat runs them
+REPEAT_STRATEGIES = ("naive-stride", "dm-serial", "dm-spec", "indexed")
+REPEATS = 7
+
+
+def repeats(res: Path, dbs: dict[str, Path], quick: bool) -> None:
+    """The issue's command with its defaults on the CIFAR-like file, warm, 8 ranks on 4
+    simulated nodes, for 4 epochs and for 100 iterations: ``REPEATS`` repeats, the
+    strategies interleaved within each repeat, so that a slow moment of the machine falls
+    on every strategy of that repeat (table: ``--table repeats``: medians and the range of
+    the ratios within a repeat)."""
+    for iters in (DEFAULT_RUN_EPOCHS["warm"] * _epoch_iters("cifar", 8, 64), 100):
+        for rep in range(2 if quick else REPEATS):
+            for s in REPEAT_STRATEGIES:
+                bench(res / f"repeats-i{iters}-{s}-r{rep}.json", 8, str(dbs["cifar"]), s,
+                      "--batch-size", "64", "--iters", str(iters), "--simulate-nodes", "4",
+                      "--batches-per-slot", "0", "--transfer", "spans")
+
+
+def repeats_table(res: Path) -> str:
+    """Markdown table of the ``repeats`` runs: per run length and strategy, medians of
+    the whole-run and loop rates, their ratios to naive-stride's medians, the lowest and
+    highest ratio to naive-stride's run of the same repeat, and the median setup (whole
+    run minus loop)."""
+    runs: dict[tuple[int, str], dict[int, dict]] = {}
+    for f in sorted(res.glob("repeats-i*.json")):
+        iters, rest = f.stem[len("repeats-i"):].split("-", 1)
+        strategy, rep = rest.rsplit("-r", 1)
+        runs.setdefault((int(iters), strategy), {})[int(rep)] = json.loads(f.read_text())
+
+    def whole(r: dict) -> float:
+        return r["totals"]["records_per_second"]
+
+    def setup(r: dict) -> float:
+        return r["totals"]["seconds"] - r["totals"]["loop_seconds"]
+
+    out = ["| iterations | strategy | whole run records/s | x naive-stride | per-repeat range "
+           "| loop records/s | x naive-stride | setup s | runs |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for iters in sorted({i for i, _ in runs}):
+        base = runs.get((iters, "naive-stride"), {})
+        if not base:
+            continue
+        for s in REPEAT_STRATEGIES:
+            got = runs.get((iters, s), {})
+            if not got:
+                continue
+            ratios = [whole(r) / whole(base[k]) for k, r in got.items() if k in base]
+            cells = [str(iters), s]
+            for get in (whole, _loop):
+                v = _median(list(got.values()), get)
+                cells.append(f"{v:,.0f}")
+                cells.append(f"{v / _median(list(base.values()), get):.2f}")
+                if get is whole:
+                    cells.append(f"{min(ratios):.2f}-{max(ratios):.2f}")
+            cells += [f"{_median(list(got.values()), setup):.3f}", str(len(got))]
+            out.append("| " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(REPO / "bench" / "results" / "read"))
@@ -630,14 +694,15 @@ def main() -> int:
     parser.add_argument("--only",
                         default="replay,pages,estimator,throughput,production,direct,warm")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
-    parser.add_argument("--table", choices=["direct", "warm", "advice", "slots", "defaults"],
+    parser.add_argument("--table", choices=["direct", "warm", "advice", "slots", "defaults",
+                                            "repeats"],
                         default=None,
                         help="print the markdown table of those runs in --out and exit")
     args = parser.parse_args()
     res = Path(args.out)
     if args.table:
         tables = {"advice": advice_table, "slots": slots_table,
-                  "defaults": defaults_table}
+                  "defaults": defaults_table, "repeats": repeats_table}
         print(tables[args.table](res) if args.table in tables
               else direct_table(res, args.table))
         return 0
@@ -647,7 +712,7 @@ def main() -> int:
     for part in args.only.split(","):
         {"pages": pages, "estimator": estimator, "throughput": throughput,
          "replay": replay, "production": production, "direct": direct, "warm": warm,
-         "advice": advice, "slots": slots, "defaults": defaults}[part](
+         "advice": advice, "slots": slots, "defaults": defaults, "repeats": repeats}[part](
             res, dbs, args.quick)
     (res / "databases.json").write_text(json.dumps(
         {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,
