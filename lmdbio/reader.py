@@ -281,8 +281,8 @@ SLOT_MAX_BATCHES = 16
 #: slots of record spans carry 8 bytes per record, not the records: the per-slot work
 #: (~1 ms of a reader's CPU and ~0.3 ms of each worker's on the project's machine, mostly
 #: Python and numpy calls whatever the slot's size) is amortized over more records. 4,096
-#: records per worker against 2,048: CIFAR-like warm whole runs 1.22-1.36x faster, cold
-#: runs unchanged (docs/reading.md, seventh session)
+#: records per worker against 2,048: CIFAR-like whole runs 1.23-1.36x faster warm and
+#: 1.30-1.40x cold (docs/reading.md, seventh session)
 SLOT_TARGET_SPAN_RECORDS = 4096
 SLOT_MAX_SPAN_BATCHES = 64
 

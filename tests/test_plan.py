@@ -139,7 +139,7 @@ def test_slot_groups_and_the_automatic_slot_size():
     # CIFAR-sized spans: 4,096 records per worker, within the decoded-output cap
     assert choose_batches_per_slot(32, 32 * 3085, spans=True) == 64  # at most 64 batches
     assert choose_batches_per_slot(64, 64 * 4096, spans=True) == 48  # 48 MiB decoded
-    assert choose_batches_per_slot(64, 64 * 256, spans=True) == 64  # 4,096 records
+    assert choose_batches_per_slot(128, 128 * 256, spans=True) == 32  # 4,096 records
     assert choose_batches_per_slot(128, 128 * 3085, spans=True) == 31  # 48 MiB decoded
     assert choose_batches_per_slot(256, 256 * 12_000, spans=True) == 4  # 12 MiB decoded
     assert choose_batches_per_slot(8, 8 * 100, spans=True) == 64  # at most 64 batches
