@@ -358,6 +358,10 @@ def _loop(r: dict) -> float:
     return r["totals"]["loop_records_per_second"]
 
 
+def _whole(r: dict) -> float:
+    return r["totals"]["records_per_second"]
+
+
 def direct_table(res: Path, prefix: str = "direct") -> str:
     """Markdown table of the ``direct`` (or ``warm``) runs: medians over repeats, ratios to
     naive-stride (colocated) of the same repeat set."""
@@ -367,9 +371,6 @@ def direct_table(res: Path, prefix: str = "direct") -> str:
         mode = "dedicated" if "--mode dedicated" in r.get("command", "") else "colocated"
         rows.setdefault((Path(r["path"]).name.replace("read-", ""), r["strategy"], mode),
                         []).append(r)
-
-    def whole(r: dict) -> float:
-        return r["totals"]["records_per_second"]
 
     out = ["| db | strategy | mode | consumers | steady records/s | x naive-stride | loop "
            "records/s | x naive-stride | whole run records/s | x naive-stride | storage "
@@ -391,7 +392,7 @@ def direct_table(res: Path, prefix: str = "direct") -> str:
                 calls = _median(runs, lambda r: r["totals"]["direct_io"]["reads"]
                             / max(r["totals"]["records_delivered"], 1)) if all(io) else None
                 cells = [db, s, mode, str(consumers)]
-                for get in (_steady, _loop, whole):
+                for get in (_steady, _loop, _whole):
                     v = _median(runs, get)
                     cells += [f"{v:,.0f}", f"{v / _median(base, get):.2f}"]
                 cells += ["-" if pages is None else f"{pages:.3f}",
@@ -576,9 +577,6 @@ def defaults_table(res: Path) -> str:
         strategy, cache, _ = rest.rsplit("-", 2)
         rows.setdefault((name, strategy, cache), []).append(json.loads(f.read_text()))
 
-    def whole(r: dict) -> float:
-        return r["totals"]["records_per_second"]
-
     def setup(r: dict) -> float:
         return max(p["seconds"]["setup"] for p in r["per_rank"])
 
@@ -605,7 +603,7 @@ def defaults_table(res: Path) -> str:
                 r0 = runs[0]
                 cells = [name, cache, s, str(sum(p["worker"] for p in r0["per_rank"])),
                          f"{r0['totals']['records_delivered']:,}"]
-                for get in (whole, _loop):
+                for get in (_whole, _loop):
                     v = _median(runs, get)
                     cells += [f"{v:,.0f}", f"{v / _median(base, get):.2f}"]
                 cells += [f"{_median(runs, setup):.3f}", f"{_median(runs, node_pages):.2f}",
@@ -657,9 +655,6 @@ def repeats_table(res: Path) -> str:
         strategy, rep = rest.rsplit("-r", 1)
         runs.setdefault((int(iters), strategy), {})[int(rep)] = json.loads(f.read_text())
 
-    def whole(r: dict) -> float:
-        return r["totals"]["records_per_second"]
-
     def setup(r: dict) -> float:
         return r["totals"]["seconds"] - r["totals"]["loop_seconds"]
 
@@ -674,13 +669,13 @@ def repeats_table(res: Path) -> str:
             got = runs.get((iters, s), {})
             if not got:
                 continue
-            ratios = [whole(r) / whole(base[k]) for k, r in got.items() if k in base]
+            ratios = [_whole(r) / _whole(base[k]) for k, r in got.items() if k in base]
             cells = [str(iters), s]
-            for get in (whole, _loop):
+            for get in (_whole, _loop):
                 v = _median(list(got.values()), get)
                 cells.append(f"{v:,.0f}")
                 cells.append(f"{v / _median(list(base.values()), get):.2f}")
-                if get is whole:
+                if get is _whole:
                     cells.append(f"{min(ratios):.2f}-{max(ratios):.2f}")
             cells += [f"{_median(list(got.values()), setup):.3f}", str(len(got))]
             out.append("| " + " | ".join(cells) + " |")

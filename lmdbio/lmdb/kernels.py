@@ -325,13 +325,22 @@ def _bad_overflow_run(buf, fmt, value_off, pages):
 
 
 @njit(inline="always")
+def _mark_span(touched, start, n, psize):
+    """Mark the pages of the bytes ``[start, start + n)`` as touched: nothing for an empty
+    span, and no page past the bitmap (the spans come from walks that validated them
+    against the file)."""
+    if n > 0 and start >= 0:
+        for p in range(start // psize, min((start + n - 1) // psize, touched.shape[0] - 1) + 1):
+            touched[p] = 1
+
+
+@njit(inline="always")
 def _copy_range(out, pos, buf, start, n, psize, touched, account):
     """Copy ``buf[start:start + n]`` to ``out[pos:]``, marking its pages when accounting;
     the position after it."""
     copy_bytes(out, pos, buf, start, n)
-    if account and n > 0:
-        for p in range(start // psize, (start + n - 1) // psize + 1):
-            touched[p] = 1
+    if account:
+        _mark_span(touched, start, n, psize)
     return pos + n
 
 
@@ -353,14 +362,9 @@ def gather(buf, fmt, val_off, val_len, indices, out, out_offsets, touched, accou
         n = val_len[r]
         if prefix_limit >= 0 and n > prefix_limit:
             n = prefix_limit
-        s = val_off[r]
         if pos + n > out.shape[0]:
             return -1 - t
-        copy_bytes(out, pos, buf, s, n)
-        if account and n > 0:
-            for p in range(s // psize, (s + n - 1) // psize + 1):
-                touched[p] = 1
-        pos += n
+        pos = _copy_range(out, pos, buf, val_off[r], n, psize, touched, account)
         out_offsets[t + 1] = pos
     return pos
 
@@ -384,16 +388,12 @@ def check_values(buf, fmt, val_off, val_len, ovf_pages, touched, account):
     values mark nothing; pages beyond the bitmap are not marked: the ranges come from a
     walk that validated them against the file). Returns ``(code, page)``; on a bad header
     the values before it have been marked."""
-    n = touched.shape[0]
-    psize = fmt[0]
     for i in range(val_off.shape[0]):
         bad = _bad_overflow_run(buf, fmt, val_off[i], ovf_pages[i])
         if bad >= 0:
             return E_OVERFLOW_HEADER, bad
-        if account and val_len[i] > 0 and val_off[i] >= 0:
-            last = min((val_off[i] + val_len[i] - 1) // psize, n - 1)
-            for p in range(val_off[i] // psize, last + 1):
-                touched[p] = 1
+        if account:
+            _mark_span(touched, val_off[i], val_len[i], fmt[0])
     return OK, 0
 
 

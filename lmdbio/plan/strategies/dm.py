@@ -164,7 +164,8 @@ class DmSpec(DmSerial):
         self._expect: int | None = None
         self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
-        self._advised: tuple | None = None  # (ids, starts, lengths, cut, asked) read_ahead
+        #: read_ahead's (ids, starts, lengths, cut, asked), for the fetch that follows it
+        self._advised: tuple[np.ndarray, np.ndarray, np.ndarray, int, bool] | None = None
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
         # the first record, from the pages on the way to it (a record table would read
