@@ -208,12 +208,12 @@ def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: st
     positions under ``drop``: :func:`_shard_size`).
     """
     g = batch * consumers
-    i = np.arange(iters)[:, None, None]
-    c = np.arange(consumers)[None, :, None]
-    k = np.arange(batch)[None, None, :]
+    i = np.arange(iters, dtype=np.int64)[:, None, None]
+    c = np.arange(consumers, dtype=np.int64)[None, :, None]
+    k = np.arange(batch, dtype=np.int64)[None, None, :]
     sizes = np.full((iters, consumers), batch, np.int64)
     if scheme == "blocked":
-        pos = i * g + c * batch + k
+        pos = (i * g + c * batch) + k
         if last == "partial" and iters and n_records < iters * g:
             rem = n_records - (iters - 1) * g
             base, extra = divmod(rem, consumers)
@@ -222,18 +222,27 @@ def _positions(n_records: int, consumers: int, batch: int, last: str, scheme: st
             sizes[-1] = base + (cc < extra)
             pos[-1] = start[:, None] + np.arange(batch)[None, :]
     elif scheme == "stride":
-        pos = (i * batch + k) * consumers + c
+        pos = (i * g + c) + k * consumers
         if last == "partial" and iters:
             count = np.maximum(0, -(-(n_records - c[0, :, 0]) // consumers))  # per consumer
             sizes[:] = np.clip(count[None, :] - np.arange(iters)[:, None] * batch, 0, batch)
     else:  # shard
         shard = _shard_size(n_records, consumers, last)
-        pos = c * shard + i * batch + k
+        pos = (c * shard + i * batch) + k
         if last == "partial" and iters:
             ends = np.minimum((np.arange(consumers) + 1) * shard, n_records)
             own = np.maximum(ends - np.arange(consumers) * shard, 0)
             sizes[:] = np.clip(own[None, :] - np.arange(iters)[:, None] * batch, 0, batch)
-    return pos.astype(np.int64), sizes
+    return pos, sizes
+
+
+def _dropped(order: np.ndarray, table: np.ndarray, sizes: np.ndarray,
+             pad: np.ndarray) -> np.ndarray:
+    """The records of ``order`` that no consumer gets (``drop``'s tail), in epoch order."""
+    delivered = np.zeros(order.shape[0], bool)
+    real = (np.arange(table.shape[2])[None, None, :] < sizes[:, :, None]) & ~pad
+    delivered[table[real]] = True
+    return order[~delivered[order]]
 
 
 def plan_epoch(
@@ -277,13 +286,15 @@ def plan_epoch(
     else:
         per = _shard_size(n_records, consumers, last)
         iters = -(-per // batch) if last != "drop" else per // batch
-    pos, sizes = _positions(n_records, consumers, batch, last, scheme, iters)
     if node_consumers is not None and sum(node_consumers) != consumers:
         raise ValueError(f"node_consumers {node_consumers} do not add up to {consumers}")
-    if group > 1 and scheme == "blocked" and node_consumers is not None and \
-            (sizes == batch).all():
+    # slot groups need every batch full: not so only when ``partial`` splits the last one
+    short_last = last == "partial" and iters > 0 and n_records < iters * batch * consumers
+    if group > 1 and scheme == "blocked" and node_consumers is not None and not short_last:
         pos = _grouped_positions(consumers, batch, iters, group, tuple(node_consumers))
+        sizes = np.full((iters, consumers), batch, np.int64)
     else:
+        pos, sizes = _positions(n_records, consumers, batch, last, scheme, iters)
         group = 1
     if n_records == 0:
         table = np.zeros(pos.shape, np.int64)
@@ -293,21 +304,27 @@ def plan_epoch(
         if scheme == "shard":
             shard = _shard_size(n_records, consumers, last)
             c = np.arange(consumers)[None, :, None]
-            beyond = (pos >= np.minimum((c + 1) * shard, n_records)) | (pos >= n_records)
+            pad = (pos >= np.minimum((c + 1) * shard, n_records)) | (pos >= n_records)
         else:
-            beyond = pos >= n_records
-        pad = beyond.copy()
-        table = order[pos % n_records]
-        if scheme == "shard" and beyond.any():
+            pad = pos >= n_records
+        wraps = bool(pad.any())
+        # positions past the end wrap around to the start of the order (``pad``); the
+        # identity order needs no gather
+        if not wraps:
+            index = pos
+        elif scheme != "shard" and int(pos.max()) < 2 * n_records:  # wrapped at most once
+            index = np.subtract(pos, n_records, out=pos.copy(), where=pad)
+        else:
+            index = pos % n_records
+        table = index if shuffle == "none" else order[index]
+        if scheme == "shard" and wraps:
             # a shard pads by wrapping around to its own start, as DALI's readers do
             c = np.broadcast_to(np.arange(consumers)[None, :, None], pos.shape)
             start = c * shard
             length = np.maximum(np.minimum((c + 1) * shard, n_records) - start, 1)
-            table = np.where(beyond, order[np.minimum(start + (pos - start) % length,
-                                                      n_records - 1)], table)
-    delivered = np.zeros(n_records, bool)
-    real = (np.arange(table.shape[2])[None, None, :] < sizes[:, :, None]) & ~pad
-    delivered[table[real]] = True
-    dropped = order[~delivered[order]] if last == "drop" else np.empty(0, np.int64)
+            table = np.where(pad, order[np.minimum(start + (pos - start) % length,
+                                                   n_records - 1)], table)
+    # every record is delivered under ``pad`` and ``partial``: only ``drop`` leaves some out
+    dropped = _dropped(order, table, sizes, pad) if last == "drop" else np.empty(0, np.int64)
     return EpochPlan(n_records, consumers, batch, last, scheme, order, table, sizes, pad,
                      dropped, group)
