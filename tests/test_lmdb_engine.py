@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import os
+import sys
 
 import lmdb
 import numpy as np
@@ -372,6 +374,28 @@ def test_snapshot_pin(tmp_path):
     with lmdbio.open(tmp_path) as db:
         st = db.stat()
         assert not st["snapshot_pinned"] and "no lock file" in st["snapshot_pin"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="/proc and SCHED_IDLE")
+def test_snapshot_pin_child_is_idle_keeps_no_descriptor_and_exits_on_close(tmp_path):
+    write_db(tmp_path, random_items(10, 10))
+    stray = os.open(tmp_path / "data.mdb", os.O_RDONLY)  # as a C library may leave one
+    os.set_inheritable(stray, True)
+    try:
+        with lmdbio.open(tmp_path) as db:
+            pinned, why = db._pin_obj.status()
+            assert pinned, why
+            pid = db._pin_obj._pid
+            # the child's start takes only otherwise idle CPU (lmdbio.lmdb.pin)
+            assert os.sched_getscheduler(pid) == os.SCHED_IDLE
+            targets = [os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd")]
+            # its stdin and stdout pipes, stderr on /dev/null, py-lmdb's own files; not ours
+            assert os.readlink(f"/proc/{pid}/fd/2") == os.devnull
+            assert sum(t == str(tmp_path / "data.mdb") for t in targets) <= 1
+            assert len(targets) <= 5, targets
+        assert not os.path.exists(f"/proc/{pid}")  # closing ended and reaped the child
+    finally:
+        os.close(stray)
 
 
 def test_walk_collect_and_locate_match_the_record_table(medium_db):
