@@ -11,6 +11,7 @@ a private buffer instead. Everything it does is accounted per iteration.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -94,6 +95,10 @@ class ReadOptions:
     transfer: str = "copy"
 
 
+#: the page bitmap of a gather that accounts no page
+_NO_PAGES = np.zeros(1, np.uint8)
+
+
 @dataclass
 class Delivered:
     """A batch as a consumer receives it: record ids, keys, values (one buffer + offsets)."""
@@ -114,10 +119,32 @@ class Delivered:
     #: ``payload[offsets[i]:offsets[i] + lengths[i]]`` of the database mapping; None when
     #: ``offsets`` are the ``n + 1`` bounds of records copied into ``payload``
     lengths: np.ndarray | None = None
+    #: keys by reference (spans slots): key ``i`` is
+    #: ``key_data[key_offsets[i]:key_offsets[i] + key_lengths[i]]`` of the database mapping;
+    #: None when ``key_offsets`` are the ``n + 1`` bounds of keys copied into ``key_data``
+    key_lengths: np.ndarray | None = None
 
     def keys(self) -> list[bytes]:
-        ko, kd = self.key_offsets, self.key_data
-        return [bytes(kd[ko[i]:ko[i + 1]]) for i in range(len(ko) - 1)]
+        """The batch's keys as bytes (for logs and checks, not for hot paths)."""
+        ko, kd = self.packed_keys()
+        data = kd.tobytes()
+        return [data[a:b] for a, b in itertools.pairwise(ko.tolist())]
+
+    def packed_keys(self) -> tuple[np.ndarray, np.ndarray]:
+        """The keys as ``(n + 1 bounds, bytes)``, copies that outlive :meth:`release`:
+        those the slot carried, or, for keys by reference, gathered from the database
+        mapping with one compiled copy."""
+        if self.key_lengths is None:
+            return np.array(self.key_offsets, np.int64), np.array(self.key_data, np.uint8)
+        from lmdbio.lmdb.kernels import gather_ranges
+
+        starts = np.ascontiguousarray(self.key_offsets, np.int64)
+        lengths = np.ascontiguousarray(self.key_lengths, np.int64)
+        data = np.empty(int(lengths.sum()), np.uint8)
+        bounds = np.empty(starts.shape[0] + 1, np.int64)
+        # spans the worker checked against its mapping (ReadSession.receive)
+        gather_ranges(self.key_data, starts, lengths, data, bounds, 1, _NO_PAGES, False)
+        return bounds, data
 
     def verify(self) -> None:
         """Verify the slot checksum of a batch received with ``defer_verify`` (raises
@@ -472,7 +499,9 @@ class ReadSession:
                 per_row = cap // max(node_batch, 1)
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
-        keys = max(64, int(self._max_key())) * node_batch  # a reader's slot key bytes
+        # a reader's slot key bytes: the keys' spans (8 bytes each) when records travel by
+        # reference, else room for LMDB's longest key for every record
+        keys = (8 if self.by_reference else max(64, int(self._max_key()))) * node_batch
         self._wait_for_reader("the reader to size the batch ring")
         self.ring = BatchRing.create(
             topo.node, 0, slots=self.opts.prefetch_depth,
@@ -707,10 +736,10 @@ class ReadSession:
             with Timer(stats, "copy"):
                 labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
                 if self.by_reference:
-                    # records stay in the file: their spans, labels and keys go in the slot
+                    # records and keys stay in the file: their spans and labels go in the slot
                     self.db.check_values(refs)  # a corrupt file fails here, as when copying
                     w.set_spans(refs.val_off, refs.val_len, labels,
-                                keys=self.db.keys_of(refs))
+                                key_spans=(refs.key_off, refs.key_len))
                     w.set_parts(sizes)
                 elif self.codec_model is None and self.db.node_cache is None:
                     # values, keys and both offset tables straight into the slot, one pass
@@ -813,21 +842,31 @@ class ReadSession:
             payload = decompress_part(self.codec_model, payload, int(view.count))
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         if view.by_reference:
-            starts, lengths = view.spans
-            size = self.db.buf.shape[0]
-            if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
-                                or int((starts + lengths).max()) > size):
-                from lmdbio.shm import SlotCorruptError
-
-                view.release()
-                raise SlotCorruptError(f"a record span lies outside the {size}-byte mapping "
-                                       f"of {self.db.path}", slot=view.slot, seq=view.seq,
-                                       epoch=view.epoch, iteration=view.iteration,
-                                       part=view.part)
+            starts, lengths = self._checked_spans(view, *view.spans, "record")
+            if view.keys_by_reference:
+                kstarts, klengths = self._checked_spans(view, *view.key_spans, "key")
+                return Delivered(view.epoch, view.iteration, ids, pad, self.db.buf, starts,
+                                 kstarts, self.db.buf, view, batches, lengths, klengths)
             return Delivered(view.epoch, view.iteration, ids, pad, self.db.buf, starts,
                              view.key_offsets, view.key_data, view, batches, lengths)
         return Delivered(view.epoch, view.iteration, ids, pad, payload, view.offsets,
                          view.key_offsets, view.key_data, view, batches)
+
+    def _checked_spans(self, view: Any, starts: np.ndarray, lengths: np.ndarray, what: str
+                       ) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, lengths)`` of a by-reference slot, checked against this rank's
+        mapping of the file: a span outside it raises
+        :class:`~lmdbio.shm.SlotCorruptError` (and releases the slot) before any read."""
+        size = self.db.buf.shape[0]
+        if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
+                            or int((starts + lengths).max()) > size):
+            from lmdbio.shm import SlotCorruptError
+
+            view.release()
+            raise SlotCorruptError(f"a {what} span lies outside the {size}-byte mapping of "
+                                   f"{self.db.path}", slot=view.slot, seq=view.seq,
+                                   epoch=view.epoch, iteration=view.iteration, part=view.part)
+        return starts, lengths
 
     def stop(self) -> None:
         """Reader: tell the node's workers that no more batches come."""

@@ -558,8 +558,7 @@ class Loader:
         if got.iteration != first or (expected is not None and count != expected):
             raise LmdbioError(f"internal: slot of epoch {got.epoch} iteration {got.iteration} "
                               f"({count} batches) where iteration {first} was expected")
-        ko = np.array(got.key_offsets, np.int64)
-        kd = np.array(got.key_data, np.uint8)
+        ko, kd = got.packed_keys()  # copies: the slot is released before the batch is used
         offsets = np.asarray(got.offsets, np.int64)
         payload = np.asarray(got.payload)
         lengths = got.lengths  # by reference: spans of the database mapping

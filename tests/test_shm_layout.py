@@ -573,6 +573,53 @@ def test_by_reference_slots_carry_spans_labels_and_keys(n, n_parts, seed, checks
                                               labels.tolist(), keys)
 
 
+@SETTINGS
+@given(n=st.integers(0, 30), n_parts=st.integers(1, 4), seed=st.integers(0, 2**32 - 1),
+       checksum=st.sampled_from(["xxh64", "crc32", "none"]))
+def test_keys_by_reference_travel_as_spans_in_8_bytes_a_record(n, n_parts, seed, checksum):
+    """``set_spans(key_spans=...)``: each part reads back its keys' (start, length) spans;
+    the key area holds 8 bytes per record whatever the key lengths (LMDB's 511 included)."""
+    rng = np.random.default_rng(seed)
+    layout, bufs = new_slot(n_parts=n_parts, max_records=32, keys=8 * 32)
+    starts, lengths = rng.integers(0, 10**9, n), rng.integers(0, 10**6, n)
+    kstarts, klengths = rng.integers(0, 10**9, n), rng.integers(0, 512, n)
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=2, iteration=11, checksum=checksum)
+    w.set_spans(starts, lengths, np.arange(n), key_spans=(kstarts, klengths))
+    w.seal()
+    got_s, got_l = [], []
+    for v in read_all(bufs, layout):
+        assert v.by_reference and v.keys_by_reference
+        s, ln = v.key_spans
+        got_s += s.tolist()
+        got_l += ln.tolist()
+        with pytest.raises(RingError, match="key_spans"):
+            v.keys()
+    assert (got_s, got_l) == (kstarts.tolist(), klengths.tolist())
+
+
+@pytest.mark.parametrize("checksum", ["xxh64", "crc32"])
+def test_a_changed_key_span_is_detected_and_misplaced_tables_refused(checksum):
+    _, bufs = new_slot(n_parts=2)
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=0, iteration=0, checksum=checksum)
+    w.set_spans([4096, 8192, 12288, 20000], [100, 200, 300, 400], [1, 2, 3, 4],
+                key_spans=([4000, 8100, 12200, 19900], [8, 8, 9, 9]))
+    w.seal()
+    bufs.keys[8 * 2] ^= 1  # a byte of record 2's key start (part 1)
+    assert read_slot(bufs, part=0, slot=0, seq=7).key_spans[0].tolist() == [4000, 8100]
+    with pytest.raises(SlotCorruptError, match="checksum mismatch"):
+        read_slot(bufs, part=1, slot=0, seq=7)
+    bufs.key_offsets[3] += 1  # a key length (part 1): covered as well
+    with pytest.raises(SlotCorruptError, match="checksum mismatch"):
+        read_slot(bufs, part=1, slot=0, seq=7)
+    with pytest.raises(RingError, match="not both"):
+        w2 = SlotWriter(bufs, slot=0, seq=8, epoch=0, iteration=0)
+        w2.set_spans([1], [1], keys=[b"k"], key_spans=([1], [1]))
+    with pytest.raises(SlotCapacityError, match="key bytes"):
+        _, small = new_slot(n_parts=1, max_records=32, keys=8 * 3)
+        SlotWriter(small, slot=0, seq=1, epoch=0, iteration=0).set_spans(
+            [1, 2, 3, 4], [1, 1, 1, 1], key_spans=([1, 2, 3, 4], [1, 1, 1, 1]))
+
+
 @pytest.mark.parametrize("checksum", ["xxh64", "crc32"])
 def test_a_changed_span_is_detected(checksum):
     _, bufs = new_slot(n_parts=2)

@@ -33,6 +33,10 @@ Two payload modes:
   a file every worker has mapped (the database); the payload holds each record's start
   offset in it (8 bytes), ``offsets`` the lengths as running sums, so part ``w``'s payload
   range is its ``8 * count_w`` bytes of starts. No record byte is copied into the slot.
+  With :data:`FLAG_KEY_SPANS` the keys are by reference too, in the same form: the key area
+  holds each key's start in the file, ``key_offsets`` the key lengths as running sums, and
+  part ``w``'s key range is its ``8 * count_w`` bytes of starts (a slot's key area then
+  needs 8 bytes per record, not room for LMDB's longest key).
 
 Checksums: the header and part table are always covered by ``header_crc`` (crc32, a few
 hundred bytes); with checksums on, each part additionally carries a 64-bit checksum of exactly
@@ -61,6 +65,7 @@ __all__ = [
     "CHECKSUM_CRC32",
     "CHECKSUM_NONE",
     "CHECKSUM_XXH64",
+    "FLAG_KEY_SPANS",
     "FLAG_LAST_IN_EPOCH",
     "FLAG_PADDED",
     "FLAG_PART_ENCODED",
@@ -97,8 +102,11 @@ FLAG_PART_ENCODED = 1 << 2
 #: the payload holds each record's span in a file the workers map (8-byte little-endian
 #: offsets; lengths from the offset table) instead of its bytes: :meth:`SlotWriter.set_spans`
 FLAG_SPANS = 1 << 3
+#: the key area holds each key's span in that file the same way (8-byte offsets; lengths
+#: from the key offset table): :meth:`SlotWriter.set_spans` with ``key_spans``
+FLAG_KEY_SPANS = 1 << 4
 #: flag bits that lmdbio defines; bits 16..31 are free for the caller
-_RESERVED_FLAGS = FLAG_PART_ENCODED | FLAG_SPANS
+_RESERVED_FLAGS = FLAG_PART_ENCODED | FLAG_SPANS | FLAG_KEY_SPANS
 
 CHECKSUM_NONE = 0
 CHECKSUM_CRC32 = 1
@@ -395,6 +403,7 @@ class SlotWriter:
         self._counts: np.ndarray | None = None
         self._blob_ranges: np.ndarray | None = None
         self._spans = False
+        self._key_spans = False
         self._published = False
         #: payload bytes of the sealed batch (0 before :meth:`seal`)
         self.payload_bytes = 0
@@ -478,33 +487,58 @@ class SlotWriter:
         self._counts = None
         self._blob_ranges = None
         self._spans = False
+        self._key_spans = False
 
     def set_spans(self, starts: Any, lengths: Any, labels: Any = None,
-                  keys: Sequence[bytes] | tuple[Any, Any] | None = None) -> None:
+                  keys: Sequence[bytes] | tuple[Any, Any] | None = None, *,
+                  key_spans: tuple[Any, Any] | None = None) -> None:
         """Describe the batch by reference: record ``i`` is ``lengths[i]`` bytes at offset
         ``starts[i]`` of a file every worker maps (the database), not bytes in the slot. The
         payload holds the ``n`` starts (8 bytes each); the offset table the lengths as
-        running sums, as for :meth:`set_records`; labels and keys as there. The part
-        checksum then covers the spans, labels and keys; the records' bytes are the file's,
-        read through a read-only mapping. Workers check every span against their mapping
-        before reading it.
+        running sums, as for :meth:`set_records`; labels and keys as there, or with
+        ``key_spans`` = ``(key starts, key lengths)`` the keys by reference in the same file
+        (:data:`FLAG_KEY_SPANS`). The part checksum then covers the spans, labels and keys
+        (or key spans); the records' bytes are the file's, read through a read-only mapping.
+        Workers check every span against their mapping before reading it.
         """
         bufs = self._live()
-        st = _int_array("starts", starts, self)
-        ln = _int_array("lengths", lengths, self)
+        st, ln = self._span_arrays("starts", "lengths", starts, lengths)
         n = st.size
-        if ln.size != n:
-            raise RingError(f"{self.where}: {ln.size} span lengths for {n} starts")
-        if n and (int(st.min()) < 0 or int(ln.min()) < 0):
-            raise RingError(f"{self.where}: a span has a negative start or length")
+        if key_spans is not None:
+            if keys is not None:
+                raise RingError(f"{self.where}: give keys or key_spans, not both")
+            kst, kln = self._span_arrays("key starts", "key lengths", *key_spans)
+            if kst.size != n:
+                raise RingError(f"{self.where}: {kst.size} key spans for {n} records")
+            if 8 * n > self.layout.key_capacity:
+                raise SlotCapacityError("key bytes", 8 * n, self.layout.key_capacity,
+                                        self.where)
         offs = np.zeros(n + 1, np.int64)
         np.cumsum(ln, out=offs[1:])
         self.set_records(offs, labels, keys, decoded=True)
         if 8 * n > self.capacity:
             raise SlotCapacityError("payload bytes", 8 * n, self.capacity, self.where)
         bufs.payload[: 8 * n] = st.astype("<i8").view(np.uint8)
+        if key_spans is not None:
+            bufs.key_offsets[0] = 0
+            np.cumsum(kln, out=bufs.key_offsets[1 : n + 1])
+            bufs.keys[: 8 * n] = kst.astype("<i8").view(np.uint8)
+            self._key_bytes = 8 * n
+            self._key_spans = True
         self._decoded = False
         self._spans = True
+
+    def _span_arrays(self, what_starts: str, what_lengths: str, starts: Any, lengths: Any
+                     ) -> tuple[np.ndarray, np.ndarray]:
+        st = _int_array(what_starts, starts, self)
+        ln = _int_array(what_lengths, lengths, self)
+        if ln.size != st.size:
+            raise RingError(f"{self.where}: {ln.size} {what_lengths} for {st.size} "
+                            f"{what_starts}")
+        if st.size and (int(st.min()) < 0 or int(ln.min()) < 0):
+            raise RingError(f"{self.where}: a span has a negative start or length "
+                            f"({what_starts}, {what_lengths})")
+        return st, ln
 
     def record_buffers(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Writable views ``(payload, offsets, keys, key_offsets)`` for a producer that
@@ -545,6 +579,7 @@ class SlotWriter:
         self._counts = None
         self._blob_ranges = None
         self._spans = False
+        self._key_spans = False
 
     def _set_keys(self, bufs: SlotBuffers, keys: Any, n: int) -> None:
         if keys is None:
@@ -670,8 +705,8 @@ class SlotWriter:
         if not 0 <= flags < 2**32:
             raise RingError(f"{self.where}: flags must fit in 32 bits, got {flags}")
         if flags & _RESERVED_FLAGS:
-            raise RingError(f"{self.where}: flags FLAG_PART_ENCODED and FLAG_SPANS are set by "
-                            "write_part_blobs and set_spans")
+            raise RingError(f"{self.where}: flags FLAG_PART_ENCODED, FLAG_SPANS and "
+                            "FLAG_KEY_SPANS are set by write_part_blobs and set_spans")
         if self._counts is None:
             self.set_parts()
         n = self._n
@@ -689,6 +724,8 @@ class SlotWriter:
             starts, ends = 8 * firsts, 8 * lasts
             payload_bytes = 8 * n
             flags |= FLAG_SPANS
+            if self._key_spans:
+                flags |= FLAG_KEY_SPANS
         elif self._decoded:
             raise RingError(f"{self.where}: records were set with decoded=True but no part "
                             "blobs were written (write_part_blobs)")
@@ -697,8 +734,10 @@ class SlotWriter:
             payload_bytes = int(offs[n])
             if payload_bytes > self.capacity:
                 raise SlotCapacityError("payload bytes", payload_bytes, self.capacity, self.where)
+        kstarts, kends = (8 * firsts, 8 * lasts) if self._key_spans and self._spans else \
+            (koffs[firsts], koffs[lasts])
         rows = zip(firsts.tolist(), counts.tolist(), starts.tolist(), ends.tolist(),
-                   koffs[firsts].tolist(), koffs[lasts].tolist(), strict=True)
+                   kstarts.tolist(), kends.tolist(), strict=True)
         packed = []
         for first, count, bs, be, ks, ke in rows:
             h = _part_checksum(self.checksum, bufs, first, count, bs, be, ks, ke) \
@@ -877,6 +916,19 @@ class SlotView:
         return self.payload.view("<i8").astype(np.int64), np.diff(self.offsets)
 
     @property
+    def keys_by_reference(self) -> bool:
+        """Whether the keys are spans of the mapped file (:attr:`key_spans`), not bytes."""
+        return bool(self.flags & FLAG_KEY_SPANS)
+
+    @property
+    def key_spans(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, lengths)`` of this part's keys in the mapped file (slots with
+        :data:`FLAG_KEY_SPANS` only; both int64, copies)."""
+        if not self.keys_by_reference:
+            raise RingError(f"ring slot {self.slot}: its keys are bytes in the slot, not spans")
+        return self.key_data.view("<i8").astype(np.int64), np.diff(self.key_offsets)
+
+    @property
     def last_in_epoch(self) -> bool:
         """Whether the reader marked this batch as the last of its epoch."""
         return bool(self.flags & FLAG_LAST_IN_EPOCH)
@@ -900,6 +952,9 @@ class SlotView:
 
     def keys(self) -> list[bytes]:
         """This part's keys as bytes (for logs and error reports, not for hot paths)."""
+        if self.keys_by_reference:
+            raise RingError(f"ring slot {self.slot}: the keys of this part are in the mapped "
+                            "file (see key_spans), not in the slot")
         data = self.key_data.tobytes()
         ko = self.key_offsets.tolist()
         return [data[a:b] for a, b in itertools.pairwise(ko)]
@@ -1020,11 +1075,17 @@ def read_slot(
     koffs = bufs.key_offsets[first : first + count + 1].copy()
     encoded = bool(flags & FLAG_PART_ENCODED)
     spans = bool(flags & FLAG_SPANS)
+    key_spans = bool(flags & FLAG_KEY_SPANS)
     if spans and (encoded or bs != 8 * first or be != 8 * (first + count)
                   or payload_bytes != 8 * n):
         raise fail(f"a span table of records {first}..{first + count} must lie at payload "
                    f"bytes {8 * first}..{8 * (first + count)} (part range {bs}..{be}, "
                    f"payload {payload_bytes} bytes for {n} records)")
+    if key_spans and (not spans or ks != 8 * first or ke != 8 * (first + count)
+                      or key_bytes != 8 * n):
+        raise fail(f"a key span table of records {first}..{first + count} must lie at key "
+                   f"bytes {8 * first}..{8 * (first + count)} of a by-reference slot (part "
+                   f"key range {ks}..{ke}, {key_bytes} key bytes for {n} records)")
     if count and bool((offs[1:] < offs[:-1]).any()):
         raise fail("record offsets decrease")
     if count and bool((koffs[1:] < koffs[:-1]).any()):
@@ -1033,7 +1094,7 @@ def read_slot(
     if not encoded and not spans and (o0 != bs or o1 != be):
         raise fail(f"record offsets {o0}..{o1} do not match the part's payload range "
                    f"{bs}..{be}")
-    if int(koffs[0]) != ks or int(koffs[-1]) != ke:
+    if not key_spans and (int(koffs[0]) != ks or int(koffs[-1]) != ke):
         raise fail(f"key offsets {int(koffs[0])}..{int(koffs[-1])} do not match the part's "
                    f"key range {ks}..{ke}")
     if kind not in _CHECKSUM_NAMES.values():
@@ -1051,7 +1112,7 @@ def read_slot(
         else:
             check()
     offs -= o0
-    koffs -= ks
+    koffs -= koffs[0] if key_spans else ks
     return SlotView(
         slot=slot,
         seq=seq,
