@@ -284,3 +284,23 @@ def test_a_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypat
     cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
     with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match="outside"):
         next(iter(loader))
+
+
+def test_a_key_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch):
+    """The keys of a by-reference slot are spans of the mapped file too: a key span past
+    the file's end is refused before any key is read (slot checksums off, as above)."""
+    from lmdbio.shm import SlotCorruptError
+    from lmdbio.shm.layout import SlotWriter
+
+    real = SlotWriter.set_spans
+
+    def shifted(self, starts, lengths, *args, key_spans=None, **kwargs):
+        assert key_spans is not None  # the session sends keys by reference
+        kst, kln = key_spans
+        return real(self, starts, lengths, *args, key_spans=(np.asarray(kst) + (1 << 30), kln),
+                    **kwargs)
+
+    monkeypatch.setattr(SlotWriter, "set_spans", shifted)
+    cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
+    with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match="key span"):
+        next(iter(loader))
