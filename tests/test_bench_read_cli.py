@@ -126,3 +126,23 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
         symmetric = "--no-symmetric" not in extra
         assert totals["symmetric_mapping"] is symmetric
         assert totals["symmetric_mapping_attempts"] == (1 if symmetric else 0)
+
+
+def test_dm_spec_prefetches_exactly_what_a_share_needed_in_an_earlier_epoch(
+        tmp_path: Path) -> None:
+    """On a file of mixed value sizes (inline and 1-2 overflow pages, in several commits)
+    the first epoch's estimates miss some pages and prefetch some too many; every later
+    epoch reads the same shares, and dm-spec prefetches exactly the pages each needed the
+    first time: no missed and no redundant page, the run's last, shorter slot included
+    (the first part of a share it read before)."""
+    db = tmp_path / "mixed"
+    n = 700
+    write_db(db, random_items(n, (100, 5000), seed=3), commit_every=100)
+    per_epoch = iterations_per_epoch(n, RANKS, BATCH, "pad")
+    iters = 2 * per_epoch + per_epoch // 2  # two epochs and a half
+    doc = run_bench(db, tmp_path / "out.json", "dm-spec",
+                    ["--batches-per-slot", "4"], iters)
+    later = [it for it in doc["iterations"] if it["iteration"] >= per_epoch]
+    assert later and later[-1]["batches"] < 4  # the run stops inside a slot group
+    assert [(it["missed_pages"], it["redundant_pages"]) for it in later] == \
+        [(0, 0)] * len(later), later

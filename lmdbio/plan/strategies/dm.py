@@ -176,12 +176,20 @@ class DmSpec(DmSerial):
         self.pages_per_record = max(1, -(-(first_size + self.db.layout.header_size) // psize))
         # overflow values: the first guess counts past the tree pages known (from the walks
         # of earlier epochs, or earlier in this one); inline values live in the leaves
-        self._guess_past_tree = first is not None and len(first) > 0 and \
-            int(first.ovf_pages[0]) > 0
+        # (only when every value fills as many overflow pages as the first: the tree's
+        # overflow page count says so; mixed sizes, some inline, go by the file's density)
+        ovf = int(first.ovf_pages[0]) if first is not None and len(first) else 0
+        meta = self.db.db
+        self._guess_past_tree = ovf > 0 and meta.overflow_pages == ovf * meta.entries
         # inline values: the file's pages per record (leaves, with the branch and free
         # pages between them), and the last page and record a walk ended on this epoch
         self._density = max(self.db.meta.last_pg - 1, 1) / max(len(self.db), 1)
         self._anchor: tuple[int, int] | None = None
+        #: the shares of earlier epochs by first record: an unshuffled epoch reads the same
+        #: records in the same order, so from the second epoch on a share's prefetch is
+        #: exactly the pages it needed the first time, or the first part of a longer one's
+        #: (the run's last slot stops early); the snapshot does not change
+        self._known: dict[int, KnownShare] = getattr(self, "_known", None) or {}
 
     def _reset_estimates(self) -> None:
         self.estimator = PageRangeEstimator()
@@ -312,9 +320,13 @@ class DmSpec(DmSerial):
         """``(starts, lengths, cut)``: the prefetch ranges for ``ids``, clipped to the file,
         and where ``ids`` wrap around (``ids.size`` if they do not)."""
         npages = self.db.file_size // self.db.psize
-        regular = self._continues(ids)
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
+        known = self._known.get(int(ids[0])) if ids.size else None
+        if known is not None and ids.size <= known.size:  # read in an earlier epoch
+            self._blind = False
+            return (*known.page_runs(ids.size, self.db.psize), cut)
+        regular = self._continues(ids)
         guesses = self._predict(ids, cut, regular)
         starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
         lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
@@ -384,12 +396,57 @@ class DmSpec(DmSerial):
             # all in the page cache: the file is warm, the values next to them too)
             with Timer(stats, "prefetch"):
                 self.advise_values(refs.take(_outside(refs, self.db.psize, starts, lengths)))
+        known = self._known.get(int(ids[0]))
+        if (known is None or known.size < ids.size) and self.first_iteration == 0:
+            # (not after a resume, whose walk reads more than the share's pages)
+            self._known[int(ids[0])] = KnownShare(refs, touched)
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)
         stats.redundant_pages = int(redundant)
         self.last_prefetch = (int(starts[0]), int(lengths[0]))
         return refs
+
+
+class KnownShare:
+    """The pages a reader's share of one slot needed: where its records' values are, their
+    leaf pages, and the pages its walk read (a share is one run of the unshuffled order,
+    named by its first record)."""
+
+    def __init__(self, refs: RecordRefs, walked: np.ndarray) -> None:
+        self.size = len(refs)
+        self.val_off = refs.val_off.copy()
+        self.val_len = refs.val_len.copy()
+        self.leaf_pg = refs.leaf_pg.copy()
+        pages = np.flatnonzero(walked).astype(np.int64)
+        self.walked = pages
+        #: walked pages that hold none of the records: branch pages, and the leaf the
+        #: cursor moved on to after the last record
+        self.other = np.setdiff1d(pages, self.leaf_pg)
+        self._runs: tuple[np.ndarray, np.ndarray] | None = None
+
+    def page_runs(self, count: int, psize: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(starts, lengths)`` as sorted disjoint runs: the pages the first ``count``
+        records of the share need: their values' pages (an empty value stands for its
+        first page), their leaves, and the walk's other pages; with ``count`` below the
+        share's size, also the leaf of the next record, which the walk moves on to."""
+        if count == self.size and self._runs is not None:
+            return self._runs
+        from lmdbio.io.prefetch import _merge_ranges
+
+        off, ln = self.val_off[:count], self.val_len[:count]
+        first = off // psize
+        stop = (off + np.maximum(ln, 1) - 1) // psize + 1
+        if count == self.size:
+            pages = self.walked
+        else:
+            pages = np.concatenate([self.leaf_pg[:count + 1], self.other])
+        starts, stops = _merge_ranges(np.concatenate([first, pages]),
+                                      np.concatenate([stop, pages + 1]))
+        runs = (starts, stops - starts)
+        if count == self.size:
+            self._runs = runs
+        return runs
 
 
 def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarray
