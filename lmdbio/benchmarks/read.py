@@ -26,7 +26,10 @@ consumer's batches after the first ``--warmup`` ones, on its own clock). The who
 starts after every rank has imported lmdbio and loaded its compiled kernels from numba's
 cache (:func:`lmdbio.compiled.load_cached_kernels`; ~3 s of 8 oversubscribed ranks on 2
 cores, reported as ``load_kernels_seconds``), as it starts after ``MPI_Init``: a training
-process pays both once, whatever it reads.
+process pays both once, whatever it reads. With numba's cache empty (a fresh checkout that
+never ran a kernel) nothing can be loaded and the kernels compile at their first call,
+inside the timed run: ``totals.kernels_loaded_min`` is then 0 and rank 0 warns on stderr
+to run the command again.
 
 Ring slots: the node-level strategies hand batches to their workers through a ring of
 slots. By default a slot holds as many consecutive batches as a training job's default
@@ -251,7 +254,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     world = MPI.COMM_WORLD
     with abort_on_error():
         t0 = time.perf_counter()
-        load_cached_kernels()  # before the clock, as the imports (see the module docstring)
+        # before the clock, as the imports (see the module docstring)
+        kernels_loaded = load_cached_kernels()
         load_kernels = time.perf_counter() - t0
         topo = Topology.build(world, simulate_nodes=args.simulate_nodes, mode=args.mode)
         path = _node_path(args.path, topo.node_index)
@@ -389,6 +393,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "batches_per_slot": session.batches_per_slot,
             "read_around": bool(session.db.read_around),
             "spans": bool(session.by_reference),
+            "kernels_loaded": kernels_loaded,
             # advice not sent: every page asked for was in the page cache already
             "resident_skips": session.strategy.resident_skips if session.reads else 0,
             "symmetric": totals.symmetric,
@@ -410,6 +415,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     if topo.rank != 0:
         return None
     result = summarize(args, everyone, n_records, topo)
+    if result["totals"]["kernels_loaded_min"] == 0:
+        import sys
+
+        print("lmdbio bench read: warning: numba's kernel cache was empty on some rank, so "
+              "the kernels compiled inside the timed run; run the command again for "
+              "throughput figures (totals.kernels_loaded_min == 0)", file=sys.stderr)
     _add_page_totals(result, everyone, bitmaps, psize)
     if sequential is not None:
         result["totals"]["sequential"] = sequential
@@ -548,6 +559,9 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
             "loop_seconds": loop,
             # not in `seconds`: each rank loading its compiled kernels before the clock
             "load_kernels_seconds": max(r["seconds"]["load_kernels"] for r in ranks),
+            # 0 on some rank: numba's cache was empty there, and the kernels compiled at
+            # their first call, inside the timed run (seconds each): run the command again
+            "kernels_loaded_min": min(r.get("kernels_loaded", 0) for r in ranks),
             "loop_records_per_second": delivered / loop if loop else 0.0,
             "loop_bytes_per_second": nbytes / loop if loop else 0.0,
             "steady": _steady(ranks, args.warmup),
