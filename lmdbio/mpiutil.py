@@ -35,7 +35,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lmdbio.errors import LmdbioError
+from lmdbio.errors import ConfigError, LmdbioError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
@@ -150,7 +150,8 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
 
     As a context manager or a decorator around a rank's main code. On an uncaught exception
     (including ``KeyboardInterrupt``; ``SystemExit(0)`` passes through) it prints the
-    traceback, every line prefixed with the rank and host, runs the :func:`on_shutdown`
+    traceback (for a :class:`~lmdbio.errors.ConfigError` its message alone), every line
+    prefixed with the rank and host, runs the :func:`on_shutdown`
     callbacks with reason ``"abort"``, and calls ``comm.Abort(exit_code)``. With a
     communicator of size 1 nothing can hang, so the exception propagates normally.
     """
@@ -171,7 +172,10 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
         if comm.Get_size() == 1:
             return False
         prefix = rank_prefix(comm)
-        lines = "".join(traceback.format_exception(exc_type, exc, tb)).rstrip("\n").split("\n")
+        # a configuration mistake is named by its message; a traceback would read as a crash
+        parts = traceback.format_exception_only(exc_type, exc) \
+            if isinstance(exc, ConfigError) else traceback.format_exception(exc_type, exc, tb)
+        lines = "".join(parts).rstrip("\n").split("\n")
         text = "\n".join(f"{prefix} {line}" for line in lines)
         try:
             sys.stderr.write(f"{text}\n{prefix} aborting the MPI job (exit code "

@@ -106,3 +106,18 @@ def test_shutdown_callbacks_run_on_signal(
     assert rc == expected_rc
     # ran exactly once: the atexit pass after the signal finds nothing left to run
     assert marker.read_text() == reason + "\n"
+
+
+def test_abort_on_a_config_error_prints_its_message_not_a_traceback() -> None:
+    """A configuration mistake ends the job like any error, named by one line per rank
+    (a traceback would read as a crash of lmdbio)."""
+    snippet = textwrap.dedent("""
+        from lmdbio.errors import ConfigError
+        from lmdbio.mpiutil import abort_on_error
+        with abort_on_error():
+            raise ConfigError("batch.size must be >= 1, got 0")
+    """)
+    run = run_mpi(2, snippet, timeout=45, check=False)
+    assert run.returncode != 0, run.output()
+    assert "ConfigError: batch.size must be >= 1, got 0" in run.stderr, run.output()
+    assert "Traceback" not in run.stderr, run.output()
