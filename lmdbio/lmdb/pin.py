@@ -70,10 +70,10 @@ def _child_command() -> tuple[tuple[str, ...], tuple[str, ...]]:
     return (*head, sys.executable, "-S", "-c", _CHILD), (str(package.parent),)
 
 
-#: the scheduling policy the pin child starts under (Linux): it runs only on a core that
-#: nothing else wants and yields it the moment a rank wakes up. Under ``nice -n 19`` the
-#: kernel (EEVDF) still let it finish a time slice on a core a waking rank needed: in an
-#: 8-rank benchmark on 2 cores its start took 25-30 ms of CPU inside the timed run.
+#: the scheduling policy the pin child starts under (Linux): it runs only where no task of
+#: a normal policy wants the core. Measured with ``perf sched`` in an 8-rank benchmark on
+#: 2 cores (docs/reading.md, eighth session): under ``nice -n 19`` its start took ~31 ms
+#: of CPU inside the timed run, under ``SCHED_IDLE`` ~14 ms (its whole start) in idle time.
 _IDLE_POLICY: int | None = getattr(os, "SCHED_IDLE", None) \
     if hasattr(os, "sched_setscheduler") else None
 

@@ -734,7 +734,7 @@ class SlotWriter:
             payload_bytes = int(offs[n])
             if payload_bytes > self.capacity:
                 raise SlotCapacityError("payload bytes", payload_bytes, self.capacity, self.where)
-        kstarts, kends = (8 * firsts, 8 * lasts) if self._key_spans and self._spans else \
+        kstarts, kends = (8 * firsts, 8 * lasts) if self._key_spans else \
             (koffs[firsts], koffs[lasts])
         rows = zip(firsts.tolist(), counts.tolist(), starts.tolist(), ends.tolist(),
                    kstarts.tolist(), kends.tolist(), strict=True)

@@ -325,7 +325,7 @@ class DmSpec(DmSerial):
         known = self._known.get(int(ids[0])) if ids.size else None
         if known is not None and ids.size <= known.size:  # read in an earlier epoch
             self._blind = False
-            return (*known.page_runs(ids.size, self.db.psize), cut)
+            return (*known.page_runs(ids.size), cut)
         regular = self._continues(ids)
         guesses = self._predict(ids, cut, regular)
         starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
@@ -399,7 +399,7 @@ class DmSpec(DmSerial):
         known = self._known.get(int(ids[0]))
         if (known is None or known.size < ids.size) and self.first_iteration == 0:
             # (not after a resume, whose walk reads more than the share's pages)
-            self._known[int(ids[0])] = KnownShare(refs, touched)
+            self._known[int(ids[0])] = KnownShare(refs, touched, self.db.psize)
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)
@@ -413,19 +413,17 @@ class KnownShare:
     leaf pages, and the pages its walk read (a share is one run of the unshuffled order,
     named by its first record)."""
 
-    def __init__(self, refs: RecordRefs, walked: np.ndarray) -> None:
+    def __init__(self, refs: RecordRefs, walked: np.ndarray, psize: int) -> None:
         self.size = len(refs)
-        self.val_off = refs.val_off.copy()
-        self.val_len = refs.val_len.copy()
-        self.leaf_pg = refs.leaf_pg.copy()
-        pages = np.flatnonzero(walked).astype(np.int64)
-        self.walked = pages
+        self.psize = psize
+        self.refs = refs.take(np.arange(self.size))  # a copy: the session may reuse refs
+        self.walked = np.flatnonzero(walked).astype(np.int64)
         #: walked pages that hold none of the records: branch pages, and the leaf the
         #: cursor moved on to after the last record
-        self.other = np.setdiff1d(pages, self.leaf_pg)
+        self.other = np.setdiff1d(self.walked, self.refs.leaf_pg)
         self._runs: tuple[np.ndarray, np.ndarray] | None = None
 
-    def page_runs(self, count: int, psize: int) -> tuple[np.ndarray, np.ndarray]:
+    def page_runs(self, count: int) -> tuple[np.ndarray, np.ndarray]:
         """``(starts, lengths)`` as sorted disjoint runs: the pages the first ``count``
         records of the share need: their values' pages (an empty value stands for its
         first page), their leaves, and the walk's other pages; with ``count`` below the
@@ -434,15 +432,13 @@ class KnownShare:
             return self._runs
         from lmdbio.io.prefetch import _merge_ranges
 
-        off, ln = self.val_off[:count], self.val_len[:count]
-        first = off // psize
-        stop = (off + np.maximum(ln, 1) - 1) // psize + 1
+        first, counts = self.refs.head(count).value_page_runs(self.psize)
         if count == self.size:
             pages = self.walked
         else:
-            pages = np.concatenate([self.leaf_pg[:count + 1], self.other])
+            pages = np.concatenate([self.refs.leaf_pg[:count + 1], self.other])
         starts, stops = _merge_ranges(np.concatenate([first, pages]),
-                                      np.concatenate([stop, pages + 1]))
+                                      np.concatenate([first + counts, pages + 1]))
         runs = (starts, stops - starts)
         if count == self.size:
             self._runs = runs
