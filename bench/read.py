@@ -213,7 +213,7 @@ class RangeEstimator:
         self.e = PageRangeEstimator()
 
     def observe(self, first_id: int, refs, pages, stack, psize: int) -> None:
-        self.e.observe_pages(pages)
+        self.e.observe_pages(refs.pages(psize))
 
     def predict(self, first_id: int, count: int):
         g = self.e.predict()
@@ -236,7 +236,7 @@ class DmSpecEstimator(RangeEstimator):
     def observe(self, first_id: int, refs, pages, stack, psize: int) -> None:
         from lmdbio.plan.strategies.spec_estimate import main_run
 
-        run = main_run(pages, max(2, pages.size // 8))
+        run = main_run(refs.pages(psize), max(2, pages.size // 8))
         if run is not None:
             self.e.observe(*run)
         self.v.observe(first_id, refs, psize, run)

@@ -19,14 +19,15 @@ def value_pages(val_off, val_len, psize):
     return refs.value_pages(psize)
 
 
-def reference(val_off, val_len, psize, touched, starts, lengths):
+def reference(val_off, val_len, leaf_pg, psize, touched, starts, lengths):
     values = value_pages(val_off, val_len, psize)
     walked = np.flatnonzero(touched)
     needed = np.union1d(values, walked)
+    holding = np.union1d(values, leaf_pg)  # the run leaves branch pages out
     ranges = np.unique(np.concatenate([np.arange(s, s + n) for s, n in
                                        zip(starts.tolist(), lengths.tolist(), strict=True)]
                                       + [np.empty(0, np.int64)])).astype(np.int64)
-    run = main_run(needed, max(2, needed.size // 8))
+    run = main_run(holding, max(2, needed.size // 8))
     return ((run if run is not None else (-1, -1))
             + (int(needed.size), int((~np.isin(values, ranges)).sum()),
                int((~np.isin(walked, ranges)).sum()),
@@ -43,6 +44,8 @@ def test_observe_iteration_matches_the_set_definition(data) -> None:
     val_off = np.array(offs, np.int64)
     lens = [data.draw(st.integers(0, npages * psize - 1 - o)) for o in offs]
     val_len = np.array(lens, np.int64)
+    leaf_pg = np.array(data.draw(st.lists(st.integers(0, npages - 1), min_size=n,
+                                          max_size=n)), np.int64)
     touched = np.array(data.draw(st.lists(st.sampled_from([0, 0, 0, 1]), min_size=npages,
                                           max_size=npages)), np.uint8)
     k = data.draw(st.integers(0, 3))
@@ -51,7 +54,8 @@ def test_observe_iteration_matches_the_set_definition(data) -> None:
     lengths = np.array([data.draw(st.integers(0, npages - s)) for s in starts.tolist()],
                        np.int64)
     scratch = np.zeros(npages, np.uint8)
-    got = observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths)
-    assert tuple(int(x) for x in got) == reference(val_off, val_len, psize, touched, starts,
-                                                   lengths)
+    got = observe_iteration(val_off, val_len, leaf_pg, psize, touched, scratch, starts,
+                            lengths)
+    assert tuple(int(x) for x in got) == reference(val_off, val_len, leaf_pg, psize, touched,
+                                                   starts, lengths)
     assert not scratch.any()  # left zeroed for the next call

@@ -1,12 +1,12 @@
 """dm-spec's per-iteration bookkeeping in one compiled pass (see :mod:`.dm`).
 
 After the chain, a dm-spec reader knows the values it will read (byte offset and length of
-each), the branch and leaf pages its walk read (the accounting bitmap) and the page ranges
-it prefetched. From these it needs the main run of the pages it needed (the estimator's
-observation) and the counts it reports: missed value pages, walked pages outside the
-prefetched ranges, and redundant prefetched pages. Done with numpy set operations this was
-~150 us per iteration at 64 records; here it is one pass over the records, the ranges and
-the bitmap, with a scratch bitmap that is left zeroed for the next call.
+each), their leaf pages, the branch and leaf pages its walk read (the accounting bitmap) and
+the page ranges it prefetched. From these it needs the main run of the pages that hold its
+records (the estimator's observation) and the counts it reports: missed value pages,
+walked pages outside the prefetched ranges, and redundant prefetched pages. Done with
+numpy set operations this was ~150 us per iteration at 64 records; here it is one pass over
+the records, the ranges and the bitmap, with a scratch bitmap that is left zeroed for the next call.
 """
 
 from __future__ import annotations
@@ -17,17 +17,22 @@ from numba import njit
 _VALUE = np.uint8(1)
 _WALKED = np.uint8(2)
 _RANGE = np.uint8(4)
+_LEAF = np.uint8(8)
 
 
 @njit(cache=True, nogil=True)
-def observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths):
+def observe_iteration(val_off, val_len, leaf_pg, psize, touched, scratch, starts, lengths):
     """Returns ``(run_start, run_end, needed, missed, missed_walk, redundant, prefetched)``.
 
-    ``run_start``/``run_end`` bound the largest run of needed pages (values' pages and
-    walked pages, sorted) whose consecutive gaps are at most ``max(2, needed // 8)``
-    (``-1, -1`` when nothing was needed). ``touched`` is the walk's page bitmap (its
-    length bounds the pages considered), ``scratch`` a zeroed ``uint8`` array at least as
-    long, zeroed again on return.
+    ``run_start``/``run_end`` bound the largest run of the pages holding the records (the
+    values' pages and the records' leaf pages ``leaf_pg``, sorted) whose consecutive gaps
+    are at most ``max(2, needed // 8)`` (``-1, -1`` when there are none; ties go to the
+    lowest run). Branch pages are left out of the run: they are needed, but on a walk of a
+    few inline records a branch page far from the leaves is a run as large as the leaf
+    one, and a main run that alternates between them made the min/max range run away to
+    the whole file (docs/reading.md). ``needed`` counts values' pages and walked pages.
+    ``touched`` is the walk's page bitmap (its length bounds the pages considered),
+    ``scratch`` a zeroed ``uint8`` array at least as long, zeroed again on return.
     """
     npages = scratch.shape[0]
     lo = npages
@@ -41,6 +46,13 @@ def observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths
             scratch[p] |= _VALUE
         lo = min(lo, first)
         hi = max(hi, min(last, npages - 1))
+    # the records' leaf pages (walked too: only the main run tells them apart)
+    for i in range(leaf_pg.shape[0]):
+        p = leaf_pg[i]
+        if 0 <= p < npages:
+            scratch[p] |= _LEAF
+            lo = min(lo, p)
+            hi = max(hi, p)
     # walked pages
     for p in range(min(touched.shape[0], npages)):
         if touched[p]:
@@ -69,7 +81,7 @@ def observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths
                     missed += 1
                 if m & _WALKED and not m & _RANGE:
                     missed_walk += 1
-    # main run of the needed pages
+    # main run of the pages holding the records
     gap = max(2, needed // 8)
     best_start = -1
     best_end = -1
@@ -79,7 +91,7 @@ def observe_iteration(val_off, val_len, psize, touched, scratch, starts, lengths
     prev = -1
     if hi >= 0:
         for p in range(lo, hi + 1):
-            if scratch[p] & (_VALUE | _WALKED):
+            if scratch[p] & (_VALUE | _LEAF):
                 if prev < 0 or p - prev > gap:
                     run_start = p
                     run_count = 0

@@ -381,8 +381,8 @@ class DmSpec(DmSerial):
         if self._scratch is None or self._scratch.shape[0] != touched.shape[0]:
             self._scratch = np.zeros(touched.shape[0], np.uint8)
         run_start, run_end, _, missed, missed_walk, redundant, prefetched = \
-            observe_iteration(refs.val_off, refs.val_len, self.db.psize, touched,
-                              self._scratch, starts, lengths)
+            observe_iteration(refs.val_off, refs.val_len, refs.leaf_pg, self.db.psize,
+                              touched, self._scratch, starts, lengths)
         run = (int(run_start), int(run_end)) if run_start >= 0 else None
         if run is not None:
             self.estimator.observe(*run)

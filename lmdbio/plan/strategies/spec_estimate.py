@@ -3,12 +3,15 @@
 Two estimators, both corrected every iteration from the pages the reader actually used:
 
 * :class:`PageRangeEstimator`, the min/max estimator of the reference code (branch
-  ``icpads-multiple-readers``) with three changes measured in docs/reading.md: the observed
-  range is the main run of the pages needed (values in pages freed by earlier commits sit
-  far away), the end follows the period ``end - previous end``, and minima and maxima are
-  taken over the last 8 iterations. It works on any file, and its slack is what min and max
-  must leave: about one page at each end of the range on a CIFAR-like file, where a leaf
-  page interleaves with the values every ~150 records (3-6 % of a 64-record range).
+  ``icpads-multiple-readers``) with four changes measured in docs/reading.md: the observed
+  range is the main run of the pages holding the records, their values' and leaf pages
+  (values in pages freed by earlier commits sit far away; branch pages are not values'
+  neighbours), the end follows the period ``end - previous end``,
+  minima and maxima are taken over the last 8 iterations, and a single jump far outside
+  their spread (a leaf a commit moved) moves the range without widening it. It works on
+  any file, and its slack is what min and max must leave: about one page at each end of
+  the range on a CIFAR-like file, where a leaf page interleaves with the values every ~150
+  records (3-6 % of a 64-record range).
 * :class:`ValuePageEstimator`, for records whose values all fill the same number of
   overflow pages (fixed-size images: CIFAR-, ImageNet-like files). LMDB writes overflow
   values in key order into consecutive pages; what interleaves with them are tree pages (a
@@ -49,20 +52,47 @@ class PageRangeEstimator:
     """Predicts the page range one reader needs next iteration (min/max estimator over the
     last ``window`` iterations; see the module docstring)."""
 
+    #: a step is a jump when it leaves the spread of the history by this many spreads
+    JUMP_SPREADS = 4
+
     def __init__(self, window: int = 8) -> None:
         self.prev_end: int | None = None
         self.history: deque[tuple[int, int]] = deque(maxlen=window)  # (stride, period)
         self.observed = 0
+        self._jumped = False  # whether the last step was a jump left out of the history
 
     def observe(self, start: int, end: int) -> None:
-        """Record the range ``[start, end)`` of pages a reader needed this iteration."""
+        """Record the range ``[start, end)`` of pages a reader needed this iteration.
+
+        A single jump far outside the spread of the history moves the range but is left
+        out of the history: on inline records it is a leaf a commit copied into a page
+        freed elsewhere in the file, and the records after it follow it with the usual
+        steps; kept, it widened every prediction of the next ``window`` iterations by the
+        jump (tens of pages where a share needs 2-4). A second jump in a row is a change of
+        pattern and enters the history."""
         if self.prev_end is not None:
-            self.history.append((start - self.prev_end, end - self.prev_end))
+            step = (start - self.prev_end, end - self.prev_end)
+            if self._is_jump(step) and not self._jumped:
+                self._jumped = True
+            else:
+                self.history.append(step)
+                self._jumped = False
         self.prev_end = end
         self.observed += 1
 
+    def _is_jump(self, step: tuple[int, int]) -> bool:
+        """Whether ``step`` (stride, period) leaves the history's spread by more than
+        :attr:`JUMP_SPREADS` spreads (judged once three steps are known)."""
+        if len(self.history) < 3:
+            return False
+        lo = min(h[0] for h in self.history)
+        hi = max(h[1] for h in self.history)
+        margin = self.JUMP_SPREADS * max(hi - lo, 1)
+        return step[0] < lo - margin or step[1] > hi + margin
+
     def observe_pages(self, pages: np.ndarray) -> None:
-        """Record the pages needed this iteration (sorted, distinct): their main run."""
+        """Record the pages holding this iteration's records (values' and leaf pages,
+        sorted, distinct): their main run."""
         run = main_run(pages, max(2, pages.size // 8))
         if run is not None:
             self.observe(*run)
@@ -194,7 +224,11 @@ def predict_regular(values: ValuePageEstimator, ranges: PageRangeEstimator,
                     ) -> list[tuple[int, int]] | None:
     """dm-spec's prediction for an iteration that continues the previous ones: the exact
     value pages with the branch pages on the walk's ``stack`` (its cursor's, root first),
-    else the min/max range; None before either has observed enough."""
+    else the min/max range of the pages holding the records (without branch pages: the
+    last walk's path names them exactly only while a reader's shares stay under one parent
+    branch page, and with many readers, each share hundreds of leaves from the last, they
+    were ~1 redundant page a share, 6 % on the MNIST-like replay at 16 readers); None
+    before either estimator has observed enough."""
     exact = values.predict(first_id, count)
     if exact is not None:
         return exact + [(int(pg), 1) for pg, _ in stack[:-1]]
