@@ -209,6 +209,19 @@ def test_an_error_while_decoding_ends_a_dedicated_job_promptly(datum_db, tmp_pat
     assert "RingTimeoutError" not in out and run.elapsed < 45, run.output()
 
 
+def _wait_for_batches(proc: subprocess.Popen, logs, workers: int, seconds: float) -> None:
+    """Until ``workers`` record logs in ``logs`` hold a whole batch each (a header line and
+    a batch's lines), polling; fails with the job's output if it ends or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+        files = sorted(logs.glob("rank-*.log")) if logs.exists() else []
+        if len(files) >= workers and all(len(f.read_text().splitlines()) > 2 for f in files):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"no batch logged by {workers} workers in {seconds:g} s")
+
+
 def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path):
     mpiexec = require_mpiexec()
     before = _shm_files()
@@ -224,8 +237,9 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
          "--record-log", str(logs)],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        time.sleep(8)  # let the job get going
-        assert proc.poll() is None, proc.stdout.read().decode()[-2000:]
+        # let the job get going: every worker has logged a batch (a fixed wait was too
+        # short when other suites loaded the machine)
+        _wait_for_batches(proc, logs, workers=2, seconds=120)
         ranks = subprocess.run(["pgrep", "-f", f"lmdbio.cli run {cfg}"], capture_output=True,
                                text=True).stdout.split()
         launcher = {proc.pid, *(int(p) for p in subprocess.run(
