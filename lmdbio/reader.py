@@ -845,12 +845,17 @@ class ReadSession:
             starts, lengths = self._checked_spans(view, *view.spans, "record")
             if view.keys_by_reference:
                 kstarts, klengths = self._checked_spans(view, *view.key_spans, "key")
-                return Delivered(view.epoch, view.iteration, ids, pad, self.db.buf, starts,
-                                 kstarts, self.db.buf, view, batches, lengths, klengths)
-            return Delivered(view.epoch, view.iteration, ids, pad, self.db.buf, starts,
-                             view.key_offsets, view.key_data, view, batches, lengths)
-        return Delivered(view.epoch, view.iteration, ids, pad, payload, view.offsets,
-                         view.key_offsets, view.key_data, view, batches)
+                return Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
+                                 offsets=starts, key_offsets=kstarts, key_data=self.db.buf,
+                                 view=view, batches=batches, lengths=lengths,
+                                 key_lengths=klengths)
+            return Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
+                             offsets=starts, key_offsets=view.key_offsets,
+                             key_data=view.key_data, view=view, batches=batches,
+                             lengths=lengths)
+        return Delivered(view.epoch, view.iteration, ids, pad, payload=payload,
+                         offsets=view.offsets, key_offsets=view.key_offsets,
+                         key_data=view.key_data, view=view, batches=batches)
 
     def _checked_spans(self, view: Any, starts: np.ndarray, lengths: np.ndarray, what: str
                        ) -> tuple[np.ndarray, np.ndarray]:

@@ -325,6 +325,15 @@ def _bad_overflow_run(buf, fmt, value_off, pages):
 
 
 @njit(inline="always")
+def value_page_span(off, length, psize):
+    """``(first, last)``: the first and last page of a value's bytes ``[off, off +
+    length)``, an empty value standing for its first page. The engine's one rule for the
+    pages a value needs, in compiled code (:meth:`lmdbio.lmdb.RecordRefs.value_page_runs`
+    is its numpy form)."""
+    return off // psize, (off + max(length, 1) - 1) // psize
+
+
+@njit(inline="always")
 def _mark_span(touched, start, n, psize):
     """Mark the pages of the bytes ``[start, start + n)`` as touched: nothing for an empty
     span, and no page past the bitmap (the spans come from walks that validated them
@@ -416,8 +425,8 @@ def account_records(touched, own, total_touched, total_own, leaf_pg, val_off, va
     for i in range(val_off.shape[0]):
         if val_off[i] < 0:
             continue
-        last = min((val_off[i] + max(val_len[i], 1) - 1) // psize, n - 1)
-        for p in range(val_off[i] // psize, last + 1):
+        first, last = value_page_span(val_off[i], val_len[i], psize)
+        for p in range(first, min(last, n - 1) + 1):
             if own[p] == 0:
                 own[p] = 1
                 n_own += 1

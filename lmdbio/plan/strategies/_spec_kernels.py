@@ -14,6 +14,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from lmdbio.lmdb.kernels import value_page_span
+
 _VALUE = np.uint8(1)
 _WALKED = np.uint8(2)
 _RANGE = np.uint8(4)
@@ -39,9 +41,7 @@ def observe_iteration(val_off, val_len, leaf_pg, psize, touched, scratch, starts
     hi = -1
     # value pages
     for i in range(val_off.shape[0]):
-        n = val_len[i] if val_len[i] > 0 else 1
-        first = val_off[i] // psize
-        last = (val_off[i] + n - 1) // psize
+        first, last = value_page_span(val_off[i], val_len[i], psize)
         for p in range(first, min(last, npages - 1) + 1):
             scratch[p] |= _VALUE
         lo = min(lo, first)
@@ -122,9 +122,7 @@ def values_outside(val_off, val_len, psize, run_starts, run_stops):
     out = np.empty(val_off.shape[0], np.int64)
     k = 0
     for i in range(val_off.shape[0]):
-        n = val_len[i] if val_len[i] > 0 else 1
-        first = val_off[i] // psize
-        last = (val_off[i] + n - 1) // psize
+        first, last = value_page_span(val_off[i], val_len[i], psize)
         j = np.searchsorted(run_starts, first, side="right") - 1
         if j < 0 or last >= run_stops[j]:
             out[k] = i
