@@ -863,8 +863,11 @@ class ReadSession:
         mapping of the file: a span outside it raises
         :class:`~lmdbio.shm.SlotCorruptError` (and releases the slot) before any read."""
         size = self.db.buf.shape[0]
+        # ``lengths > size - starts``, not ``starts + lengths > size``: the sum of two
+        # corrupt int64 values can wrap around to a small one
         if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
-                            or int((starts + lengths).max()) > size):
+                            or int(starts.max()) > size
+                            or bool((lengths > size - starts).any())):
             from lmdbio.shm import SlotCorruptError
 
             view.release()

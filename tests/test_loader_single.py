@@ -304,3 +304,30 @@ def test_a_key_span_outside_the_mapping_is_refused(db_with_corrupt_record, monke
     cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
     with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match="key span"):
         next(iter(loader))
+
+
+@pytest.mark.parametrize("which", ["record", "key"])
+def test_a_span_whose_end_wraps_around_is_refused(db_with_corrupt_record, monkeypatch, which):
+    """A span whose start and length are each inside int64 but whose sum wraps around
+    (start 2**62, length 2**62) is refused like any span past the mapping, not read."""
+    from lmdbio.shm import SlotCorruptError
+    from lmdbio.shm.layout import SlotWriter
+
+    real = SlotWriter.set_spans
+
+    def wrapped(st, ln):
+        st, ln = np.array(st, np.int64), np.array(ln, np.int64)
+        st[0], ln[0] = 1 << 62, 1 << 62
+        return st, ln
+
+    def corrupt(self, starts, lengths, *args, key_spans=None, **kwargs):
+        if which == "record":
+            starts, lengths = wrapped(starts, lengths)
+        else:
+            key_spans = wrapped(*key_spans)
+        return real(self, starts, lengths, *args, key_spans=key_spans, **kwargs)
+
+    monkeypatch.setattr(SlotWriter, "set_spans", corrupt)
+    cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
+    with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match=f"{which} span"):
+        next(iter(loader))

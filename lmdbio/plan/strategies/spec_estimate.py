@@ -58,7 +58,6 @@ class PageRangeEstimator:
     def __init__(self, window: int = 8) -> None:
         self.prev_end: int | None = None
         self.history: deque[tuple[int, int]] = deque(maxlen=window)  # (stride, period)
-        self.observed = 0
         self._jumped = False  # whether the last step was a jump left out of the history
 
     def observe(self, start: int, end: int) -> None:
@@ -78,7 +77,6 @@ class PageRangeEstimator:
                 self.history.append(step)
                 self._jumped = False
         self.prev_end = end
-        self.observed += 1
 
     def _is_jump(self, step: tuple[int, int]) -> bool:
         """Whether ``step`` (stride, period) leaves the history's spread by more than
