@@ -402,3 +402,13 @@ def test_sparse_row_codec_and_bad_records() -> None:
     zero[-8:] = struct.pack("<d", 0.0)
     with pytest.raises(CodecError, match="zero"):
         codec.decode(bytes(zero))
+
+
+@pytest.mark.parametrize(("offset", "length"), [(-1, 4), (0, -1), (1 << 62, 1 << 62),
+                                                (0, 65)])
+def test_row_records_outside_the_buffer_are_refused(offset: int, length: int) -> None:
+    """Offsets and lengths are checked against the buffer before the kernel reads, a
+    start and length whose sum wraps around int64 included."""
+    buf = np.zeros(64, np.uint8)
+    with pytest.raises(CodecError, match="outside the buffer"):
+        btable_rows.decode_row_records(buf, np.array([offset]), np.array([length]), 4)

@@ -153,7 +153,10 @@ def decode_row_records(
     offsets = np.ascontiguousarray(offsets, dtype=np.int64)
     lengths = np.ascontiguousarray(lengths, dtype=np.int64)
     n = offsets.shape[0]
-    if n and (int((offsets + lengths).max()) > buf.shape[0] or int(offsets.min()) < 0):
+    size = buf.shape[0]
+    # ``lengths > size - offsets``: ``offsets + lengths`` of corrupt values can wrap around
+    if n and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or int(offsets.max()) > size
+              or bool((lengths > size - offsets).any())):
         raise CodecError("row records: an offset/length points outside the buffer")
     k = _kernels()["decode_records"]
     indptr = np.empty(n + 1, np.int64)
