@@ -123,6 +123,13 @@ class Delivered:
     #: ``key_data[key_offsets[i]:key_offsets[i] + key_lengths[i]]`` of the database mapping;
     #: None when ``key_offsets`` are the ``n + 1`` bounds of keys copied into ``key_data``
     key_lengths: np.ndarray | None = None
+    #: by-reference delivery: the database whose mapping the spans are of (None when the
+    #: records were copied into the slot: the reader checked them as it copied)
+    database: Any = None
+    #: whether the overflow page headers of a by-reference delivery's values were checked:
+    #: False after ``receive(defer_value_check=True)`` until :meth:`check_values` or a copy
+    #: that checks in the same pass (:meth:`copy_batches`)
+    values_checked: bool = True
 
     def keys(self) -> list[bytes]:
         """The batch's keys as bytes (for logs and checks, not for hot paths)."""
@@ -151,6 +158,31 @@ class Delivered:
         :class:`~lmdbio.shm.SlotCorruptError`); a no-op otherwise."""
         if self.view is not None:
             self.view.verify()
+
+    def check_values(self) -> None:
+        """Check the overflow page headers of a by-reference batch received with
+        ``defer_value_check`` (raises :class:`~lmdbio.errors.LmdbFormatError` naming the
+        page); a no-op otherwise or once done."""
+        if not self.values_checked:
+            assert self.lengths is not None and self.database is not None
+            self.database.check_value_spans(self.offsets, self.lengths)
+            self.values_checked = True
+
+    def copy_batches(self, out: np.ndarray, batch: int) -> int:
+        """Copy a by-reference delivery's values ``batch`` records at a time into ``out``,
+        each batch from ``out[0]`` on (a consumer taking the slot's batches one after
+        another into memory the size of one batch), checking the overflow page headers
+        still to be checked in the same pass (:meth:`Database.copy_spans_by_batch
+        <lmdbio.lmdb.Database.copy_spans_by_batch>`). Returns the bytes copied, or -1 when
+        ``out`` is too small for one batch (call again with a larger one)."""
+        if self.lengths is None or self.database is None:
+            raise LmdbioError("copy_batches: the records were copied into the slot; read "
+                              "them from payload")
+        nbytes = self.database.copy_spans_by_batch(self.offsets, self.lengths, batch, out,
+                                                   check=not self.values_checked)
+        if nbytes >= 0:
+            self.values_checked = True
+        return nbytes
 
     def release(self) -> None:
         if self.view is not None:
@@ -737,7 +769,9 @@ class ReadSession:
                 labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
                 if self.by_reference:
                     # records and keys stay in the file: their spans and labels go in the slot
-                    self.db.check_values(refs)  # a corrupt file fails here, as when copying
+                    # their pages counted, not read: each consumer checks the overflow
+                    # headers of its spans (ReadSession.receive), where it reads the values
+                    self.db.mark_values(refs)
                     w.set_spans(refs.val_off, refs.val_len, labels,
                                 key_spans=(refs.key_off, refs.key_len))
                     w.set_parts(sizes)
@@ -816,13 +850,16 @@ class ReadSession:
         assert self.ring is not None
         return self.ring.poll()
 
-    def receive(self, timeout: float | None = None, *, defer_verify: bool = False
-                ) -> Delivered | None:
+    def receive(self, timeout: float | None = None, *, defer_verify: bool = False,
+                defer_value_check: bool = False) -> Delivered | None:
         """Consumer side: the next batch for this rank (None when the reader stopped).
 
         ``defer_verify``: the slot checksum is left to :meth:`Delivered.verify` (call it
         before reading the records, e.g. on a decoding thread); encoded slots are verified
-        here, before they are decoded."""
+        here, before they are decoded. Records delivered by reference: their spans are
+        checked against this rank's mapping here, and their values' overflow page headers
+        too unless ``defer_value_check`` leaves them to :meth:`Delivered.check_values` or
+        to a copy that checks them in the same pass (:meth:`Delivered.copy_batches`)."""
         if not self.shared:
             out, self.last_private = self.last_private, None
             return out
@@ -845,14 +882,22 @@ class ReadSession:
             starts, lengths = self._checked_spans(view, *view.spans, "record")
             if view.keys_by_reference:
                 kstarts, klengths = self._checked_spans(view, *view.key_spans, "key")
-                return Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
-                                 offsets=starts, key_offsets=kstarts, key_data=self.db.buf,
-                                 view=view, batches=batches, lengths=lengths,
-                                 key_lengths=klengths)
-            return Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
-                             offsets=starts, key_offsets=view.key_offsets,
-                             key_data=view.key_data, view=view, batches=batches,
-                             lengths=lengths)
+                got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
+                                offsets=starts, key_offsets=kstarts, key_data=self.db.buf,
+                                view=view, batches=batches, lengths=lengths,
+                                key_lengths=klengths, database=self.db, values_checked=False)
+            else:
+                got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
+                                offsets=starts, key_offsets=view.key_offsets,
+                                key_data=view.key_data, view=view, batches=batches,
+                                lengths=lengths, database=self.db, values_checked=False)
+            if not defer_value_check:
+                try:  # a corrupt file fails here, naming the page, as a copying reader would
+                    got.check_values()
+                except LmdbioError:
+                    got.release()
+                    raise
+            return got
         return Delivered(view.epoch, view.iteration, ids, pad, payload=payload,
                          offsets=view.offsets, key_offsets=view.key_offsets,
                          key_data=view.key_data, view=view, batches=batches)

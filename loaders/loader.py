@@ -472,7 +472,10 @@ class Loader:
     def _receive(self, defer_verify: bool = False) -> Any:
         """The next slot from the session, timed (``wait_seconds``, ``blocked_seconds``)."""
         t0 = time.perf_counter()
-        got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify)
+        # deferred with the checksum: the overflow page headers of records delivered by
+        # reference, checked with it on the decoding thread (_make_batches)
+        got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify,
+                                   defer_value_check=defer_verify)
         self.metrics.wait_seconds += time.perf_counter() - t0
         ring = self.session.ring
         if ring is not None:
@@ -552,6 +555,7 @@ class Loader:
 
         t0 = time.perf_counter()
         got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
+        got.check_values()  # and the overflow page headers of records by reference
         count = got.batches
         if expected is None and self._open is not None:
             expected = self._expected_batches(first)

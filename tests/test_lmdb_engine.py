@@ -506,3 +506,41 @@ def test_gather_batch_names_a_bad_overflow_page(tmp_path):
         offs = np.empty(5, np.int64)
         with pytest.raises(LmdbFormatError, match=f"page {pg}"):
             db.gather_batch(refs, out, offs, np.empty(100, np.uint8), offs.copy())
+
+
+@pytest.mark.parametrize("damage", ["pgno", "flags", "count"])
+def test_check_value_spans_names_a_bad_overflow_page(tmp_path, damage):
+    """A consumer handed value spans checks their overflow page headers as a copying
+    reader does (gather_batch): the page number, the overflow flag and the run's page count;
+    inline values (spans inside a leaf page) and an intact file pass."""
+    import shutil
+
+    src = tmp_path / "src"
+    # values 0-3 in overflow runs of two pages, 4-5 inline in a leaf
+    items = [(b"k%03d" % i, bytes([i]) * (5000 if i < 4 else 40)) for i in range(6)]
+    write_db(src, items)
+    with lmdbio.open(src) as db:
+        refs = db.locate(np.arange(6))
+        assert (refs.ovf_pages[:4] == 2).all() and (refs.ovf_pages[4:] == 0).all()
+        db.check_value_spans(refs.val_off, refs.val_len)  # intact: nothing raised
+        pg = int((refs.val_off[2] - db.layout.header_size) // db.psize)
+        layout = db.layout
+    dst = tmp_path / "bad"
+    shutil.copytree(src, dst)
+    with open(dst / "data.mdb", "r+b") as f:
+        if damage == "pgno":  # the run's first page claims another number
+            f.seek(pg * 4096)
+            f.write((pg + 1000).to_bytes(8, "little"))
+        elif damage == "flags":  # a leaf's flags instead of P_OVERFLOW
+            f.seek(pg * 4096 + layout.flags_off)
+            f.write((0x02).to_bytes(2, "little"))
+        else:  # a run of one page for a value of two
+            f.seek(pg * 4096 + layout.lower_off)
+            f.write((1).to_bytes(4, "little"))
+    with lmdbio.open(dst) as db:
+        spans = (refs.val_off.copy(), refs.val_len.copy())
+        with pytest.raises(LmdbFormatError, match=f"page {pg}.*overflow page header"):
+            db.check_value_spans(*spans)
+        # the records before and after the damaged one pass alone, inline ones too
+        keep = np.array([0, 1, 3, 4, 5])
+        db.check_value_spans(spans[0][keep], spans[1][keep])

@@ -261,6 +261,35 @@ def test_spans_transfer_raises_at_the_bad_record(db_with_corrupt_record):
             pass
 
 
+@pytest.mark.parametrize("transfer", ["copy", "spans"])
+def test_a_bad_overflow_header_is_named_however_records_travel(tmp_path, transfer):
+    """A record whose overflow page header is damaged (its page number) stops the loader
+    with the file and the page named, whether the reader copies the records into the slots
+    (it checks before copying) or hands out their spans (each consumer checks its spans
+    as it receives them)."""
+    from lmdbio.errors import LmdbFormatError
+
+    rng = np.random.default_rng(2)
+    items = [(b"%08d" % i, encode_datum(datum_from_array(
+        rng.integers(0, 256, (3, 32, 32), dtype=np.uint8), i))) for i in range(24)]
+    write_db(tmp_path, items)
+    import lmdbio
+
+    with lmdbio.open(tmp_path) as db:
+        refs = db.locate(np.array([17]))
+        assert refs.ovf_pages[0] > 0
+        pg = int((refs.val_off[0] - db.layout.header_size) // db.psize)
+        psize = db.psize
+    with open(tmp_path / "data.mdb", "r+b") as f:
+        f.seek(pg * psize)
+        f.write((pg + 7).to_bytes(8, "little"))
+    cfg = config(tmp_path, readers__transfer=transfer)
+    with loaders.open(cfg) as loader, \
+            pytest.raises(LmdbFormatError, match=f"data.mdb, page {pg}: overflow page header"):
+        for _ in loader:
+            pass
+
+
 def test_spans_transfer_needs_records_as_stored(db_with_corrupt_record):
     cfg = config(db_with_corrupt_record, readers__transfer="spans")
     cfg["dataset"]["layout"] = "pcr"

@@ -140,21 +140,19 @@ class _BatchCopy:
     def __init__(self) -> None:
         self.buf = np.empty(0, np.uint8)
 
-    def gather_batches(self, mapping: np.ndarray, starts: np.ndarray, lengths: np.ndarray,
-                       batch: int) -> int:
-        """Copy the spans one batch (``batch`` records) at a time into the same buffer, as
-        a consumer takes a slot of several batches: each batch's bytes land in memory the
-        size of one batch, as a naive rank's do, not in one slot-sized buffer. One compiled
-        call per slot (:func:`~lmdbio.lmdb.kernels.gather_each_batch`); returns the bytes
-        copied."""
-        from lmdbio.lmdb.kernels import gather_each_batch
-
+    def gather_batches(self, got: Any, batch: int) -> int:
+        """Copy a by-reference delivery one batch (``batch`` records) at a time into the
+        same buffer, as a consumer takes a slot of several batches: each batch's bytes land
+        in memory the size of one batch, as a naive rank's do, not in one slot-sized
+        buffer; the values' overflow page headers are checked in the same pass
+        (:meth:`~lmdbio.reader.Delivered.copy_batches`, one compiled call per slot).
+        Returns the bytes copied."""
         step = max(int(batch), 1)
-        nbytes = int(gather_each_batch(mapping, starts, lengths, step, self.buf))
+        nbytes = got.copy_batches(self.buf, step)
         if nbytes < 0:  # too small for a batch: grow to the slot's largest, copy again
-            firsts = np.arange(0, starts.shape[0], step)
-            self.buf = np.empty(int(np.add.reduceat(lengths, firsts).max()), np.uint8)
-            nbytes = int(gather_each_batch(mapping, starts, lengths, step, self.buf))
+            firsts = np.arange(0, got.lengths.shape[0], step)
+            self.buf = np.empty(int(np.add.reduceat(got.lengths, firsts).max()), np.uint8)
+            nbytes = got.copy_batches(self.buf, step)
         return nbytes
 
 
@@ -296,8 +294,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         def take(got: Any) -> None:
             nonlocal delivered_bytes
             if got.lengths is not None:  # spans: the records into this consumer's memory
-                nbytes = own_copy.gather_batches(got.payload, got.offsets, got.lengths,
-                                                 args.batch_size)
+                nbytes = own_copy.gather_batches(got, args.batch_size)
             else:
                 nbytes = int(got.offsets[-1])
             batch_times.append(time.perf_counter() - t_loop)
@@ -319,7 +316,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             # a colocated reader consumes as it goes; dedicated workers drain below
             if consumes and (session.reads or not session.shared):
                 t0 = time.perf_counter()
-                got = session.receive(timeout=args.timeout)
+                got = session.receive(timeout=args.timeout, defer_value_check=True)
                 consumer_wait += time.perf_counter() - t0
                 assert got is not None
                 take(got)
@@ -329,7 +326,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         if consumes and session.shared and not session.reads:
             while True:
                 t0 = time.perf_counter()
-                got = session.receive(timeout=args.timeout)
+                got = session.receive(timeout=args.timeout, defer_value_check=True)
                 consumer_wait += time.perf_counter() - t0
                 if got is None:
                     break

@@ -704,19 +704,50 @@ class Database:
                         self.accounting.touched, self.accounting.enabled)
         return out, offsets
 
-    def check_values(self, refs: RecordRefs) -> None:
-        """Check the overflow page headers of ``refs``' values (what :meth:`gather_batch`
-        checks before copying), for a reader that hands out their spans instead: a corrupt
-        file raises here, naming the page, not in a worker's decoder. With accounting on,
-        every page of the values is marked touched: the node's workers read them from the
-        mapping (the node's I/O is the same as if the reader had copied them)."""
+    def mark_values(self, refs: RecordRefs) -> None:
+        """With accounting on, mark every page of ``refs``' values touched without reading
+        them: a reader that hands out their spans counts the pages its node's workers read
+        from the mapping (the node's I/O is the same as if the reader had copied them)."""
         from lmdbio.lmdb import kernels as k
 
-        code, page = k.check_values(self.buf, self.fmt, refs.val_off, refs.val_len,
-                                    refs.ovf_pages, self.accounting.touched,
-                                    self.accounting.enabled)
+        if self.accounting.enabled:
+            k.mark_values(self.accounting.touched, refs.val_off, refs.val_len, self.psize)
+
+    def check_value_spans(self, starts: np.ndarray, lengths: np.ndarray) -> None:
+        """Check the overflow page header of every value span handed to this rank (what
+        :meth:`gather_batch` checks before copying), spans already known to lie inside the
+        mapping: a corrupt file raises :class:`~lmdbio.errors.LmdbFormatError` naming the
+        page, before any value is decoded. The consumer checks, not the reader that hands
+        the spans out: the header shares its cache line and page with the value's first
+        bytes, which the consumer reads next, while the reader would read every value's
+        page for this check alone (measured in docs/reading.md, tenth session)."""
+        from lmdbio.lmdb import kernels as k
+
+        code, page = k.check_value_spans(self.buf, self.fmt, starts, lengths)
         if code:
             self._raise(code, page)
+
+    def copy_spans_by_batch(self, starts: np.ndarray, lengths: np.ndarray, batch: int,
+                            out: np.ndarray, *, check: bool) -> int:
+        """Copy the value spans ``(starts, lengths)`` of the mapping (known to lie inside
+        it) ``batch`` at a time into ``out``, each batch from ``out[0]`` on, as a consumer
+        takes the batches of a slot one after another; with ``check`` each overflow value's
+        page header is checked (as :meth:`check_value_spans`) in the same pass, just
+        before its bytes are copied. Returns the bytes copied over all batches, or -1 when
+        ``out`` is too small for one batch (nothing is checked or copied past the span that
+        did not fit; call again with a larger ``out``). Raises
+        :class:`~lmdbio.errors.LmdbFormatError` naming the page of a bad header."""
+        from lmdbio.lmdb import kernels as k
+
+        if batch < 1:
+            raise LmdbioError(f"copy_spans_by_batch: batch must be at least 1, got {batch}")
+        code, value = k.gather_each_batch(self.buf, self.fmt, starts, lengths, int(batch),
+                                          out, bool(check))
+        if code < 0:
+            return -1
+        if code:
+            self._raise(code, value)
+        return int(value)
 
     def gather_batch(self, refs: RecordRefs, payload: np.ndarray, offsets: np.ndarray,
                      keys: np.ndarray, key_offsets: np.ndarray) -> tuple[int, int]:

@@ -391,18 +391,40 @@ def gather_lengths(val_len, indices, prefix_limit):
 
 
 @njit(cache=True, nogil=True)
-def check_values(buf, fmt, val_off, val_len, ovf_pages, touched, account):
-    """Check the overflow page header of every value (as :func:`check_overflow_headers`)
-    and, with ``account``, mark the pages of the values as touched, in one pass (empty
-    values mark nothing; pages beyond the bitmap are not marked: the ranges come from a
-    walk that validated them against the file). Returns ``(code, page)``; on a bad header
-    the values before it have been marked."""
+def mark_values(touched, val_off, val_len, psize):
+    """Mark the pages of every value as touched without reading them (empty values mark
+    nothing; pages beyond the bitmap are not marked: the spans come from a walk that
+    validated them against the file): a reader that hands out the values' spans counts
+    the pages its node's workers read from the mapping."""
     for i in range(val_off.shape[0]):
-        bad = _bad_overflow_run(buf, fmt, val_off[i], ovf_pages[i])
+        _mark_span(touched, val_off[i], val_len[i], psize)
+
+
+@njit(inline="always")
+def _bad_span_header(buf, fmt, off, length):
+    """The first page of the overflow run a value span ``[off, off + length)`` of the
+    mapping lies in when its header does not say so; -1 when it does, or when the span is
+    an inline value. A span that starts right after a page header is an overflow value's
+    bytes (an inline value never starts there: its page's pointer array, node header and
+    key come first) and must lie in a run of at least ``(header + length)`` bytes' pages
+    whose first page names itself (what :func:`_bad_overflow_run` checks from the walk's
+    page counts). The span is inside the mapping (checked before)."""
+    psize = fmt[0]
+    hdr = fmt[1]
+    if off % psize != hdr:
+        return -1
+    return _bad_overflow_run(buf, fmt, off, (hdr + length + psize - 1) // psize)
+
+
+@njit(cache=True, nogil=True)
+def check_value_spans(buf, fmt, starts, lengths):
+    """Check the overflow page header of every value span (:func:`_bad_span_header`), for a
+    consumer handed spans of the mapping. Returns ``(code, page)``: the first page whose
+    header is wrong, with the code."""
+    for i in range(starts.shape[0]):
+        bad = _bad_span_header(buf, fmt, starts[i], lengths[i])
         if bad >= 0:
             return E_OVERFLOW_HEADER, bad
-        if account:
-            _mark_span(touched, val_off[i], val_len[i], fmt[0])
     return OK, 0
 
 
@@ -669,13 +691,18 @@ def gather_ranges(buf, val_off, val_len, out, out_offsets, psize, touched, accou
 
 
 @njit(cache=True, nogil=True)
-def gather_each_batch(buf, val_off, val_len, batch, out):
-    """Copy byte ranges batch by batch (``batch`` ranges each) into ``out``, every batch
+def gather_each_batch(buf, fmt, val_off, val_len, batch, out, check):
+    """Copy value spans batch by batch (``batch`` spans each) into ``out``, every batch
     from ``out[0]`` on: a consumer taking the batches of a ring slot one after another, each
-    into memory the size of one batch. Returns the bytes copied over all batches, or
-    ``-1 - t`` when ``out`` is too small for range ``t`` (nothing past it is copied).
+    into memory the size of one batch. With ``check``, each overflow value's page header
+    is checked (:func:`_bad_span_header`) just before its bytes are copied: one pass over
+    the values instead of a checking pass over the slot and then a copying one (on a
+    slot of thousands of values the second pass found neither their cache lines nor their
+    page translations any more). Returns ``(code, value)``: ``(OK, bytes copied over all
+    batches)``, ``(-1, t)`` when ``out`` is too small for span ``t``, or
+    ``(E_OVERFLOW_HEADER, page)``; nothing past the failing span is copied.
 
-    Callers check that every range lies inside ``buf`` (spans a worker checked against its
+    Callers check that every span lies inside ``buf`` (spans a worker checked against its
     mapping) and that ``batch`` is at least 1.
     """
     total = 0
@@ -684,8 +711,12 @@ def gather_each_batch(buf, val_off, val_len, batch, out):
         pos = 0
         for t in range(first, min(first + batch, n)):
             if pos + val_len[t] > out.shape[0]:
-                return -1 - t
+                return -1, t
+            if check:
+                bad = _bad_span_header(buf, fmt, val_off[t], val_len[t])
+                if bad >= 0:
+                    return E_OVERFLOW_HEADER, bad
             copy_bytes(out, pos, buf, val_off[t], val_len[t])
             pos += val_len[t]
         total += pos
-    return total
+    return OK, total
