@@ -101,6 +101,11 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
                     "bytes_delivered", "seconds"):
             assert key in r, key
         assert r["node"] == r["rank"] // (RANKS // NODES)
+        # each rank's CPU time in its setup and loop (a loop that copied records used some)
+        assert r["cpu_seconds"]["setup"] >= 0 and r["cpu_seconds"]["loop"] > 0
+    for key in ("setup", "loop"):  # the totals sum the ranks'
+        assert totals["cpu_seconds"][key] == pytest.approx(
+            sum(r["cpu_seconds"][key] for r in doc["per_rank"]))
     per_consumer = per_epoch * BATCH
     for epoch in range(2):
         real: Counter[int] = Counter()

@@ -267,6 +267,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                            transfer=args.transfer)
         sleeping_barrier(world, args.timeout, "bench read barrier")
         t_start = time.perf_counter()
+        c_start = time.process_time()
         session = ReadSession(path, topo, opts)
         plan = session.begin_epoch(0)
         schedule = _schedule(plan.iterations, args.iters)
@@ -282,12 +283,15 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         if args.advice:
             _advise(session, args.advice)
         drop_seconds = 0.0  # the benchmark's own cache eviction: not part of the run
+        drop_cpu = 0.0
         if args.cold:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             _drop_from_cache(world, session, topo, path)
             drop_seconds = time.perf_counter() - t0
+            drop_cpu = time.process_time() - c0
         sleeping_barrier(world, args.timeout, "bench read barrier")
         t_loop = time.perf_counter()
+        c_loop = time.process_time()
 
         own_copy = _BatchCopy()
 
@@ -333,6 +337,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                 take(got)
             del got
         t_end = time.perf_counter()
+        c_end = time.process_time()
         elapsed = t_end - t_start - drop_seconds
         delivered_ids = np.concatenate(records).tolist() if records else []
         delivered_padding = np.concatenate(padding).tolist() if padding else []
@@ -378,6 +383,9 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                 **{k: float(sum(s["seconds"][k] for s in totals.iterations))
                    for k in ("prefetch", "wait_cursor", "walk", "copy")},
             },
+            # this process's CPU time (user + system, every thread): with more ranks than
+            # cores the ranks' summed CPU, not the loop's wall time, bounds the rate
+            "cpu_seconds": {"setup": c_loop - c_start - drop_cpu, "loop": c_end - c_loop},
             "iterations": [{k: s[k] for k in ("iteration", "batches", "missed_pages",
                                               "missed_walk_pages", "redundant_pages",
                                               "prefetched_pages", "pages_touched",
@@ -560,6 +568,9 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
             # their first call, inside the timed run (seconds each): run the command again
             "kernels_loaded_min": min(r.get("kernels_loaded", 0) for r in ranks),
             "loop_records_per_second": delivered / loop if loop else 0.0,
+            # every rank's CPU time summed (see per_rank cpu_seconds)
+            "cpu_seconds": {k: sum(r["cpu_seconds"][k] for r in ranks)
+                            for k in ("setup", "loop")},
             "loop_bytes_per_second": nbytes / loop if loop else 0.0,
             "steady": _steady(ranks, args.warmup),
             "extra_pages": sum(r["extra_pages"] for r in readers),
