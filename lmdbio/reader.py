@@ -125,7 +125,7 @@ class Delivered:
     key_lengths: np.ndarray | None = None
     #: by-reference delivery: the database whose mapping the spans are of (None when the
     #: records were copied into the slot: the reader checked them as it copied)
-    database: Any = None
+    database: Database | None = None
     #: whether the overflow page headers of a by-reference delivery's values were checked:
     #: False after ``receive(defer_value_check=True)`` until :meth:`check_values` or a copy
     #: that checks in the same pass (:meth:`copy_batches`)
