@@ -880,17 +880,14 @@ class ReadSession:
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         if view.by_reference:
             starts, lengths = self._checked_spans(view, *view.spans, "record")
+            key_offsets, key_data, key_lengths = view.key_offsets, view.key_data, None
             if view.keys_by_reference:
-                kstarts, klengths = self._checked_spans(view, *view.key_spans, "key")
-                got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
-                                offsets=starts, key_offsets=kstarts, key_data=self.db.buf,
-                                view=view, batches=batches, lengths=lengths,
-                                key_lengths=klengths, database=self.db, values_checked=False)
-            else:
-                got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
-                                offsets=starts, key_offsets=view.key_offsets,
-                                key_data=view.key_data, view=view, batches=batches,
-                                lengths=lengths, database=self.db, values_checked=False)
+                key_offsets, key_lengths = self._checked_spans(view, *view.key_spans, "key")
+                key_data = self.db.buf
+            got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
+                            offsets=starts, key_offsets=key_offsets, key_data=key_data,
+                            view=view, batches=batches, lengths=lengths,
+                            key_lengths=key_lengths, database=self.db, values_checked=False)
             if not defer_value_check:
                 try:  # a corrupt file fails here, naming the page, as a copying reader would
                     got.check_values()
@@ -909,9 +906,9 @@ class ReadSession:
         :class:`~lmdbio.shm.SlotCorruptError` (and releases the slot) before any read."""
         size = self.db.buf.shape[0]
         # ``lengths > size - starts``, not ``starts + lengths > size``: the sum of two
-        # corrupt int64 values can wrap around to a small one
+        # corrupt int64 values can wrap around to a small one (with no negative start or
+        # length it also refuses a start past the end)
         if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
-                            or int(starts.max()) > size
                             or bool((lengths > size - starts).any())):
             from lmdbio.shm import SlotCorruptError
 

@@ -155,7 +155,8 @@ def decode_row_records(
     n = offsets.shape[0]
     size = buf.shape[0]
     # ``lengths > size - offsets``: ``offsets + lengths`` of corrupt values can wrap around
-    if n and (int(offsets.min()) < 0 or int(lengths.min()) < 0 or int(offsets.max()) > size
+    # (with no negative offset or length it also refuses an offset past the end)
+    if n and (int(offsets.min()) < 0 or int(lengths.min()) < 0
               or bool((lengths > size - offsets).any())):
         raise CodecError("row records: an offset/length points outside the buffer")
     k = _kernels()["decode_records"]
