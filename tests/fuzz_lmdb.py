@@ -34,6 +34,7 @@ def exercise(path: Path) -> None:
         for _k, v in db.items():
             bytes(v[:16])
         db.gather(range(len(db)))
+        db.leaf_overflow_runs(db.leaves())
         cur = db.cursor()
         ok = cur.last()
         steps = 0

@@ -457,6 +457,24 @@ class Database:
             self._raise(code, pg)
         return out[:n].copy()
 
+    def leaf_overflow_runs(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, counts)``: the overflow runs of the records on leaf pages ``leaves``
+        (compiled; key order, inline values left out). Reads those leaf pages (marked in
+        the accounting) and no overflow page; raises on a page that is not a valid leaf."""
+        from lmdbio.lmdb import kernels as k
+
+        self._check_open()
+        leaves = np.ascontiguousarray(leaves, dtype=np.int64)
+        most = leaves.shape[0] * (self.psize // 2)  # a node takes at least a 2-byte pointer
+        first = np.empty(most, np.int64)
+        counts = np.empty(most, np.int64)
+        code, page, n = k.leaf_overflow_runs(
+            self.buf, self.fmt, leaves, self.meta.last_pg, bool(self.db.flags & MDB_DUPSORT),
+            first, counts, self.accounting.touched, self.accounting.enabled)
+        if code:
+            self._raise(code, page)
+        return first[:n].copy(), counts[:n].copy()
+
     def leaf_directory(self) -> np.ndarray:
         """``first[j]`` = index of the first record on leaf ``j``; ``first[-1]`` = total.
 
