@@ -248,3 +248,82 @@ def test_min_max_range_does_not_run_away_on_tiny_inline_records(tmp_path) -> Non
     assert got["longest"] <= 8, got
     # what min/max cannot avoid: a page of slack when a share's records fill one leaf
     assert got["redundant"] <= 1.25 * got["predictions"], got
+
+
+# --------------------------------------------------------------------------- leaf scan
+
+
+def _leaf_values(n_before: int, share: int, n_after: int, start: int,
+                 displaced: dict[int, int], foreign: frozenset[int] = frozenset()
+                 ) -> np.ndarray:
+    """The first value pages, in key order, of the records on a share's leaves: ``n_before``
+    other records, the share's ``share``, ``n_after`` others, one page each from page
+    ``start - n_before`` on, except the records in ``displaced`` (position: page), stored
+    elsewhere (the next record takes the page); before the records in ``foreign`` lies
+    a page that holds none of them (another record's value stored there)."""
+    pages, nxt = [], start - n_before
+    for i in range(n_before + share + n_after):
+        nxt += i in foreign
+        if i in displaced:
+            pages.append(displaced[i])
+        else:
+            pages.append(nxt)
+            nxt += 1
+    return np.asarray(pages, np.int64)
+
+
+def test_leaf_scan_names_the_shares_displaced_values_and_the_shift() -> None:
+    """With an exact estimate the share is the records from the one at the predicted
+    start: its value stored far away and the page its last record moved on to are named;
+    another reader's displaced value on the same leaves is not."""
+    from lmdbio.plan.strategies.dm import FarScan
+
+    start, share = 500, 40
+    first = _leaf_values(20, share, 30, start, {25: 90, 65: 95}, frozenset({30, 70}))
+    counts = np.ones_like(first)
+    scan = FarScan(np.array([7, 8]), start, start + share, 1, count=share)
+    got, n = scan.missing(first, counts)
+    # record 25 (the share's 6th) is at page 90; a page before record 30 holding another
+    # value pushes the share's last records on by one, past the range, and record 25's
+    # place went to the next record: the last ends on the range's last page; record 65
+    # (another reader's) is left out
+    assert got.tolist() == [90] and n.tolist() == [1]
+    pushed = _leaf_values(20, share, 30, start, {}, frozenset({30, 65}))
+    assert scan.missing(pushed, counts)[0].tolist() == [start + share]
+    # a min/max range (no record count): only values far from the run, and of those
+    # only the ones next to the share's records in key order
+    far = FarScan(np.array([7, 8]), start, start + share, 1)
+    assert far.missing(first, counts)[0].tolist() == [90]
+    # nothing on the leaves near the range: no basis to name anything
+    away = FarScan(np.array([7]), 5000, 5040, 1, count=share)
+    assert away.missing(first, counts)[0].size == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(0, 60), st.integers(1, 80), st.integers(0, 60),
+       st.sets(st.integers(0, 199), max_size=4), st.integers(1, 3))
+def test_leaf_scan_with_an_exact_estimate_leaves_nothing_out(
+        n_before: int, share: int, n_after: int, moved: set[int], per: int) -> None:
+    """Whatever records are stored elsewhere, and pages of other values lie between the
+    share's (here after each displaced record): the predicted range and the runs the scan
+    names cover every page of the share's values (records of ``per`` pages each)."""
+    from lmdbio.plan.strategies.dm import FarScan
+
+    total = n_before + share + n_after
+    moved = {i for i in moved if i < total and i != n_before}  # the first stays in place
+    pages = _leaf_values(n_before, share, n_after, 1000,
+                         {i: 10 + 4 * k for k, i in enumerate(sorted(moved))},
+                         frozenset(i + 1 for i in moved))
+    # every record ``per`` pages: page numbers scaled, displaced ones kept apart
+    first = np.where(pages >= 1000, 1000 + (pages - 1000) * per, pages * per)
+    counts = np.full_like(first, per)
+    start = 1000
+    scan = FarScan(np.array([3]), start, start + share * per, per, count=share)
+    extra_first, extra_counts = scan.missing(first, counts)
+    covered = set(range(start, start + share * per))
+    for f, c in zip(extra_first.tolist(), extra_counts.tolist(), strict=True):
+        covered |= set(range(f, f + c))
+    mine = slice(n_before, n_before + share)
+    need = {p for f, c in zip(first[mine].tolist(), counts[mine].tolist(), strict=True)
+            for p in range(f, f + c)}
+    assert need <= covered

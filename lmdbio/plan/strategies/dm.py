@@ -13,10 +13,15 @@ the paper's first guess (every record the size of the first one; for inline valu
 file's pages per record); from then on the estimate is corrected every iteration from the
 pages the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
 records of one size, counted past the tree pages the reader's walks have seen, else the
-reference code's min/max estimator with the changes measured in docs/reading.md.
+reference code's min/max estimator with the changes measured in docs/reading.md. For
+records of one size the reader also parses the leaves it predicted for its share before
+the chain and asks for the values they name outside the estimate (:class:`FarScan`: values
+a later commit stored in pages an earlier one freed, and the shift they leave).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -219,21 +224,31 @@ class DmSpec(DmSerial):
         start = page + int((first_id - record) * self._density)
         return max(2, start - slack), int(span) + 1 + 2 * slack
 
-    def _predict(self, ids: np.ndarray, cut: int, regular: bool) -> list[tuple[int, int]]:
-        """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around)."""
+    def _predict(self, ids: np.ndarray, cut: int, regular: bool
+                 ) -> tuple[list[tuple[int, int]], FarScan | None]:
+        """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around), and
+        for an estimate of overflow values of one size, where to look for the values the
+        ranges miss (:class:`FarScan`)."""
         first = int(ids[0]) if ids.size else 0
         ranges = predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
                                  first, cut) if regular else None
+        scan = None
         if ranges is not None and self._guess_past_tree:
-            ranges += self._share_leaves(first, cut)
+            leaves, branches = self._share_leaves(first, cut)
+            start, length = ranges[0]  # the values' main range, exact or min/max
+            exact = self.value_estimator.predict(first, cut) is not None
+            scan = FarScan(leaves, start, start + length, self.pages_per_record,
+                           cut if exact else 0)
+            ranges += [(int(pg), 1) for pg in leaves.tolist() + branches]
         self._blind = ranges is None  # the first guess: no iteration observed to go by
         ranges = ranges or [self._guess(first, cut)]
         if cut < ids.size:  # the records after the wrap-around start again near the front
             ranges.append(self._guess(int(ids[cut]), ids.size - cut))
-        return ranges
+        return ranges, scan
 
-    def _share_leaves(self, first_id: int, count: int) -> list[tuple[int, int]]:
-        """The leaf pages the walk over records ``first_id .. first_id + count - 1`` reads:
+    def _share_leaves(self, first_id: int, count: int) -> tuple[np.ndarray, list[int]]:
+        """``(leaves, branches)``: the leaf pages the walk over records ``first_id ..
+        first_id + count - 1`` reads, and the branch page it moves on to if any:
         from where this reader's cursor stopped (record ``self._at``), the leaves as many
         on as the records between fill (at the larger of the cursor leaf's record count
         and the file's average), named by the key-order children of the cursor's parent
@@ -247,7 +262,7 @@ class DmSpec(DmSerial):
         its values, one missed page per reader and slot otherwise (docs/reading.md)."""
         stack = self.cursor.stack
         if len(stack) < 2 or count < 1 or first_id < self._at:
-            return []
+            return np.empty(0, np.int64), []
         meta = self.db.db
         # records per leaf: the cursor's leaf's, or the file's average if that is more (a
         # file written in key order has full leaves but the last; the average then counts
@@ -259,16 +274,17 @@ class DmSpec(DmSerial):
         lo = slot + int((offset + first_id) / per_leaf)
         hi = slot + int((offset + first_id + count - 1) / per_leaf) + 1
         kids = self.tree.children(self.db, parent)
-        pages = [kids[max(lo, 0):max(hi, 0)]]
+        leaves = [kids[max(lo, 0):max(hi, 0)]]
+        branches = []
         if hi > kids.size and len(stack) >= 3:  # on into the next parent's children
             grand, gslot = (int(x) for x in stack[-3])
             uncles = self.tree.children(self.db, grand)
             if gslot + 1 < uncles.size:
                 nxt = int(uncles[gslot + 1])
-                pages += [np.array([nxt], np.int64),
-                          self.tree.children(self.db, nxt)[max(lo - kids.size, 0):
-                                                                hi - kids.size]]
-        return [(int(pg), 1) for pg in np.concatenate(pages).tolist()]
+                branches.append(nxt)
+                leaves.append(self.tree.children(self.db, nxt)[max(lo - kids.size, 0):
+                                                               hi - kids.size])
+        return np.concatenate(leaves), branches
 
     def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
         """When this fetch prefetched a blind first guess (an epoch's first slot, the
@@ -294,12 +310,13 @@ class DmSpec(DmSerial):
         one is gathered and handed off. Only when the next records continue these (not
         across a wrap-around or a resume: the fetch then starts a new estimate)."""
         if self._continues(ids) and self.advising:
-            starts, lengths, cut = self._ranges(ids)
-            self._advised = (ids, starts, lengths, cut, self.advise_pages(starts, lengths))
+            starts, lengths, cut, scan = self._ranges(ids)
+            self._advised = (ids, starts, lengths, cut, scan,
+                             self.advise_pages(starts, lengths))
 
     def _read_ahead_for(self, ids: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, int, bool] | None:
-        """``(starts, lengths, cut, asked)`` of :meth:`read_ahead` when it was called with
+                        ) -> tuple[np.ndarray, np.ndarray, int, FarScan | None, bool] | None:
+        """``(starts, lengths, cut, scan, asked)`` of :meth:`read_ahead` when it was called with
         these records (forgotten either way): the fetch that follows it computes the same
         estimate from the same state, so it takes that one, and whether the kernel was
         asked for it (True) or every page was in the page cache (False); None otherwise."""
@@ -316,22 +333,25 @@ class DmSpec(DmSerial):
         return ids.size > 0 and self._expect is not None and \
             self._after <= int(ids[0]) <= self._expect
 
-    def _ranges(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
-        """``(starts, lengths, cut)``: the prefetch ranges for ``ids``, clipped to the file,
-        and where ``ids`` wrap around (``ids.size`` if they do not)."""
+    def _ranges(self, ids: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray, int, FarScan | None]:
+        """``(starts, lengths, cut, scan)``: the prefetch ranges for ``ids``, clipped to the
+        file, where ``ids`` wrap around (``ids.size`` if they do not), and the leaves to
+        look for values stored out of sequence in (:meth:`_predict`; None for a share
+        known from an earlier epoch, whose pages are exact)."""
         npages = self.db.file_size // self.db.psize
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
         known = self._known.get(int(ids[0])) if ids.size else None
         if known is not None and ids.size <= known.size:  # read in an earlier epoch
             self._blind = False
-            return (*known.page_runs(ids.size), cut)
+            return (*known.page_runs(ids.size), cut, None)
         regular = self._continues(ids)
-        guesses = self._predict(ids, cut, regular)
+        guesses, scan = self._predict(ids, cut, regular)
         starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
         lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
                             zip(guesses, starts.tolist(), strict=True)], np.int64)
-        return starts, lengths, cut
+        return starts, lengths, cut, scan
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
@@ -343,10 +363,19 @@ class DmSpec(DmSerial):
             self._reset_estimates()
         ahead = self._read_ahead_for(ids)
         if ahead is not None:
-            starts, lengths, cut, asked = ahead
+            starts, lengths, cut, scan, asked = ahead
         else:
-            starts, lengths, cut = self._ranges(ids)
-            asked = None
+            starts, lengths, cut, scan, asked = *self._ranges(ids), None
+        if scan is not None and scan.leaves.size:
+            # values stored out of sequence (in pages freed by earlier commits), named by
+            # the share's leaves, which the walk reads next anyway: asked for with the rest
+            with Timer(stats, "prefetch"):
+                far = scan.missing(*self.db.leaf_overflow_runs(scan.leaves))
+                if far[0].size:
+                    if asked is not None:  # the estimate was asked for in read-ahead
+                        asked = self.advise_pages(*far) or asked
+                    starts = np.concatenate([starts, far[0]])
+                    lengths = np.concatenate([lengths, far[1]])
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
             self._after = int(ids[-1]) + 1
@@ -406,6 +435,82 @@ class DmSpec(DmSerial):
         stats.redundant_pages = int(redundant)
         self.last_prefetch = (int(starts[0]), int(lengths[0]))
         return refs
+
+
+@dataclass(frozen=True)
+class FarScan:
+    """Where to look for a share's values that its predicted range misses: its predicted
+    ``leaves`` (key order) and the predicted range ``[start, stop)`` of its values
+    (``per_record`` overflow pages each; ``count`` records from the one whose value starts
+    at ``start`` when the range is the exact value-page estimate, 0 for a min/max range).
+
+    LMDB reuses pages freed by earlier commits (Caffe commits every 1,000 records): a
+    later commit stores a value there, far from its neighbours, and the page it would have
+    had goes to the next record, so the values after it in the range shift by a page. No
+    estimate from earlier iterations can know either; the share's leaf nodes, which its
+    walk reads next anyway, name every value's pages."""
+
+    leaves: np.ndarray
+    start: int
+    stop: int
+    per_record: int
+    count: int = 0
+
+    def missing(self, first: np.ndarray, counts: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Of the overflow runs ``(first, counts)`` of the records on :attr:`leaves` (key
+        order), the share's runs that are not inside ``[start, stop)``.
+
+        With an exact estimate the share is the :attr:`count` records from the one whose
+        value starts at :attr:`start` (when the estimate is off by whole records, as when
+        other readers' records between two shares hold such values, it is those records
+        instead: no worse than the range alone). Otherwise, and when no value starts
+        there, only the values far from the rest (:meth:`far`)."""
+        if self.count:
+            at = np.flatnonzero(first == self.start)
+            if at.size:
+                share = slice(int(at[0]), int(at[0]) + self.count)
+                f, c = first[share], counts[share]
+                out = (f < self.start) | (f + c > self.stop)
+                return f[out], c[out]
+        return self.far(first, counts)
+
+    def far(self, first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of the overflow runs ``(first, counts)`` of the records on :attr:`leaves` (key
+        order), those of the share stored out of sequence.
+
+        In sequence are the values in the run around the predicted range: the values'
+        first pages sorted, cut where consecutive ones lie further apart than two records
+        and a few tree pages (the leaves and a commit's copies LMDB puts between values),
+        and the pieces that meet ``[start, stop)`` joined; the other records of the
+        share's first and last leaves (other readers') lie there too. A value outside it
+        is the share's when a neighbour in key order (the nearest record before or after
+        it whose value is in sequence) has its value in ``[start, stop)``: a boundary
+        leaf's out-of-sequence value of another reader's record is not asked for. Empty
+        when no piece meets the range (the prediction is off: no basis to tell)."""
+        none = (first[:0], counts[:0])
+        if not first.size:
+            return none
+        pages = np.sort(first)
+        cuts = np.flatnonzero(np.diff(pages) > 2 * self.per_record + 8)
+        lo = np.concatenate(([pages[0]], pages[cuts + 1]))
+        hi = np.concatenate((pages[cuts], [pages[-1]])) + self.per_record
+        meet = np.flatnonzero((lo < self.stop) & (hi > self.start))
+        if not meet.size:
+            return none
+        outside = (first < lo[meet[0]]) | (first >= hi[meet[-1]])
+        if not outside.any():
+            return none
+        mine = (first >= self.start) & (first < self.stop) & ~outside
+        # for every record, whether the nearest in-sequence record before (after) it is
+        # the share's: the last (next) in-sequence index carried forward (backward)
+        idx = np.arange(first.size)
+        before = np.maximum.accumulate(np.where(~outside, idx, -1))
+        after = np.minimum.accumulate(np.where(~outside, idx, first.size)[::-1])[::-1]
+        mine_ext = np.append(mine, False)
+        near = mine_ext[np.where(before >= 0, before, first.size)] | mine_ext[after]
+        keep = outside & near
+        return first[keep], counts[keep]
 
 
 class KnownShare:
