@@ -327,3 +327,60 @@ def test_leaf_scan_with_an_exact_estimate_leaves_nothing_out(
     need = {p for f, c in zip(first[mine].tolist(), counts[mine].tolist(), strict=True)
             for p in range(f, f + c)}
     assert need <= covered
+
+
+def test_learn_tree_names_every_tree_page_reading_branch_pages_only(tmp_path) -> None:
+    """On a three-level tree (400-byte keys: ~9 records a leaf, ~9 children a branch) the
+    tree pages a dm-spec reader learns at its first epoch are every branch and leaf page,
+    and the pages it read for them are the branch pages (marked as read), no leaf."""
+    write_db(tmp_path, random_items(300, 3072, seed=4, key_fmt="%0400d"), commit_every=50)
+    db = Database(tmp_path)
+    try:
+        assert db.db.depth == 3
+        leaves = db.leaves()
+        t = db.record_table()
+        values = np.unique(np.concatenate([np.arange(f, f + n) for f, n in zip(
+            ((t.val_off - db.layout.header_size) // db.psize).tolist(), t.ovf_pages.tolist(),
+            strict=True)]))
+        db.accounting.enable()
+        db.accounting.reset()
+        tree = KnownTreePages()
+        tree.learn_tree(db)
+        branches = np.flatnonzero(db.accounting.touched)
+        assert tree.complete
+        assert tree.leaves.tolist() == sorted(leaves.tolist())
+        assert tree.pages.tolist() == sorted(branches.tolist() + leaves.tolist())
+        assert branches.size == db.db.branch_pages and db.db.root in branches
+        assert not np.isin(branches, leaves).any()
+        # no value page is taken for a tree page
+        assert np.intersect1d(tree.pages, values).size == 0
+    finally:
+        db.close()
+
+
+def test_dm_spec_first_guess_is_exact_on_a_deep_tree_written_in_one_commit(tmp_path) -> None:
+    """From the first iteration of the first epoch, before any walk: on a three-level tree
+    written in one commit the first guess (every record the size of the first, counted
+    past the tree pages) misses no page, since every leaf is known from the start (before,
+    the leaves under branch pages no walk had passed pushed the values out of the range).
+    Its range is one run: the branch pages inside it that the walk does not pass are the
+    only pages prefetched for nothing."""
+    from lmdbio.plan.epoch import plan_epoch
+    from lmdbio.plan.strategies import DmSpec, IterationStats, ReaderContext
+
+    write_db(tmp_path, random_items(300, 3072, seed=5, key_fmt="%0400d"), commit_every=300)
+    db = Database(tmp_path)
+    try:
+        assert db.db.depth == 3
+        s = DmSpec(ReaderContext(db, None, 0, 1, advise=False))
+        s.setup()
+        plan = plan_epoch(len(db), 1, 100)
+        s.begin_epoch(plan)
+        for it in range(plan.iterations):
+            db.accounting.reset()
+            stats = IterationStats(it)
+            s.fetch(plan, it, plan.records(it, 0), stats)
+            assert stats.missed_pages == 0, it
+            assert stats.redundant_pages <= db.db.branch_pages, it
+    finally:
+        db.close()

@@ -186,6 +186,10 @@ class DmSpec(DmSerial):
         ovf = int(first.ovf_pages[0]) if first is not None and len(first) else 0
         meta = self.db.db
         self._guess_past_tree = ovf > 0 and meta.overflow_pages == ovf * meta.entries
+        if self._guess_past_tree and not self.tree.complete:
+            # every leaf known from the start: the estimates count past the leaves under
+            # other readers' branch pages too (a few branch pages read, once)
+            self.tree.learn_tree(self.db)
         # inline values: the file's pages per record (leaves, with the branch and free
         # pages between them), and the last page and record a walk ended on this epoch
         self._density = max(self.db.meta.last_pg - 1, 1) / max(len(self.db), 1)

@@ -118,6 +118,8 @@ class KnownTreePages:
         self._shifted = np.empty(0, np.int64)  # pages - arange: page_of's lookup table
         self._parsed: set[int] = set()
         self._children: dict[int, np.ndarray] = {}  # branch page: its children, key order
+        #: whether every branch and leaf page is known (:meth:`learn_tree`)
+        self.complete = False
 
     def children(self, db, branch: int) -> np.ndarray:
         """The child pages of branch page ``branch`` in key order, parsed once (the
@@ -143,6 +145,32 @@ class KnownTreePages:
             self._parsed.add(pg)
         self.pages = np.union1d(self.pages, np.concatenate(found))
         self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
+
+    def learn_tree(self, db) -> None:
+        """Learn every branch and leaf page: parse the branch pages level by level from
+        the root down to the leaves' parents (the leaves themselves are named by their
+        parents, not read). Without it a reader knows the leaves under the branch pages its
+        own walks passed, and on a tree of three levels or more the leaves under the others
+        (other readers' records) push its estimates on by one page per leaf. Reads the
+        branch pages only (a leaf's parent per ~150 leaves), marked in the accounting as
+        any page read."""
+        meta = db.db
+        if meta.empty or meta.depth < 2:
+            self.complete = True
+            return
+        level = np.array([meta.root], np.int64)
+        branches = [level]
+        for _ in range(meta.depth - 1):
+            for pg in level.tolist():
+                if db.accounting.enabled:
+                    db.accounting.touched[pg] = 1
+            level = np.concatenate([self.children(db, pg) for pg in level.tolist()])
+            branches.append(level)
+        self._parsed.update(np.concatenate(branches[:-1]).tolist())
+        self.leaves = np.union1d(self.leaves, level)
+        self.pages = np.union1d(self.pages, np.concatenate(branches))
+        self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
+        self.complete = True
 
     def coord(self, page: int) -> int:
         """Value coordinate of ``page``."""
