@@ -35,6 +35,7 @@ def exercise(path: Path) -> None:
             bytes(v[:16])
         db.gather(range(len(db)))
         db.leaf_overflow_runs(db.leaves())
+        db.free_list()
         cur = db.cursor()
         ok = cur.last()
         steps = 0

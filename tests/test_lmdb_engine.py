@@ -568,3 +568,69 @@ def test_leaf_overflow_runs_match_the_record_table(medium_db):
         branch = db.db.root
         with pytest.raises(LmdbioError, match=f"page {branch}"):
             db.leaf_overflow_runs(np.array([pick[0], branch]))
+
+
+def _tree_and_value_pages(db) -> np.ndarray:
+    """Every page the main tree uses: branch, leaf and overflow pages."""
+    t = db.record_table()
+    big = t.ovf_pages > 0
+    first = (t.val_off[big] - db.layout.header_size) // db.psize
+    values = np.repeat(first, t.ovf_pages[big]) + (
+        np.arange(int(t.ovf_pages[big].sum())) - np.repeat(
+            np.cumsum(t.ovf_pages[big]) - t.ovf_pages[big], t.ovf_pages[big]))
+    db.accounting.enable()
+    db.accounting.reset()
+    db._walk(db.db)  # every branch and leaf page, marked
+    tree = np.flatnonzero(db.accounting.touched)
+    db.accounting.reset()
+    return np.union1d(tree, values)
+
+
+def _mass_delete(path, version: int) -> None:
+    """2,000 values of 3 KB, then 1,500 of them deleted in one commit: that commit's
+    free-page record lists ~1,500 pages (12 KB: overflow pages), then two more commits."""
+    items = write_db(path, random_items(2000, 3072, seed=2), version=version,
+                     commit_every=500, map_size=1 << 26)
+    kw = {"lib_version": 1} if version == 3 else {}
+    env = lmdb.open(str(path), map_size=1 << 26, **kw)
+    with env.begin(write=True) as txn:
+        for k, _ in items[200:1700]:
+            txn.delete(k)
+    for extra in range(2):
+        with env.begin(write=True) as txn:
+            txn.put(b"z%d" % extra, b"v" * 3000)
+    env.close()
+
+
+@pytest.mark.parametrize("version", [1, 3])
+@pytest.mark.parametrize("history", ["churn", "mass-delete"])
+def test_free_list_and_the_trees_cover_the_file(tmp_path, version, history):
+    """After thousands of small commits with deletes (free pages reused) or one commit
+    that deleted 1,500 values (a free-page record in overflow pages), every page of the
+    file is a meta page, a page of the main tree or of its values, a page of the
+    free-page database, or a page it lists as free, and each is only one of them; the
+    free database's pages are marked as read."""
+    if history == "churn":
+        churn_db(tmp_path, commits=1500, seed=3, version=version)
+    else:
+        _mass_delete(tmp_path, version)
+    with lmdbio.open(tmp_path, pin_snapshot=False) as db:
+        if history == "mass-delete":
+            assert db.meta.free_db.overflow_pages > 0
+        used = _tree_and_value_pages(db)
+        db.accounting.enable()
+        db.accounting.reset()
+        free, own = db.free_list()
+        assert free.size and own.size
+        assert np.flatnonzero(db.accounting.touched).tolist() == own.tolist()
+        parts = [np.array([0, 1]), used, own, free]
+        everything = np.concatenate(parts)
+        assert np.unique(everything).size == everything.size  # disjoint
+        assert np.array_equal(np.sort(everything), np.arange(db.meta.last_pg + 1))
+
+
+def test_free_list_of_a_file_written_in_one_commit_is_empty(tmp_path):
+    write_db(tmp_path, random_items(50, 100, seed=1), commit_every=50)
+    with lmdbio.open(tmp_path, pin_snapshot=False) as db:
+        free, own = db.free_list()
+        assert free.size == 0 and own.size == 0

@@ -457,6 +457,53 @@ class Database:
             self._raise(code, pg)
         return out[:n].copy()
 
+    def free_list(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(free, own)``: the pages LMDB's free-page database lists as free in this
+        snapshot, and that database's own pages (branch, leaf and overflow), each sorted.
+
+        Neither holds a record of this snapshot: between the values, which LMDB writes in
+        key order, they are what a reader cannot place from the main tree alone. Reads
+        the free database's pages (a leaf or a few on most files; marked in the
+        accounting as any page read). Raises
+        :class:`~lmdbio.errors.LmdbFormatError` naming the page for a record that is not
+        a page list or lists a page outside the snapshot."""
+        self._check_open()
+        fdb = self.meta.free_db
+        empty = np.empty(0, np.int64)
+        if fdb.empty:
+            return empty, empty
+        self._check_db(fdb, "free-page database")
+        leaves, _ = self._walk(fdb)  # checked page by page; marks the pages it reads
+        own = [leaves]
+        level = np.array([fdb.root], np.int64)
+        for _ in range(fdb.depth - 1):  # the branch pages the walk has just checked
+            own.append(level)
+            level = np.concatenate([self.branch_children(int(pg)) for pg in level.tolist()])
+        t = self._build_table(fdb, leaves)
+        free = []
+        last = self.meta.last_pg
+        for j in range(len(t)):  # one record per commit that freed pages still listed
+            off, n, ovf = int(t.val_off[j]), int(t.val_len[j]), int(t.ovf_pages[j])
+            page = int(t.leaf_pg[j])
+            if ovf:
+                first = (off - self.layout.header_size) // self.psize
+                own.append(np.arange(first, first + ovf, dtype=np.int64))
+                if self.accounting.enabled:
+                    self.accounting.touched[first:first + ovf] = 1
+                page = first
+            ids = self.buf[off:off + n // 8 * 8].copy().view("<u8").astype(np.int64)
+            count = int(ids[0]) if ids.size else -1
+            if not 0 <= count < ids.size:
+                raise LmdbFormatError(self.path, f"free-page record of {n} bytes does not "
+                                      f"hold a page list (count {count})", page=page)
+            pages = ids[1:count + 1]
+            if pages.size and (pages.min() < 2 or pages.max() > last):
+                raise LmdbFormatError(self.path, f"free-page record lists a page outside "
+                                      f"2..{last}", page=page)
+            free.append(pages)
+        return (np.unique(np.concatenate(free)) if free else empty,
+                np.unique(np.concatenate(own)))
+
     def leaf_overflow_runs(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(first, counts)``: the overflow runs of the records on leaf pages ``leaves``
         (compiled; key order, inline values left out). Reads those leaf pages (marked in
