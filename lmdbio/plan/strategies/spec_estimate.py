@@ -113,7 +113,9 @@ class KnownTreePages:
     """
 
     def __init__(self) -> None:
-        self.pages = np.empty(0, np.int64)   # sorted: every known branch and leaf page
+        #: sorted: every known branch and leaf page (and, after :meth:`learn_tree`, the
+        #: free-page database's pages and the free pages it lists)
+        self.pages = np.empty(0, np.int64)
         self.leaves = np.empty(0, np.int64)  # sorted: the known leaf pages
         self._shifted = np.empty(0, np.int64)  # pages - arange: page_of's lookup table
         self._parsed: set[int] = set()
@@ -147,29 +149,33 @@ class KnownTreePages:
         self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
 
     def learn_tree(self, db) -> None:
-        """Learn every branch and leaf page: parse the branch pages level by level from
-        the root down to the leaves' parents (the leaves themselves are named by their
-        parents, not read). Without it a reader knows the leaves under the branch pages its
-        own walks passed, and on a tree of three levels or more the leaves under the others
-        (other readers' records) push its estimates on by one page per leaf. Reads the
-        branch pages only (a leaf's parent per ~150 leaves), marked in the accounting as
-        any page read."""
+        """Learn every branch and leaf page, and the pages of no record: parse the branch
+        pages level by level from the root down to the leaves' parents (the leaves
+        themselves are named by their parents, not read), and the free-page database
+        (:meth:`~lmdbio.lmdb.Database.free_list`: its own pages and the free pages it
+        lists). Without it a reader knows only the leaves under the branch pages its own
+        walks passed: on a tree of three levels or more the leaves under the others, and
+        on any file the free database's pages and the pages freed and not reused, push
+        its estimates on by a page each. Reads the branch pages (a leaf's parent per ~150
+        leaves) and the free database (a page or a few), marked in the accounting as any
+        page read."""
         meta = db.db
-        if meta.empty or meta.depth < 2:
-            self.complete = True
-            return
-        level = np.array([meta.root], np.int64)
-        branches = [level]
-        for _ in range(meta.depth - 1):
-            for pg in level.tolist():
-                if db.accounting.enabled:
-                    db.accounting.touched[pg] = 1
-            level = np.concatenate([self.children(db, pg) for pg in level.tolist()])
-            branches.append(level)
-        self._parsed.update(np.concatenate(branches[:-1]).tolist())
-        self.leaves = np.union1d(self.leaves, level)
-        self.pages = np.union1d(self.pages, np.concatenate(branches))
-        self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
+        found = []
+        if not meta.empty and meta.depth >= 2:
+            level = np.array([meta.root], np.int64)
+            found.append(level)
+            for _ in range(meta.depth - 1):
+                for pg in level.tolist():
+                    if db.accounting.enabled:
+                        db.accounting.touched[pg] = 1
+                level = np.concatenate([self.children(db, pg) for pg in level.tolist()])
+                found.append(level)
+            self._parsed.update(np.concatenate(found[:-1]).tolist())
+            self.leaves = np.union1d(self.leaves, level)
+        found.extend(db.free_list())
+        if found:
+            self.pages = np.union1d(self.pages, np.concatenate(found))
+            self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
         self.complete = True
 
     def coord(self, page: int) -> int:
