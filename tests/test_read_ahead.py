@@ -318,3 +318,28 @@ def test_dm_spec_prefetches_the_values_a_commit_stored_out_of_sequence(
         s.fetch(plan, it, ids, stats)
         missed.append(stats.missed_pages)
     assert (sum(missed[1:]) == 0) == scan, missed
+
+
+@pytest.mark.parametrize("commit_every", [500, 2000])
+def test_dm_spec_names_the_leaves_of_inline_values(tmp_path, open_strategy,
+                                                  commit_every) -> None:
+    """Inline values (five to a leaf page, a three-level tree): from the first iteration
+    on, dm-spec's prefetch is the share's leaves, named in key order (every leaf known
+    from the branch pages), whether the file was written in one commit or in four: no
+    page missed, none prefetched for nothing (the min/max range of the file's pages it
+    used before left 5-19 % of its pages unused)."""
+    write_db(tmp_path, random_items(6000, 700, seed=9), commit_every=commit_every)
+    db, s = open_strategy(DmSpec, tmp_path)
+    assert db.db.depth == 3 and db.db.overflow_pages == 0
+    plan = plan_epoch(len(db), 1, 64)
+    s.begin_epoch(plan)
+    got = []
+    for it in range(plan.iterations - 1):  # not the padded wrap-around
+        ids = plan.records(it, 0)
+        if it:
+            s.read_ahead(plan, it, ids)
+        db.accounting.reset()
+        stats = IterationStats(it)
+        s.fetch(plan, it, ids, stats)
+        got.append((stats.missed_pages, stats.redundant_pages))
+    assert got == [(0, 0)] * len(got)

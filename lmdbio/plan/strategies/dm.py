@@ -186,9 +186,12 @@ class DmSpec(DmSerial):
         ovf = int(first.ovf_pages[0]) if first is not None and len(first) else 0
         meta = self.db.db
         self._guess_past_tree = ovf > 0 and meta.overflow_pages == ovf * meta.entries
-        if self._guess_past_tree and not self.tree.complete:
+        #: every value in the leaves (MNIST-like): a share's pages are its leaves
+        self._inline = meta.overflow_pages == 0 and meta.entries > 0
+        if (self._guess_past_tree or self._inline) and not self.tree.complete:
             # every leaf known from the start: the estimates count past the leaves under
-            # other readers' branch pages too (a few branch pages read, once)
+            # other readers' branch pages too, and name leaves anywhere in the tree (the
+            # branch pages read once: a leaves' parent per ~150 leaves)
             self.tree.learn_tree(self.db)
         # inline values: the file's pages per record (leaves, with the branch and free
         # pages between them), and the last page and record a walk ended on this epoch
@@ -204,15 +207,30 @@ class DmSpec(DmSerial):
         self.estimator = PageRangeEstimator()
         self.value_estimator = ValuePageEstimator(self.tree)
 
-    def _guess(self, first_id: int, count: int) -> tuple[int, int]:
+    def _guess(self, first_id: int, count: int) -> list[tuple[int, int]]:
         """The paper's first guess: every record is the size of the first one (so record
         ``first_id`` starts ``first_id`` records' worth of pages after the meta pages), in
         value coordinates for overflow values (the tree pages known are skipped: exact on a
-        file written in one commit once they are known, e.g. from the second epoch on)."""
+        file written in one commit). For inline values the leaves in key order at the
+        file's records per leaf (:meth:`_leaf_guess`), or before the tree is learnt (mixed
+        sizes) :meth:`_inline_guess`."""
         size = self.pages_per_record
         if self._guess_past_tree:
-            return self.tree.value_range(2 + first_id * size, count * size)
-        return self._inline_guess(first_id, count)
+            return [self.tree.value_range(2 + first_id * size, count * size)]
+        if self._inline and self.tree.ordered_leaves.size:
+            return self._leaf_guess(first_id, count)
+        return [self._inline_guess(first_id, count)]
+
+    def _leaf_guess(self, first_id: int, count: int) -> list[tuple[int, int]]:
+        """Inline values, every leaf known in key order: the leaves records ``first_id ..
+        first_id + count - 1`` are on if every leaf holds the file's average (exact when
+        the leaves are full but the last, as a file written in key order has them; off by
+        a leaf at most otherwise, as far as the counts vary)."""
+        leaves = self.tree.ordered_leaves
+        per_leaf = max(self.db.db.entries / max(leaves.size, 1), 1.0)
+        lo = min(int(first_id / per_leaf), leaves.size - 1)
+        hi = min(int((first_id + count - 1) / per_leaf) + 1, leaves.size)
+        return [(int(pg), 1) for pg in leaves[lo:max(hi, lo + 1)].tolist()]
 
     def _inline_guess(self, first_id: int, count: int) -> tuple[int, int]:
         """The first guess for inline values, several to a leaf page, where "the size of
@@ -236,6 +254,13 @@ class DmSpec(DmSerial):
         first = int(ids[0]) if ids.size else 0
         ranges = predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
                                  first, cut) if regular else None
+        if regular and self._inline:
+            # values in the leaves: the share's leaves, named in key order, and the branch
+            # pages the walk moves into, rather than the min/max range of the file's pages
+            # (the cursor's own branch pages were read by the walk that left it there)
+            leaves, branches = self._share_leaves(first, cut)
+            if leaves.size:
+                ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
         scan = None
         if ranges is not None and self._guess_past_tree:
             leaves, branches = self._share_leaves(first, cut)
@@ -245,9 +270,9 @@ class DmSpec(DmSerial):
                            cut if exact else 0)
             ranges += [(int(pg), 1) for pg in leaves.tolist() + branches]
         self._blind = ranges is None  # the first guess: no iteration observed to go by
-        ranges = ranges or [self._guess(first, cut)]
+        ranges = ranges or self._guess(first, cut)
         if cut < ids.size:  # the records after the wrap-around start again near the front
-            ranges.append(self._guess(int(ids[cut]), ids.size - cut))
+            ranges += self._guess(int(ids[cut]), ids.size - cut)
         return ranges, scan
 
     def _share_leaves(self, first_id: int, count: int) -> tuple[np.ndarray, list[int]]:
@@ -255,15 +280,18 @@ class DmSpec(DmSerial):
         first_id + count - 1`` reads, and the branch page it moves on to if any:
         from where this reader's cursor stopped (record ``self._at``), the leaves as many
         on as the records between fill (at the larger of the cursor leaf's record count
-        and the file's average), named by the key-order children of the cursor's parent
-        branch page (and of the next branch page, which is then read here, and named, when
-        the estimate runs past the last child: the walk will read it). No margin: a leaf
-        more at each end was 3 % of the pages needed in redundant pages on 64-record shares.
+        and the file's average), named by every leaf in key order once the tree is learnt
+        (:meth:`KnownTreePages.learn_tree`), with the parents of those leaves other than
+        the cursor's; else by the key-order children of the cursor's parent branch page
+        (and of the next branch page, which is then read here, and named, when the
+        estimate runs past the last child: the walk will read it). No margin: a leaf more
+        at each end was 3 % of the pages needed in redundant pages on 64-record shares.
 
-        Overflow values only. The value ranges hold the leaves allocated among the values,
+        For overflow values the value ranges hold the leaves allocated among the values,
         but a commit copies the leaf being filled wherever the free list has room (Caffe
         commits every 1,000 records): a share that crosses a commit walks a leaf far from
-        its values, one missed page per reader and slot otherwise (docs/reading.md)."""
+        its values, one missed page per reader and slot otherwise (docs/reading.md). For
+        inline values the leaves are the values' pages (:meth:`_predict`)."""
         stack = self.cursor.stack
         if len(stack) < 2 or count < 1 or first_id < self._at:
             return np.empty(0, np.int64), []
@@ -277,6 +305,12 @@ class DmSpec(DmSerial):
         offset = int(stack[-1][1]) - self._at  # records from the parent's leaf `slot` on
         lo = slot + int((offset + first_id) / per_leaf)
         hi = slot + int((offset + first_id + count - 1) / per_leaf) + 1
+        ordered = self.tree.ordered_leaves
+        at = np.flatnonzero(ordered == int(stack[-1][0])) if ordered.size else ordered
+        if at.size:  # every leaf known in key order: as far on as the estimate goes
+            lo, hi = (min(max(int(at[0]) + k - slot, 0), ordered.size) for k in (lo, hi))
+            parents = np.unique(self.tree.leaf_parents[lo:hi]).tolist()
+            return ordered[lo:hi], [pg for pg in parents if pg != parent]
         kids = self.tree.children(self.db, parent)
         leaves = [kids[max(lo, 0):max(hi, 0)]]
         branches = []

@@ -122,6 +122,9 @@ class KnownTreePages:
         self._children: dict[int, np.ndarray] = {}  # branch page: its children, key order
         #: whether every branch and leaf page is known (:meth:`learn_tree`)
         self.complete = False
+        #: after :meth:`learn_tree`: every leaf page in key order, and each one's parent
+        self.ordered_leaves = np.empty(0, np.int64)
+        self.leaf_parents = np.empty(0, np.int64)
 
     def children(self, db, branch: int) -> np.ndarray:
         """The child pages of branch page ``branch`` in key order, parsed once (the
@@ -168,10 +171,13 @@ class KnownTreePages:
                 for pg in level.tolist():
                     if db.accounting.enabled:
                         db.accounting.touched[pg] = 1
-                level = np.concatenate([self.children(db, pg) for pg in level.tolist()])
+                kids = [self.children(db, pg) for pg in level.tolist()]
+                parents = np.repeat(level, [k.size for k in kids])
+                level = np.concatenate(kids)
                 found.append(level)
             self._parsed.update(np.concatenate(found[:-1]).tolist())
             self.leaves = np.union1d(self.leaves, level)
+            self.ordered_leaves, self.leaf_parents = level, parents
         found.extend(db.free_list())
         if found:
             self.pages = np.union1d(self.pages, np.concatenate(found))
