@@ -34,7 +34,7 @@ def exercise(path: Path) -> None:
         for _k, v in db.items():
             bytes(v[:16])
         db.gather(range(len(db)))
-        db.leaf_overflow_runs(db.leaves())
+        db.leaf_value_runs(db.leaves())
         db.free_list()
         cur = db.cursor()
         ok = cur.last()

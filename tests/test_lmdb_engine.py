@@ -546,28 +546,28 @@ def test_check_value_spans_names_a_bad_overflow_page(tmp_path, damage):
         db.check_value_spans(spans[0][keep], spans[1][keep])
 
 
-def test_leaf_overflow_runs_match_the_record_table(medium_db):
-    """The overflow runs named by some leaf pages (key order, inline values left out) are
-    those of the record table's records on them; the pages read are counted; a page that
-    is not a leaf is refused with its number."""
+def test_leaf_value_runs_match_the_record_table(medium_db):
+    """One entry per record on some leaf pages (key order): its overflow run, or its leaf
+    page and 0 for an inline value; the pages read are counted; a page that is not a leaf
+    is refused with its number."""
     path, _items = medium_db
     with lmdbio.open(path, accounting=True) as db:
         t = db.record_table()
         leaves = db.leaves()
         pick = leaves[[1, 2, len(leaves) // 2]]
-        mine = np.isin(t.leaf_pg, pick)
-        order = np.concatenate([np.flatnonzero(mine & (t.leaf_pg == pg)) for pg in pick])
-        big = order[t.ovf_pages[order] > 0]
-        assert 0 < big.size < order.size  # the file mixes inline and overflow values
+        order = np.concatenate([np.flatnonzero(t.leaf_pg == pg) for pg in pick])
+        big = t.ovf_pages[order] > 0
+        assert 0 < big.sum() < order.size  # the file mixes inline and overflow values
         db.accounting.reset()
-        first, counts = db.leaf_overflow_runs(pick)
-        np.testing.assert_array_equal(first, (t.val_off[big] - db.layout.header_size)
-                                      // db.psize)
-        np.testing.assert_array_equal(counts, t.ovf_pages[big])
+        first, counts = db.leaf_value_runs(pick)
+        want = np.where(big, (t.val_off[order] - db.layout.header_size) // db.psize,
+                        t.leaf_pg[order])
+        np.testing.assert_array_equal(first, want)
+        np.testing.assert_array_equal(counts, t.ovf_pages[order])
         assert np.flatnonzero(db.accounting.touched).tolist() == sorted(pick.tolist())
         branch = db.db.root
         with pytest.raises(LmdbioError, match=f"page {branch}"):
-            db.leaf_overflow_runs(np.array([pick[0], branch]))
+            db.leaf_value_runs(np.array([pick[0], branch]))
 
 
 def _tree_and_value_pages(db) -> np.ndarray:

@@ -281,7 +281,7 @@ def test_leaf_scan_names_the_shares_displaced_values_and_the_shift() -> None:
     start, share = 500, 40
     first = _leaf_values(20, share, 30, start, {25: 90, 65: 95}, frozenset({30, 70}))
     counts = np.ones_like(first)
-    scan = FarScan(np.array([7, 8]), start, start + share, 1, count=share)
+    scan = FarScan(np.array([7, 8]), start, start + share, 1, share, exact=True)
     got, n = scan.missing(first, counts)
     # record 25 (the share's 6th) is at page 90; a page before record 30 holding another
     # value pushes the share's last records on by one, past the range, and record 25's
@@ -292,11 +292,30 @@ def test_leaf_scan_names_the_shares_displaced_values_and_the_shift() -> None:
     assert scan.missing(pushed, counts)[0].tolist() == [start + share]
     # a min/max range (no record count): only values far from the run, and of those
     # only the ones next to the share's records in key order
-    far = FarScan(np.array([7, 8]), start, start + share, 1)
+    far = FarScan(np.array([7, 8]), start, start + share, 1, share)
     assert far.missing(first, counts)[0].tolist() == [90]
     # nothing on the leaves near the range: no basis to name anything
-    away = FarScan(np.array([7]), 5000, 5040, 1, count=share)
+    away = FarScan(np.array([7]), 5000, 5040, 1, share, exact=True)
     assert away.missing(first, counts)[0].size == 0
+    # inline values (0 pages) are never named
+    assert scan.missing(first, np.zeros_like(counts))[0].size == 0
+
+
+def test_leaf_scan_placed_by_the_leaves_counts_survives_a_shifted_estimate() -> None:
+    """When the leaves' record counts place the share (its first record is the 20th on
+    the first leaf), an estimate shifted by values moved among other readers' records
+    (here two pages early) still gets every page: the scan names the share's pages past
+    the range's end; taken by value page, the share would start two records late."""
+    from lmdbio.plan.strategies.dm import FarScan
+
+    start, share = 500, 40
+    first = _leaf_values(20, share, 30, start, {}, frozenset({}))
+    counts = np.ones_like(first)
+    early = start - 2
+    placed = FarScan(np.array([7, 8]), early, early + share, 1, share, True, first_slot=20)
+    assert placed.missing(first, counts)[0].tolist() == [start + share - 2, start + share - 1]
+    by_page = FarScan(np.array([7, 8]), early, early + share, 1, share, True)
+    assert by_page.missing(first, counts)[0].size == 0  # it takes the wrong records
 
 
 @settings(max_examples=200, deadline=None)
@@ -318,7 +337,7 @@ def test_leaf_scan_with_an_exact_estimate_leaves_nothing_out(
     first = np.where(pages >= 1000, 1000 + (pages - 1000) * per, pages * per)
     counts = np.full_like(first, per)
     start = 1000
-    scan = FarScan(np.array([3]), start, start + share * per, per, count=share)
+    scan = FarScan(np.array([3]), start, start + share * per, per, share, exact=True)
     extra_first, extra_counts = scan.missing(first, counts)
     covered = set(range(start, start + share * per))
     for f, c in zip(extra_first.tolist(), extra_counts.tolist(), strict=True):

@@ -504,10 +504,11 @@ class Database:
         return (np.unique(np.concatenate(free)) if free else empty,
                 np.unique(np.concatenate(own)))
 
-    def leaf_overflow_runs(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``(first, counts)``: the overflow runs of the records on leaf pages ``leaves``
-        (compiled; key order, inline values left out). Reads those leaf pages (marked in
-        the accounting) and no overflow page; raises on a page that is not a valid leaf."""
+    def leaf_value_runs(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(first, counts)``, one entry per record on leaf pages ``leaves`` in key order:
+        the first page and length of its overflow run, or its leaf page and 0 for a value
+        stored inline (compiled). Reads those leaf pages (marked in the accounting) and no
+        overflow page; raises on a page that is not a valid leaf."""
         from lmdbio.lmdb import kernels as k
 
         self._check_open()
@@ -515,7 +516,7 @@ class Database:
         most = leaves.shape[0] * (self.psize // 2)  # a node takes at least a 2-byte pointer
         first = np.empty(most, np.int64)
         counts = np.empty(most, np.int64)
-        code, page, n = k.leaf_overflow_runs(
+        code, page, n = k.leaf_value_runs(
             self.buf, self.fmt, leaves, self.meta.last_pg, bool(self.db.flags & MDB_DUPSORT),
             first, counts, self.accounting.touched, self.accounting.enabled)
         if code:

@@ -258,16 +258,16 @@ class DmSpec(DmSerial):
             # values in the leaves: the share's leaves, named in key order, and the branch
             # pages the walk moves into, rather than the min/max range of the file's pages
             # (the cursor's own branch pages were read by the walk that left it there)
-            leaves, branches = self._share_leaves(first, cut)
+            leaves, branches, _ = self._share_leaves(first, cut)
             if leaves.size:
                 ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
         scan = None
         if ranges is not None and self._guess_past_tree:
-            leaves, branches = self._share_leaves(first, cut)
+            leaves, branches, slot = self._share_leaves(first, cut)
             start, length = ranges[0]  # the values' main range, exact or min/max
             exact = self.value_estimator.predict(first, cut) is not None
-            scan = FarScan(leaves, start, start + length, self.pages_per_record,
-                           cut if exact else 0)
+            scan = FarScan(leaves, start, start + length, self.pages_per_record, cut,
+                           exact, slot)
             ranges += [(int(pg), 1) for pg in leaves.tolist() + branches]
         self._blind = ranges is None  # the first guess: no iteration observed to go by
         ranges = ranges or self._guess(first, cut)
@@ -275,9 +275,12 @@ class DmSpec(DmSerial):
             ranges += self._guess(int(ids[cut]), ids.size - cut)
         return ranges, scan
 
-    def _share_leaves(self, first_id: int, count: int) -> tuple[np.ndarray, list[int]]:
-        """``(leaves, branches)``: the leaf pages the walk over records ``first_id ..
-        first_id + count - 1`` reads, and the branch page it moves on to if any:
+    def _share_leaves(self, first_id: int, count: int
+                      ) -> tuple[np.ndarray, list[int], int | None]:
+        """``(leaves, branches, slot)``: the leaf pages the walk over records ``first_id ..
+        first_id + count - 1`` reads, the branch pages it moves on to, and where record
+        ``first_id`` is on the first of those leaves when the leaves' record counts place
+        it (None otherwise):
         from where this reader's cursor stopped (record ``self._at``), the leaves as many
         on as the records between fill (at the larger of the cursor leaf's record count
         and the file's average), named by every leaf in key order once the tree is learnt
@@ -294,7 +297,7 @@ class DmSpec(DmSerial):
         inline values the leaves are the values' pages (:meth:`_predict`)."""
         stack = self.cursor.stack
         if len(stack) < 2 or count < 1 or first_id < self._at:
-            return np.empty(0, np.int64), []
+            return np.empty(0, np.int64), [], None
         meta = self.db.db
         # records per leaf: the cursor's leaf's, or the file's average if that is more (a
         # file written in key order has full leaves but the last; the average then counts
@@ -308,9 +311,17 @@ class DmSpec(DmSerial):
         ordered = self.tree.ordered_leaves
         at = np.flatnonzero(ordered == int(stack[-1][0])) if ordered.size else ordered
         if at.size:  # every leaf known in key order: as far on as the estimate goes
-            lo, hi = (min(max(int(at[0]) + k - slot, 0), ordered.size) for k in (lo, hi))
+            base = int(at[0])
+            lo, hi = (min(max(base + k - slot, 0), ordered.size) for k in (lo, hi))
             parents = np.unique(self.tree.leaf_parents[lo:hi]).tolist()
-            return ordered[lo:hi], [pg for pg in parents if pg != parent]
+            # the leaves hold `per_leaf` records each up to the cursor (a file written in
+            # key order: all full but the last): then the same count places the share
+            full = int(per_leaf)
+            ahead = offset + first_id
+            placed = per_leaf == full and self._at == base * full + int(stack[-1][1]) \
+                and lo == base + ahead // full and lo < hi
+            return (ordered[lo:hi], [pg for pg in parents if pg != parent],
+                    ahead % full if placed else None)
         kids = self.tree.children(self.db, parent)
         leaves = [kids[max(lo, 0):max(hi, 0)]]
         branches = []
@@ -322,7 +333,7 @@ class DmSpec(DmSerial):
                 branches.append(nxt)
                 leaves.append(self.tree.children(self.db, nxt)[max(lo - kids.size, 0):
                                                                hi - kids.size])
-        return np.concatenate(leaves), branches
+        return np.concatenate(leaves), branches, None
 
     def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
         """When this fetch prefetched a blind first guess (an epoch's first slot, the
@@ -408,7 +419,7 @@ class DmSpec(DmSerial):
             # values stored out of sequence (in pages freed by earlier commits), named by
             # the share's leaves, which the walk reads next anyway: asked for with the rest
             with Timer(stats, "prefetch"):
-                far = scan.missing(*self.db.leaf_overflow_runs(scan.leaves))
+                far = scan.missing(*self.db.leaf_value_runs(scan.leaves))
                 if far[0].size:
                     if asked is not None:  # the estimate was asked for in read-ahead
                         asked = self.advise_pages(*far) or asked
@@ -478,44 +489,50 @@ class DmSpec(DmSerial):
 @dataclass(frozen=True)
 class FarScan:
     """Where to look for a share's values that its predicted range misses: its predicted
-    ``leaves`` (key order) and the predicted range ``[start, stop)`` of its values
-    (``per_record`` overflow pages each; ``count`` records from the one whose value starts
-    at ``start`` when the range is the exact value-page estimate, 0 for a min/max range).
+    ``leaves`` (key order), the predicted range ``[start, stop)`` of its values
+    (``per_record`` overflow pages each), its ``count`` records, whether the range is the
+    exact value-page estimate (``exact``; else min/max), and where its first record is on
+    the first leaf (``first_slot``; None when the leaves' record counts do not tell).
 
     LMDB reuses pages freed by earlier commits (Caffe commits every 1,000 records): a
     later commit stores a value there, far from its neighbours, and the page it would have
-    had goes to the next record, so the values after it in the range shift by a page. No
-    estimate from earlier iterations can know either; the share's leaf nodes, which its
-    walk reads next anyway, name every value's pages."""
+    had goes to the next record, so the values after it shift by a page. No estimate from
+    earlier iterations can know either; the share's leaf nodes, which its walk reads next
+    anyway, name every value's pages."""
 
     leaves: np.ndarray
     start: int
     stop: int
     per_record: int
-    count: int = 0
+    count: int
+    exact: bool = False
+    first_slot: int | None = None
 
     def missing(self, first: np.ndarray, counts: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray]:
-        """Of the overflow runs ``(first, counts)`` of the records on :attr:`leaves` (key
-        order), the share's runs that are not inside ``[start, stop)``.
+        """Of the value runs ``(first, counts)`` of the records on :attr:`leaves` (one per
+        record, key order; 0 pages for an inline value), the share's overflow runs that are
+        not inside ``[start, stop)``.
 
-        With an exact estimate the share is the :attr:`count` records from the one whose
-        value starts at :attr:`start` (when the estimate is off by whole records, as when
-        other readers' records between two shares hold such values, it is those records
-        instead: no worse than the range alone). Otherwise, and when no value starts
-        there, only the values far from the rest (:meth:`far`)."""
-        if self.count:
-            at = np.flatnonzero(first == self.start)
-            if at.size:
-                share = slice(int(at[0]), int(at[0]) + self.count)
-                f, c = first[share], counts[share]
-                out = (f < self.start) | (f + c > self.stop)
-                return f[out], c[out]
-        return self.far(first, counts)
+        The share is the :attr:`count` records from :attr:`first_slot` when the leaves'
+        counts place it (exact: the other readers' records in between do not matter);
+        else, with an exact estimate, from the record whose value starts at
+        :attr:`start` (off by whole records when values moved among other readers'
+        records between two shares: no worse than the range alone). Otherwise, and when no
+        value starts there, only the values far from the rest (:meth:`far`)."""
+        at = self.first_slot
+        if at is None and self.exact:
+            hit = np.flatnonzero((first == self.start) & (counts > 0))
+            at = int(hit[0]) if hit.size else None
+        if at is None:
+            return self.far(first, counts)
+        f, c = first[at:at + self.count], counts[at:at + self.count]
+        out = (c > 0) & ((f < self.start) | (f + c > self.stop))
+        return f[out], c[out]
 
     def far(self, first: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Of the overflow runs ``(first, counts)`` of the records on :attr:`leaves` (key
-        order), those of the share stored out of sequence.
+        """Of the value runs ``(first, counts)`` of the records on :attr:`leaves` (key
+        order; inline values left out), those of the share stored out of sequence.
 
         In sequence are the values in the run around the predicted range: the values'
         first pages sorted, cut where consecutive ones lie further apart than two records
@@ -526,6 +543,8 @@ class FarScan:
         it whose value is in sequence) has its value in ``[start, stop)``: a boundary
         leaf's out-of-sequence value of another reader's record is not asked for. Empty
         when no piece meets the range (the prediction is off: no basis to tell)."""
+        big = counts > 0
+        first, counts = first[big], counts[big]
         none = (first[:0], counts[:0])
         if not first.size:
             return none
