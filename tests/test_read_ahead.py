@@ -285,6 +285,23 @@ def test_dm_spec_first_guess_on_inline_values_covers_their_leaves(tmp_path,
     check(1300, 256)
 
 
+def _epoch_pages(db: Database, s: DmSpec, batch: int) -> list[tuple[int, int]]:
+    """One reader's epoch in key order up to the padded wrap-around: ``(missed,
+    redundant)`` pages of each iteration's fetch, read-ahead before each after the first."""
+    plan = plan_epoch(len(db), 1, batch)
+    s.begin_epoch(plan)
+    got = []
+    for it in range(plan.iterations - (len(db) % batch > 0)):
+        ids = plan.records(it, 0)
+        if it:
+            s.read_ahead(plan, it, ids)
+        db.accounting.reset()
+        stats = IterationStats(it)
+        s.fetch(plan, it, ids, stats)
+        got.append((stats.missed_pages, stats.redundant_pages))
+    return got
+
+
 def _out_of_sequence(db: Database) -> int:
     """Records whose value does not lie between its neighbours' in the file."""
     first = db.record_table().val_off // db.psize
@@ -306,17 +323,7 @@ def test_dm_spec_prefetches_the_values_a_commit_stored_out_of_sequence(
                             (first[:0], counts[:0]))
     db, s = open_strategy(DmSpec, cifar_like)
     assert _out_of_sequence(db) > 0
-    plan = plan_epoch(len(db), 1, BATCH)
-    s.begin_epoch(plan)
-    missed = []
-    for it in range(plan.iterations):
-        ids = plan.records(it, 0)
-        if it:
-            s.read_ahead(plan, it, ids)
-        db.accounting.reset()
-        stats = IterationStats(it)
-        s.fetch(plan, it, ids, stats)
-        missed.append(stats.missed_pages)
+    missed = [m for m, _ in _epoch_pages(db, s, BATCH)]
     assert (sum(missed[1:]) == 0) == scan, missed
 
 
@@ -331,17 +338,7 @@ def test_dm_spec_names_the_leaves_of_inline_values(tmp_path, open_strategy,
     write_db(tmp_path, random_items(6000, 700, seed=9), commit_every=commit_every)
     db, s = open_strategy(DmSpec, tmp_path)
     assert db.db.depth == 3 and db.db.overflow_pages == 0
-    plan = plan_epoch(len(db), 1, 64)
-    s.begin_epoch(plan)
-    got = []
-    for it in range(plan.iterations - 1):  # not the padded wrap-around
-        ids = plan.records(it, 0)
-        if it:
-            s.read_ahead(plan, it, ids)
-        db.accounting.reset()
-        stats = IterationStats(it)
-        s.fetch(plan, it, ids, stats)
-        got.append((stats.missed_pages, stats.redundant_pages))
+    got = _epoch_pages(db, s, 64)
     assert got == [(0, 0)] * len(got)
 
 
@@ -354,15 +351,5 @@ def test_dm_spec_names_the_values_of_records_of_mixed_sizes(tmp_path, open_strat
     write_db(tmp_path, random_items(3000, (2200, 9000), seed=11), commit_every=500)
     db, s = open_strategy(DmSpec, tmp_path)
     assert len(set(db.record_table().ovf_pages.tolist())) == 3
-    plan = plan_epoch(len(db), 1, 64)
-    s.begin_epoch(plan)
-    got = []
-    for it in range(plan.iterations - 1):  # not the padded wrap-around
-        ids = plan.records(it, 0)
-        if it:
-            s.read_ahead(plan, it, ids)
-        db.accounting.reset()
-        stats = IterationStats(it)
-        s.fetch(plan, it, ids, stats)
-        got.append((stats.missed_pages, stats.redundant_pages))
+    got = _epoch_pages(db, s, 64)
     assert got[1:] == [(0, 0)] * (len(got) - 1), got

@@ -507,21 +507,25 @@ class Database:
     def leaf_value_runs(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(first, counts)``, one entry per record on leaf pages ``leaves`` in key order:
         the first page and length of its overflow run, or its leaf page and 0 for a value
-        stored inline (compiled). Reads those leaf pages (marked in the accounting) and no
-        overflow page; raises on a page that is not a valid leaf."""
-        from lmdbio.lmdb import kernels as k
+        stored inline (the compiled record table of those leaves). Reads those leaf pages
+        (marked in the accounting) and no overflow page; raises
+        :class:`~lmdbio.errors.LmdbFormatError` naming a page that is outside the snapshot
+        or not a leaf."""
+        from lmdbio.lmdb.kernels import E_PAGE_KIND, E_PAGE_RANGE
 
         self._check_open()
         leaves = np.ascontiguousarray(leaves, dtype=np.int64)
-        most = leaves.shape[0] * (self.psize // 2)  # a node takes at least a 2-byte pointer
-        first = np.empty(most, np.int64)
-        counts = np.empty(most, np.int64)
-        code, page, n = k.leaf_value_runs(
-            self.buf, self.fmt, leaves, self.meta.last_pg, bool(self.db.flags & MDB_DUPSORT),
-            first, counts, self.accounting.touched, self.accounting.enabled)
-        if code:
-            self._raise(code, page)
-        return first[:n].copy(), counts[:n].copy()
+        outside = np.flatnonzero((leaves < 2) | (leaves > self.meta.last_pg)
+                                 | ((leaves + 1) * self.psize > self.buf.shape[0]))
+        if outside.size:
+            self._raise(E_PAGE_RANGE, leaves[outside[0]])
+        flags = self.buf[leaves * self.psize + self.layout.flags_off]
+        if leaves.size and not (flags & 0x02).all():
+            self._raise(E_PAGE_KIND, leaves[np.flatnonzero(~flags & 0x02)[0]])
+        t = self._build_table(self.db, leaves)
+        inline = t.ovf_pages == 0
+        first = np.where(inline, t.leaf_pg, (t.val_off - self.layout.header_size) // self.psize)
+        return first, t.ovf_pages.copy()
 
     def leaf_directory(self) -> np.ndarray:
         """``first[j]`` = index of the first record on leaf ``j``; ``first[-1]`` = total.

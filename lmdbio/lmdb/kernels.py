@@ -294,39 +294,6 @@ def leaf_records(buf, fmt, leaves, last_pg, dupsort,
 
 
 @njit(cache=True, nogil=True)
-def leaf_value_runs(buf, fmt, leaves, last_pg, dupsort, out_first, out_count, touched,
-                    account):
-    """One entry per record on leaf pages ``leaves``, in key order: ``out_first[:n]`` the
-    first page of its overflow run and ``out_count[:n]`` the run's length, or the leaf
-    page and 0 for a value stored inline (both arrays at least as long as the leaves'
-    records). Reads the leaf pages only (no overflow page); each run's extent is checked
-    against the snapshot and the file. Returns ``(code, page, n)``; ``E_PAGE_KIND`` for a
-    page that is not a leaf."""
-    psize = fmt[0]
-    n = 0
-    for j in range(leaves.shape[0]):
-        pg = leaves[j]
-        code, nkeys = check_page(buf, fmt, pg, last_pg)
-        if code != OK:
-            return code, pg, n
-        base = pg * psize
-        if not _u16(buf, base + fmt[2]) & 0x02:
-            return E_PAGE_KIND, pg, n
-        if account:
-            touched[pg] = 1
-        for i in range(nkeys):
-            code, _, _, vo, _, op, _ = leaf_node(buf, fmt, base, i, last_pg, dupsort)
-            if code != OK:
-                return code, pg, n
-            if n >= out_first.shape[0]:
-                return E_COUNT, pg, n
-            out_first[n] = vo // psize if op else pg
-            out_count[n] = op
-            n += 1
-    return OK, 0, n
-
-
-@njit(cache=True, nogil=True)
 def check_overflow_headers(buf, fmt, val_off, ovf_pages, indices, touched, account):
     """Check the first page header of the overflow runs of the records ``indices``.
 

@@ -13,10 +13,14 @@ the paper's first guess (every record the size of the first one; for inline valu
 file's pages per record); from then on the estimate is corrected every iteration from the
 pages the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
 records of one size, counted past the tree pages the reader's walks have seen, else the
-reference code's min/max estimator with the changes measured in docs/reading.md. For
-records of one size the reader also parses the leaves it predicted for its share before
-the chain and asks for the values they name outside the estimate (:class:`FarScan`: values
-a later commit stored in pages an earlier one freed, and the shift they leave).
+reference code's min/max estimator with the changes measured in docs/reading.md. Every
+branch and leaf page and the free pages are learnt at the first epoch
+(:meth:`KnownTreePages.learn_tree`). Before the chain the reader parses the leaves it
+predicted for its share and asks for the values they name that the estimate misses
+(:class:`FarScan`: values a later commit stored in pages an earlier one freed, and the
+shift they leave); where the leaves' record counts place the share, for values of several
+sizes the leaves' values replace the estimate, and for inline values the prefetch is the
+share's leaves.
 """
 
 from __future__ import annotations
@@ -169,8 +173,9 @@ class DmSpec(DmSerial):
         self._expect: int | None = None
         self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
-        #: read_ahead's (ids, starts, lengths, cut, asked), for the fetch that follows it
-        self._advised: tuple[np.ndarray, np.ndarray, np.ndarray, int, bool] | None = None
+        #: read_ahead's (ids, starts, lengths, cut, scan, asked), for the fetch after it
+        self._advised: tuple[np.ndarray, np.ndarray, np.ndarray, int, FarScan | None,
+                             bool] | None = None
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
         # the first record, from the pages on the way to it (a record table would read
@@ -249,8 +254,9 @@ class DmSpec(DmSerial):
     def _predict(self, ids: np.ndarray, cut: int, regular: bool
                  ) -> tuple[list[tuple[int, int]], FarScan | None]:
         """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around), and
-        for an estimate of overflow values of one size, where to look for the values the
-        ranges miss (:class:`FarScan`)."""
+        for overflow values, where to look for the values the ranges miss
+        (:class:`FarScan`; None for inline values, whose leaves are the ranges, and before
+        any iteration was observed)."""
         first = int(ids[0]) if ids.size else 0
         ranges = predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
                                  first, cut) if regular else None
@@ -394,9 +400,9 @@ class DmSpec(DmSerial):
     def _ranges(self, ids: np.ndarray
                 ) -> tuple[np.ndarray, np.ndarray, int, FarScan | None]:
         """``(starts, lengths, cut, scan)``: the prefetch ranges for ``ids``, clipped to the
-        file, where ``ids`` wrap around (``ids.size`` if they do not), and the leaves to
-        look for values stored out of sequence in (:meth:`_predict`; None for a share
-        known from an earlier epoch, whose pages are exact)."""
+        file, where ``ids`` wrap around (``ids.size`` if they do not), and where to look
+        for the values the ranges miss (:meth:`_predict`; None for a share known from an
+        earlier epoch, whose pages are exact)."""
         npages = self.db.file_size // self.db.psize
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
@@ -425,8 +431,9 @@ class DmSpec(DmSerial):
         else:
             starts, lengths, cut, scan, asked = *self._ranges(ids), None
         if scan is not None and scan.leaves.size:
-            # values stored out of sequence (in pages freed by earlier commits), named by
-            # the share's leaves, which the walk reads next anyway: asked for with the rest
+            # the share's values the ranges miss (stored in pages freed by earlier commits,
+            # or of sizes no estimate knew), named by its leaves, which the walk reads next
+            # anyway: asked for now, before the chain, with the rest
             with Timer(stats, "prefetch"):
                 far = scan.missing(*self.db.leaf_value_runs(scan.leaves))
                 if far[0].size:
