@@ -193,6 +193,8 @@ class DmSpec(DmSerial):
         self._guess_past_tree = ovf > 0 and meta.overflow_pages == ovf * meta.entries
         #: every value in the leaves (MNIST-like): a share's pages are its leaves
         self._inline = meta.overflow_pages == 0 and meta.entries > 0
+        #: records on the first leaf (:meth:`_placed_from_start`), read when first needed
+        self._full: int | None = getattr(self, "_full", None)
         if not self.tree.complete:
             # every leaf known from the start: the estimates count past the leaves under
             # other readers' branch pages too, and name leaves anywhere in the tree (the
@@ -285,10 +287,40 @@ class DmSpec(DmSerial):
                 scan = FarScan(leaves, 0, 0, 1, cut, False, slot)
                 ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
         self._blind = ranges is None  # the first guess: no iteration observed to go by
+        if self._blind and not self._inline and self.tree.complete:
+            # overflow values, nothing observed: where the leaves are full but the last,
+            # the first record's leaf and slot follow from its number alone
+            placed = self._placed_from_start(first, cut)
+            if placed is not None:
+                leaves, slot = placed
+                guess = self._guess(first, cut) if self._guess_past_tree else [(0, 0)]
+                start, length = guess[0]
+                scan = FarScan(leaves, start, start + length, self.pages_per_record, cut,
+                               False, slot)
+                ranges = guess + [(int(pg), 1) for pg in leaves.tolist()]
         ranges = ranges or self._guess(first, cut)
         if cut < ids.size:  # the records after the wrap-around start again near the front
             ranges += self._guess(int(ids[cut]), ids.size - cut)
         return ranges, scan
+
+    def _placed_from_start(self, first_id: int, count: int
+                           ) -> tuple[np.ndarray, int] | None:
+        """``(leaves, slot)``: the leaves records ``first_id .. first_id + count - 1`` are
+        on and where the first is on the first of them, when every leaf but the last holds
+        as many records as the first leaf (a file written in key order; the meta page's
+        record and leaf counts must allow it); None otherwise. Asks the first leaf for its
+        count once: a page :meth:`begin_epoch`'s walk to the first record has read."""
+        leaves = self.tree.ordered_leaves
+        if not leaves.size or count < 1:
+            return None
+        if self._full is None:
+            self._full = self.db.page_entries(int(leaves[0]))
+        full, total = self._full, self.db.db.entries
+        if full < 1 or not full * (leaves.size - 1) < total <= full * leaves.size:
+            return None
+        lo = first_id // full
+        hi = min((first_id + count - 1) // full + 1, leaves.size)
+        return (leaves[lo:hi], first_id - lo * full) if lo < hi else None
 
     def _share_leaves(self, first_id: int, count: int
                       ) -> tuple[np.ndarray, list[int], int | None]:
