@@ -36,6 +36,7 @@ def exercise(path: Path) -> None:
         db.gather(range(len(db)))
         db.leaf_value_runs(db.leaves())
         db.free_list()
+        db.tree_levels()
         cur = db.cursor()
         ok = cur.last()
         steps = 0

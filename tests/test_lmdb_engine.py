@@ -634,3 +634,34 @@ def test_free_list_of_a_file_written_in_one_commit_is_empty(tmp_path):
     with lmdbio.open(tmp_path, pin_snapshot=False) as db:
         free, own = db.free_list()
         assert free.size == 0 and own.size == 0
+
+
+def test_tree_levels_name_every_page_and_refuse_a_page_named_twice(tmp_path):
+    """A three-level tree's levels from its root, each in key order, and each leaf's
+    parent, reading branch pages only; a root that names one child twice (a corrupt
+    file) is refused with its page, not followed into levels that grow without bound."""
+    from lmdbio.lmdb import kernels as k
+
+    path = tmp_path / "db"
+    write_db(path, random_items(300, 3072, seed=4, key_fmt="%0400d"), commit_every=300)
+    with lmdbio.open(path, pin_snapshot=False, accounting=True) as db:
+        assert db.db.depth == 3
+        leaves = db.leaves()
+        db.accounting.reset()
+        levels, parents = db.tree_levels()
+        assert [lv.size for lv in levels][:1] == [1] and levels[0][0] == db.db.root
+        np.testing.assert_array_equal(levels[-1], leaves)
+        assert parents.size == levels[-1].size and set(parents.tolist()) == set(levels[1].tolist())
+        branches = np.concatenate(levels[:-1])
+        assert np.flatnonzero(db.accounting.touched).tolist() == sorted(branches.tolist())
+        root, psize, fmt = db.db.root, db.psize, db.fmt
+        second = k.node_offset(db.buf, fmt, root * psize, 1)
+        first_child = int(levels[1][0])
+    data = bytearray((path / "data.mdb").read_bytes())
+    data[second:second + 6] = (first_child & 0xFFFF).to_bytes(2, "little") + \
+        ((first_child >> 16) & 0xFFFF).to_bytes(2, "little") + \
+        ((first_child >> 32) & 0xFFFF).to_bytes(2, "little")
+    (path / "data.mdb").write_bytes(bytes(data))
+    with lmdbio.open(path, pin_snapshot=False) as db, \
+            pytest.raises(LmdbFormatError, match=f"page {root}: page reached twice"):
+        db.tree_levels()

@@ -457,6 +457,54 @@ class Database:
             self._raise(code, pg)
         return out[:n].copy()
 
+    def tree_levels(self, record: DbRecord | None = None
+                    ) -> tuple[list[np.ndarray], np.ndarray]:
+        """``(levels, parents)``: the pages of a tree level by level from its root, each
+        level in key order (the last: its leaves), and each leaf's parent page (empty for
+        a tree of one page). Parses the branch pages only (marked in the accounting); the
+        leaves are named by their parents, not read. ``record``: the tree (default: this
+        database's), its root, depth and counts checked as :meth:`_check_db` does. Raises
+        :class:`~lmdbio.errors.LmdbFormatError` for a page named twice (a cycle or a
+        shared subtree: the levels could otherwise grow without bound) or a page that is
+        not a branch page where the depth says one is."""
+        from lmdbio.lmdb.kernels import E_CYCLE
+
+        self._check_open()
+        record = self.db if record is None else record
+        if record.empty:
+            return [np.empty(0, np.int64)], np.empty(0, np.int64)
+        levels = [np.array([record.root], np.int64)]
+        parents = np.empty(0, np.int64)
+        seen = 1
+        for _ in range(record.depth - 1):
+            level = levels[-1]
+            if self.accounting.enabled:
+                self.accounting.touched[level] = 1
+            kids = [self.branch_children(int(pg)) for pg in level.tolist()]
+            parents = np.repeat(level, [k.size for k in kids])
+            nxt = np.concatenate(kids)
+            seen += nxt.size
+            if seen > self.meta.last_pg + 1 or np.unique(nxt).size != nxt.size:
+                self._raise(E_CYCLE, int(level[0]))
+            levels.append(nxt)
+        return levels, parents
+
+    def _checked_leaves(self, leaves: np.ndarray) -> np.ndarray:
+        """``leaves`` as int64 page numbers, every one inside the snapshot and the file and
+        flagged a leaf page; raises :class:`~lmdbio.errors.LmdbFormatError` naming the
+        first that is not."""
+        from lmdbio.lmdb.kernels import E_PAGE_KIND, E_PAGE_RANGE
+
+        leaves = np.ascontiguousarray(leaves, dtype=np.int64)
+        outside = np.flatnonzero((leaves < 2) | (leaves > self.meta.last_pg)
+                                 | ((leaves + 1) * self.psize > self.buf.shape[0]))
+        if outside.size:
+            self._raise(E_PAGE_RANGE, leaves[outside[0]])
+        flags = self.buf[leaves * self.psize + self.layout.flags_off]
+        if leaves.size and not (flags & 0x02).all():
+            self._raise(E_PAGE_KIND, leaves[np.flatnonzero(~flags & 0x02)[0]])
+        return leaves
+
     def free_list(self) -> tuple[np.ndarray, np.ndarray]:
         """``(free, own)``: the pages LMDB's free-page database lists as free in this
         snapshot, and that database's own pages (branch, leaf and overflow), each sorted.
@@ -472,25 +520,18 @@ class Database:
         empty = np.empty(0, np.int64)
         if fdb.empty:
             return empty, empty
-        self._check_db(fdb, "free-page database")
-        leaves, _ = self._walk(fdb)  # checked page by page; marks the pages it reads
-        own = [leaves]
-        level = np.array([fdb.root], np.int64)
-        for _ in range(fdb.depth - 1):  # the branch pages the walk has just checked
-            own.append(level)
-            level = np.concatenate([self.branch_children(int(pg)) for pg in level.tolist()])
-        t = self._build_table(fdb, leaves)
+        levels, _ = self.tree_levels(self._check_db(fdb, "free-page database"))
+        t = self._build_table(fdb, self._checked_leaves(levels[-1]))
+        own = list(levels)
         free = []
         last = self.meta.last_pg
         for j in range(len(t)):  # one record per commit that freed pages still listed
             off, n, ovf = int(t.val_off[j]), int(t.val_len[j]), int(t.ovf_pages[j])
-            page = int(t.leaf_pg[j])
+            page = off // self.psize  # its leaf, or the first page of its overflow run
             if ovf:
-                first = (off - self.layout.header_size) // self.psize
-                own.append(np.arange(first, first + ovf, dtype=np.int64))
+                own.append(np.arange(page, page + ovf, dtype=np.int64))
                 if self.accounting.enabled:
-                    self.accounting.touched[first:first + ovf] = 1
-                page = first
+                    self.accounting.touched[page:page + ovf] = 1
             ids = self.buf[off:off + n // 8 * 8].copy().view("<u8").astype(np.int64)
             count = int(ids[0]) if ids.size else -1
             if not 0 <= count < ids.size:
@@ -511,21 +552,9 @@ class Database:
         (marked in the accounting) and no overflow page; raises
         :class:`~lmdbio.errors.LmdbFormatError` naming a page that is outside the snapshot
         or not a leaf."""
-        from lmdbio.lmdb.kernels import E_PAGE_KIND, E_PAGE_RANGE
-
         self._check_open()
-        leaves = np.ascontiguousarray(leaves, dtype=np.int64)
-        outside = np.flatnonzero((leaves < 2) | (leaves > self.meta.last_pg)
-                                 | ((leaves + 1) * self.psize > self.buf.shape[0]))
-        if outside.size:
-            self._raise(E_PAGE_RANGE, leaves[outside[0]])
-        flags = self.buf[leaves * self.psize + self.layout.flags_off]
-        if leaves.size and not (flags & 0x02).all():
-            self._raise(E_PAGE_KIND, leaves[np.flatnonzero(~flags & 0x02)[0]])
-        t = self._build_table(self.db, leaves)
-        inline = t.ovf_pages == 0
-        first = np.where(inline, t.leaf_pg, (t.val_off - self.layout.header_size) // self.psize)
-        return first, t.ovf_pages.copy()
+        t = self._build_table(self.db, self._checked_leaves(leaves))
+        return t.val_off // self.psize, t.ovf_pages.copy()
 
     def leaf_directory(self) -> np.ndarray:
         """``first[j]`` = index of the first record on leaf ``j``; ``first[-1]`` = total.

@@ -184,8 +184,8 @@ class DmSpec(DmSerial):
         first_size = int(first.val_len[0]) if first is not None and len(first) else 1
         psize = self.db.psize
         self.pages_per_record = max(1, -(-(first_size + self.db.layout.header_size) // psize))
-        # overflow values: the first guess counts past the tree pages known (from the walks
-        # of earlier epochs, or earlier in this one); inline values live in the leaves
+        # overflow values: the first guess counts past the tree pages (every one known
+        # from the first epoch on, below); inline values live in the leaves
         # (only when every value fills as many overflow pages as the first: the tree's
         # overflow page count says so; mixed sizes, some inline, go by the file's density)
         ovf = int(first.ovf_pages[0]) if first is not None and len(first) else 0
@@ -277,7 +277,7 @@ class DmSpec(DmSerial):
             scan = FarScan(leaves, start, start + length, self.pages_per_record, cut,
                            exact, slot)
             ranges += [(int(pg), 1) for pg in leaves.tolist() + branches]
-        elif regular and not self._inline and self.tree.complete:
+        elif regular and not self._inline:
             # overflow values of several sizes: no estimate from the past knows the sizes
             # of records not yet walked (the min/max range's slack was 24-41 % of the
             # pages needed); when the leaves' record counts place the share, its leaves
@@ -287,16 +287,16 @@ class DmSpec(DmSerial):
                 scan = FarScan(leaves, 0, 0, 1, cut, False, slot)
                 ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
         self._blind = ranges is None  # the first guess: no iteration observed to go by
-        if self._blind and not self._inline and self.tree.complete:
+        if self._blind and not self._inline:
             # overflow values, nothing observed: where the leaves are full but the last,
             # the first record's leaf and slot follow from its number alone
             placed = self._placed_from_start(first, cut)
             if placed is not None:
                 leaves, slot = placed
-                guess = self._guess(first, cut) if self._guess_past_tree else [(0, 0)]
-                start, length = guess[0]
-                scan = FarScan(leaves, start, start + length, self.pages_per_record, cut,
-                               False, slot)
+                # values of one size: the first guess as well, asked for in one run
+                guess = self._guess(first, cut) if self._guess_past_tree else []
+                start, stop = (guess[0][0], sum(guess[0])) if guess else (0, 0)
+                scan = FarScan(leaves, start, stop, self.pages_per_record, cut, False, slot)
                 ranges = guess + [(int(pg), 1) for pg in leaves.tolist()]
         ranges = ranges or self._guess(first, cut)
         if cut < ids.size:  # the records after the wrap-around start again near the front
@@ -325,62 +325,45 @@ class DmSpec(DmSerial):
     def _share_leaves(self, first_id: int, count: int
                       ) -> tuple[np.ndarray, list[int], int | None]:
         """``(leaves, branches, slot)``: the leaf pages the walk over records ``first_id ..
-        first_id + count - 1`` reads, the branch pages it moves on to, and where record
+        first_id + count - 1`` reads, the branch pages it moves into, and where record
         ``first_id`` is on the first of those leaves when the leaves' record counts place
-        it (None otherwise):
-        from where this reader's cursor stopped (record ``self._at``), the leaves as many
-        on as the records between fill (at the larger of the cursor leaf's record count
-        and the file's average), named by every leaf in key order once the tree is learnt
-        (:meth:`KnownTreePages.learn_tree`), with the parents of those leaves other than
-        the cursor's; else by the key-order children of the cursor's parent branch page
-        (and of the next branch page, which is then read here, and named, when the
-        estimate runs past the last child: the walk will read it). No margin: a leaf more
-        at each end was 3 % of the pages needed in redundant pages on 64-record shares.
+        it (None otherwise).
+
+        From where this reader's cursor stopped (record ``self._at``), the leaves as many
+        on in key order (:meth:`KnownTreePages.learn_tree`) as the records between fill, at
+        the larger of the cursor leaf's record count and the file's average. No margin: a
+        leaf more at each end was 3 % of the pages needed in redundant pages on 64-record
+        shares. When the leaves up to the cursor hold that count each (a file written in
+        key order: all full but the last), the same count places the share exactly.
 
         For overflow values the value ranges hold the leaves allocated among the values,
         but a commit copies the leaf being filled wherever the free list has room (Caffe
         commits every 1,000 records): a share that crosses a commit walks a leaf far from
         its values, one missed page per reader and slot otherwise (docs/reading.md). For
         inline values the leaves are the values' pages (:meth:`_predict`)."""
-        stack = self.cursor.stack
+        none = (np.empty(0, np.int64), [], None)
+        stack, ordered = self.cursor.stack, self.tree.ordered_leaves
         if len(stack) < 2 or count < 1 or first_id < self._at:
-            return np.empty(0, np.int64), [], None
+            return none
+        leaf, slot = (int(x) for x in stack[-1])
+        at = np.flatnonzero(ordered == leaf)
+        if not at.size:
+            return none
         meta = self.db.db
         # records per leaf: the cursor's leaf's, or the file's average if that is more (a
         # file written in key order has full leaves but the last; the average then counts
         # the last one too, and drifts by a leaf over a few dozen)
-        per_leaf = max(meta.entries / max(meta.leaf_pages, 1),
-                       self.db.page_entries(int(stack[-1][0])), 1.0)
-        parent, slot = (int(x) for x in stack[-2])
-        offset = int(stack[-1][1]) - self._at  # records from the parent's leaf `slot` on
-        lo = slot + int((offset + first_id) / per_leaf)
-        hi = slot + int((offset + first_id + count - 1) / per_leaf) + 1
-        ordered = self.tree.ordered_leaves
-        at = np.flatnonzero(ordered == int(stack[-1][0])) if ordered.size else ordered
-        if at.size:  # every leaf known in key order: as far on as the estimate goes
-            base = int(at[0])
-            lo, hi = (min(max(base + k - slot, 0), ordered.size) for k in (lo, hi))
-            parents = np.unique(self.tree.leaf_parents[lo:hi]).tolist()
-            # the leaves hold `per_leaf` records each up to the cursor (a file written in
-            # key order: all full but the last): then the same count places the share
-            full = int(per_leaf)
-            ahead = offset + first_id
-            placed = per_leaf == full and self._at == base * full + int(stack[-1][1]) \
-                and lo == base + ahead // full and lo < hi
-            return (ordered[lo:hi], [pg for pg in parents if pg != parent],
-                    ahead % full if placed else None)
-        kids = self.tree.children(self.db, parent)
-        leaves = [kids[max(lo, 0):max(hi, 0)]]
-        branches = []
-        if hi > kids.size and len(stack) >= 3:  # on into the next parent's children
-            grand, gslot = (int(x) for x in stack[-3])
-            uncles = self.tree.children(self.db, grand)
-            if gslot + 1 < uncles.size:
-                nxt = int(uncles[gslot + 1])
-                branches.append(nxt)
-                leaves.append(self.tree.children(self.db, nxt)[max(lo - kids.size, 0):
-                                                               hi - kids.size])
-        return np.concatenate(leaves), branches, None
+        per_leaf = max(meta.entries / max(meta.leaf_pages, 1), self.db.page_entries(leaf), 1.0)
+        base = int(at[0])
+        ahead = slot - self._at + first_id  # records from the cursor leaf's first on
+        lo = min(base + int(ahead / per_leaf), ordered.size)
+        hi = min(base + int((ahead + count - 1) / per_leaf) + 1, ordered.size)
+        parent = int(stack[-2][0])
+        branches = [pg for pg in np.unique(self.tree.leaf_parents[lo:hi]).tolist()
+                    if pg != parent]
+        full = int(per_leaf)
+        placed = per_leaf == full and self._at == base * full + slot and lo < hi
+        return ordered[lo:hi], branches, (ahead % full if placed else None)
 
     def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
         """When this fetch prefetched a blind first guess (an epoch's first slot, the
@@ -514,7 +497,6 @@ class DmSpec(DmSerial):
             self.estimator.observe(*run)
             if cut == ids.size:  # record ids[-1] on the run's last page
                 self._anchor = (run[1] - 1, int(ids[-1]))
-        self.tree.learn(self.db, self.cursor.stack)
         self.value_estimator.observe(int(ids[0]), refs.head(cut), self.db.psize, run)
         if missed and self.advising and asked is not False:
             # values the estimate missed: asked for now, as a few large reads before the

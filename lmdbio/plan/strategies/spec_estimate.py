@@ -162,26 +162,15 @@ class KnownTreePages:
         its estimates on by a page each. Reads the branch pages (a leaf's parent per ~150
         leaves) and the free database (a page or a few), marked in the accounting as any
         page read."""
-        meta = db.db
-        found = []
-        if not meta.empty and meta.depth >= 2:
-            level = np.array([meta.root], np.int64)
-            found.append(level)
-            for _ in range(meta.depth - 1):
-                for pg in level.tolist():
-                    if db.accounting.enabled:
-                        db.accounting.touched[pg] = 1
-                kids = [self.children(db, pg) for pg in level.tolist()]
-                parents = np.repeat(level, [k.size for k in kids])
-                level = np.concatenate(kids)
-                found.append(level)
-            self._parsed.update(np.concatenate(found[:-1]).tolist())
-            self.leaves = np.union1d(self.leaves, level)
-            self.ordered_leaves, self.leaf_parents = level, parents
+        levels, parents = db.tree_levels()
+        found = list(levels)
+        if len(levels) > 1:
+            self._parsed.update(np.concatenate(levels[:-1]).tolist())
+            self.leaves = np.union1d(self.leaves, levels[-1])
+            self.ordered_leaves, self.leaf_parents = levels[-1], parents
         found.extend(db.free_list())
-        if found:
-            self.pages = np.union1d(self.pages, np.concatenate(found))
-            self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
+        self.pages = np.union1d(self.pages, np.concatenate(found))
+        self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
         self.complete = True
 
     def coord(self, page: int) -> int:
