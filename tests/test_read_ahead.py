@@ -231,12 +231,13 @@ def test_dm_spec_waits_for_its_prefetch_after_the_cursor_has_gone_on(
 
 def test_dm_spec_asks_for_the_leaves_after_a_blind_guess(tmp_path, open_strategy,
                                                           monkeypatch) -> None:
-    """At an epoch's start (the first guess, nothing observed) dm-spec asks, before its
-    walk, for the leaves the walk will read: the first leaf's siblings under its parent
-    branch page, as many as the share fills at the database's records per leaf; once
-    the estimate has observed iterations it does not."""
+    """Estimates alone (no placement): at an epoch's start (the first guess, nothing
+    observed) dm-spec asks, before its walk, for the leaves the walk will read: the first
+    leaf's siblings under its parent branch page, as many as the share fills at the
+    database's records per leaf; once the estimate has observed iterations it does not."""
     write_db(tmp_path, random_items(3000, 700, seed=9), commit_every=500)
     db, s = open_strategy(DmSpec, tmp_path)
+    s.placement = False
     assert db.db.depth >= 2
     plan = plan_epoch(len(db), 1, 64)
     asked: list[list[int]] = []
@@ -353,4 +354,47 @@ def test_dm_spec_names_the_values_of_records_of_mixed_sizes(tmp_path, open_strat
     db, s = open_strategy(DmSpec, tmp_path)
     assert len(set(db.record_table().ovf_pages.tolist())) == 3
     got = _epoch_pages(db, s, 64)
+    assert got == [(0, 0)] * len(got), got
+
+
+def _uneven_items(n: int, seed: int) -> list[tuple[bytes, bytes]]:
+    """3 KB values under keys of 9 to 120 bytes: leaves hold uneven record counts."""
+    rng = np.random.default_rng(seed)
+    return [((b"%08d_" % i) + b"x" * int(rng.integers(0, 112)),
+             rng.integers(0, 256, 3072, dtype=np.uint8).tobytes()) for i in range(n)]
+
+
+@pytest.mark.parametrize("order", ["keys", "random"])
+def test_dm_spec_places_shares_through_the_leaf_directory(tmp_path, open_strategy,
+                                                          order) -> None:
+    """Leaves of uneven counts (keys of many lengths; or the records put in random order,
+    values far out of key order): dm-spec reads the leaf directory at the epoch's start
+    (saved beside the file as :mod:`~lmdbio.plan.strategies.indexed` saves it) and from
+    the first iteration misses nothing and prefetches nothing for nothing. In random
+    order the estimates alone (``placement`` off) miss pages (one reader in key order
+    they do not: no other reader's records lie between its shares; the MPI test in
+    ``test_read_strategies.py`` has two)."""
+    from lmdbio.plan.strategies.indexed import sidecar_path
+
+    items = _uneven_items(1500, seed=3)
+    if order == "random":
+        items = [items[i] for i in np.random.default_rng(4).permutation(len(items))]
+    write_db(tmp_path, items, commit_every=400)
+    db, s = open_strategy(DmSpec, tmp_path)
+    got = _epoch_pages(db, s, 48)
+    assert s._leaf_first is not None and sidecar_path(db).exists()
+    assert got == [(0, 0)] * len(got), got
+    if order == "random":
+        db2, estimates = open_strategy(DmSpec, tmp_path)
+        estimates.placement = False
+        assert sum(m for m, _ in _epoch_pages(db2, estimates, 48)) > 0
+
+
+def test_dm_spec_reads_no_directory_where_the_leaves_are_full(cifar_like, open_strategy
+                                                              ) -> None:
+    """Keys of one length written in key order: every leaf but the last is full, the
+    records' numbers place a share, and no leaf directory is read."""
+    db, s = open_strategy(DmSpec, cifar_like)
+    got = _epoch_pages(db, s, BATCH)
+    assert s._leaf_first is None and s._full_count() is not None
     assert got == [(0, 0)] * len(got), got

@@ -408,3 +408,38 @@ def test_dm_spec_first_guess_is_exact_on_a_deep_tree_written_in_one_commit(tmp_p
             assert stats.redundant_pages <= db.db.branch_pages, it
     finally:
         db.close()
+
+
+def test_walk_branches_are_the_branch_pages_a_walk_reads(tmp_path) -> None:
+    """On a three-level tree, for walks from a record of one leaf over the records of the
+    next leaves (crossing parents or not), from a cursor rebuilt from bytes (its whole
+    path is read again) or a reader's own: :meth:`KnownTreePages.walk_branches` names
+    exactly the branch pages the walk's accounting marks."""
+    write_db(tmp_path, random_items(300, 3072, seed=4, key_fmt="%0400d"), commit_every=300)
+    db = Database(tmp_path)
+    try:
+        assert db.db.depth == 3
+        tree = KnownTreePages()
+        tree.learn_tree(db)
+        first = db.leaf_directory()
+        leaves = tree.ordered_leaves
+        db.accounting.enable()
+        crossed = 0
+        for lo, end in ((0, 0), (0, 3), (2, 12), (5, 20), (10, leaves.size - 1)):
+            crossed += int(len(set(tree.leaf_parents[lo:end + 1].tolist())) > 1)
+            for received in (True, False):
+                cur = db.cursor()
+                cur.first()
+                db.walk_skip(cur, int(first[lo]) + 1)  # a record inside leaf lo
+                db.accounting.reset()
+                if received:
+                    cur = db.cursor_from_bytes(cur.to_bytes())
+                # on to the last record of leaf ``end``
+                db.walk_skip(cur, int(first[end + 1]) - int(first[lo]) - 2)
+                read = set(np.flatnonzero(db.accounting.touched).tolist())
+                got = tree.walk_branches(lo, end, received)
+                assert read - set(leaves.tolist()) == set(got), (lo, end, received)
+                db.accounting.reset()
+        assert crossed >= 2
+    finally:
+        db.close()

@@ -32,6 +32,7 @@ import numpy as np
 from lmdbio.lmdb import RecordRefs
 from lmdbio.plan.epoch import EpochPlan
 from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
+from lmdbio.plan.strategies.indexed import shared_leaf_directory
 from lmdbio.plan.strategies.spec_estimate import (
     KnownTreePages,
     PageRangeEstimator,
@@ -164,6 +165,10 @@ class DmSpec(DmSerial):
 
     name = "dm-spec"
     advises = True
+    #: place each share in the leaves (their counts, or the leaf directory where they
+    #: vary) and ask for exactly its pages; False: the estimates alone, the reference
+    #: system's way (kept to measure it and as the fallback, docs/reading.md)
+    placement = True
 
     def begin_epoch(self, plan: EpochPlan) -> None:
         super().begin_epoch(plan)
@@ -173,8 +178,8 @@ class DmSpec(DmSerial):
         self._expect: int | None = None
         self._after = 0  # the record after this reader's last share
         self._blind = True  # whether the last prediction was the first guess
-        #: read_ahead's (ids, starts, lengths, cut, scan, asked), for the fetch after it
-        self._advised: tuple[np.ndarray, np.ndarray, np.ndarray, int, FarScan | None,
+        #: read_ahead's (ids, starts, lengths, cut, scans, asked), for the fetch after it
+        self._advised: tuple[np.ndarray, np.ndarray, np.ndarray, int, list[FarScan],
                              bool] | None = None
         self._scratch: np.ndarray | None = None
         self.db.accounting.enable()
@@ -193,13 +198,18 @@ class DmSpec(DmSerial):
         self._guess_past_tree = ovf > 0 and meta.overflow_pages == ovf * meta.entries
         #: every value in the leaves (MNIST-like): a share's pages are its leaves
         self._inline = meta.overflow_pages == 0 and meta.entries > 0
-        #: records on the first leaf (:meth:`_placed_from_start`), read when first needed
+        #: records on every leaf but the last, 0 when they vary (:meth:`_full_count`)
         self._full: int | None = getattr(self, "_full", None)
         if not self.tree.complete:
             # every leaf known from the start: the estimates count past the leaves under
             # other readers' branch pages too, and name leaves anywhere in the tree (the
             # branch pages read once: a leaves' parent per ~150 leaves)
             self.tree.learn_tree(self.db)
+        #: ``first[j]``: the index of leaf ``j``'s first record (key order), from the leaf
+        #: directory where the leaves' counts vary (:meth:`_acquire_directory`), or None
+        self._leaf_first: np.ndarray | None = getattr(self, "_leaf_first", None)
+        if self.placement and self._leaf_first is None and self._counts_vary():
+            self._acquire_directory()
         # inline values: the file's pages per record (leaves, with the branch and free
         # pages between them), and the last page and record a walk ended on this epoch
         self._density = max(self.db.meta.last_pg - 1, 1) / max(len(self.db), 1)
@@ -209,6 +219,55 @@ class DmSpec(DmSerial):
         #: exactly the pages it needed the first time, or the first part of a longer one's
         #: (the run's last slot stops early); the snapshot does not change
         self._known: dict[int, KnownShare] = getattr(self, "_known", None) or {}
+
+    def _full_count(self) -> int | None:
+        """The records every leaf but the last holds when the leaves look full but the last
+        (a file written in key order, keys of one length): the first leaf's count, which
+        the meta page's record and leaf counts must allow and two leaves between must
+        hold too (a few leaf headers, read once); None otherwise. The same answer on every
+        reader of the snapshot. A share is then placed by counting (:meth:`_placement`),
+        checked against the reader's own cursor as it goes."""
+        if self._full is None:
+            leaves = self.tree.ordered_leaves
+            n, total = leaves.size, self.db.db.entries
+            full = self.db.page_entries(int(leaves[0])) if n else 0
+            fits = full >= 1 and full * (n - 1) < total <= full * n
+            fits = fits and all(self.db.page_entries(int(leaves[k])) == full
+                                for k in sorted({n // 3, 2 * n // 3}) if 0 < k < n - 1)
+            self._full = full if fits else 0
+        return self._full or None
+
+    def _counts_vary(self) -> bool:
+        """Whether the leaves' record counts cannot place a share (:meth:`_full_count`):
+        keys of several lengths, deletes, inserts out of key order."""
+        return bool(self.tree.ordered_leaves.size) and self._full_count() is None
+
+    def _acquire_directory(self) -> None:
+        """Collective over the readers (every one decides alike, from the snapshot): the
+        leaf directory, where counting cannot place a share (:meth:`_counts_vary`): each
+        reader reads the headers of ``1 / readers`` of the leaves once (or none, from the
+        sidecar :mod:`.indexed` keeps per snapshot), and every share's leaves and first
+        slot are exact from then on, whatever the leaves hold. Before it, on such files the
+        estimate missed a value page at a share's ends where a commit's moved values
+        shifted it by a page, and for values of several sizes fell back to the min/max
+        range (docs/reading.md)."""
+        leaves, first, _ = shared_leaf_directory(
+            self.db, self.ctx.readers, self.ctx.reader_index, self.ctx.n_readers,
+            self.ctx.timeout, leaves=self.tree.ordered_leaves)
+        self._leaf_first = first if np.array_equal(leaves, self.tree.ordered_leaves) \
+            else None
+
+    def _directory_place(self, first_id: int, count: int) -> tuple[int, int, int] | None:
+        """``(lo, hi, slot)`` from the leaf directory: leaves ``lo .. hi - 1`` (key order)
+        hold records ``first_id .. first_id + count - 1``, the first at ``slot`` on leaf
+        ``lo``; None without a directory."""
+        first = self._leaf_first
+        if first is None or count < 1 or not 0 <= first_id < int(first[-1]):
+            return None
+        lo = int(np.searchsorted(first, first_id, side="right")) - 1
+        hi = min(int(np.searchsorted(first, first_id + count - 1, side="right")),
+                 first.shape[0] - 1)
+        return lo, hi, first_id - int(first[lo])
 
     def _reset_estimates(self) -> None:
         self.estimator = PageRangeEstimator()
@@ -234,6 +293,9 @@ class DmSpec(DmSerial):
         the leaves are full but the last, as a file written in key order has them; off by
         a leaf at most otherwise, as far as the counts vary)."""
         leaves = self.tree.ordered_leaves
+        placed = self._directory_place(first_id, count)
+        if placed is not None:
+            return [(int(pg), 1) for pg in leaves[placed[0]:placed[1]].tolist()]
         per_leaf = max(self.db.db.entries / max(leaves.size, 1), 1.0)
         lo = min(int(first_id / per_leaf), leaves.size - 1)
         hi = min(int((first_id + count - 1) / per_leaf) + 1, leaves.size)
@@ -254,94 +316,130 @@ class DmSpec(DmSerial):
         return max(2, start - slack), int(span) + 1 + 2 * slack
 
     def _predict(self, ids: np.ndarray, cut: int, regular: bool
-                 ) -> tuple[list[tuple[int, int]], FarScan | None]:
+                 ) -> tuple[list[tuple[int, int]], list[FarScan]]:
         """The page ranges to prefetch for ``ids`` (``cut``: where they wrap around), and
-        for overflow values, where to look for the values the ranges miss
-        (:class:`FarScan`; None for inline values, whose leaves are the ranges, and before
-        any iteration was observed)."""
+        for overflow values, where to look for the values the ranges do not name
+        (:class:`FarScan`, one per run of records; none for inline values, whose leaves
+        are the ranges). Sets :attr:`_blind` from the first run."""
         first = int(ids[0]) if ids.size else 0
+        ranges, scans, self._blind = self._predict_run(first, cut, regular)
+        if cut < ids.size:  # the records after the wrap-around start again at the front
+            more, extra, _ = self._predict_run(int(ids[cut]), ids.size - cut, False)
+            ranges += more
+            scans += extra
+        return ranges, scans
+
+    def _predict_run(self, first: int, count: int, regular: bool
+                     ) -> tuple[list[tuple[int, int]], list[FarScan], bool]:
+        """``(ranges, scans, blind)`` for records ``first .. first + count - 1``
+        (``regular``: they continue this reader's last share; ``blind``: nothing observed
+        to go by, the first guess).
+
+        Where the leaves place the run (a leaf directory, or leaves full but the last: the
+        first record's leaf and slot known), its leaves and the branch pages the walk
+        moves into are the ranges, and the values those leaves name are the scan's: exact
+        on any layout, values written out of key order or moved by later commits
+        included, with no estimate at all. Otherwise the estimates: the exact value pages
+        or the min/max range (inline values: the leaves at the average count), and a scan
+        for the values far from them."""
+        placed = self._placement(first, count, regular)
+        if placed is not None:
+            lo, hi, slot = placed
+            leaves, branches = self._walk_pages(first, count, lo, hi)
+            ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
+            scans = [] if self._inline else \
+                [FarScan(self.tree.ordered_leaves[lo:hi], 0, 0, 1, count, False, slot)]
+            return ranges, scans, False
+        if not regular:
+            return self._guess(first, count), [], True
+        leaves, branches = self._share_leaves(first, count)
         ranges = predict_regular(self.value_estimator, self.estimator, self.cursor.stack,
-                                 first, cut) if regular else None
-        if regular and self._inline:
+                                 first, count)
+        if self._inline and leaves.size:
             # values in the leaves: the share's leaves, named in key order, and the branch
             # pages the walk moves into, rather than the min/max range of the file's pages
             # (the cursor's own branch pages were read by the walk that left it there)
-            leaves, branches, _ = self._share_leaves(first, cut)
-            if leaves.size:
-                ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
-        scan = None
+            ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
+        scans = []
         if ranges is not None and self._guess_past_tree:
-            leaves, branches, slot = self._share_leaves(first, cut)
             start, length = ranges[0]  # the values' main range, exact or min/max
-            exact = self.value_estimator.predict(first, cut) is not None
-            scan = FarScan(leaves, start, start + length, self.pages_per_record, cut,
-                           exact, slot)
+            exact = self.value_estimator.predict(first, count) is not None
+            scans = [FarScan(leaves, start, start + length, self.pages_per_record, count,
+                             exact, None)]
             ranges += [(int(pg), 1) for pg in leaves.tolist() + branches]
-        elif regular and not self._inline:
-            # overflow values of several sizes: no estimate from the past knows the sizes
-            # of records not yet walked (the min/max range's slack was 24-41 % of the
-            # pages needed); when the leaves' record counts place the share, its leaves
-            # are asked for here and the values they name by the fetch (its scan)
-            leaves, branches, slot = self._share_leaves(first, cut)
-            if slot is not None:
-                scan = FarScan(leaves, 0, 0, 1, cut, False, slot)
-                ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
-        self._blind = ranges is None  # the first guess: no iteration observed to go by
-        if self._blind and not self._inline:
-            # overflow values, nothing observed: where the leaves are full but the last,
-            # the first record's leaf and slot follow from its number alone
-            placed = self._placed_from_start(first, cut)
-            if placed is not None:
-                leaves, slot = placed
-                # values of one size: the first guess as well, asked for in one run
-                guess = self._guess(first, cut) if self._guess_past_tree else []
-                start, stop = (guess[0][0], sum(guess[0])) if guess else (0, 0)
-                scan = FarScan(leaves, start, stop, self.pages_per_record, cut, False, slot)
-                ranges = guess + [(int(pg), 1) for pg in leaves.tolist()]
-        ranges = ranges or self._guess(first, cut)
-        if cut < ids.size:  # the records after the wrap-around start again near the front
-            ranges += self._guess(int(ids[cut]), ids.size - cut)
-        return ranges, scan
+        if ranges is None:
+            return self._guess(first, count), [], True
+        return ranges, scans, False
 
-    def _placed_from_start(self, first_id: int, count: int
-                           ) -> tuple[np.ndarray, int] | None:
-        """``(leaves, slot)``: the leaves records ``first_id .. first_id + count - 1`` are
-        on and where the first is on the first of them, when every leaf but the last holds
-        as many records as the first leaf (a file written in key order; the meta page's
-        record and leaf counts must allow it); None otherwise. Asks the first leaf for its
-        count once: a page :meth:`begin_epoch`'s walk to the first record has read."""
-        leaves = self.tree.ordered_leaves
-        if not leaves.size or count < 1:
+    def _placement(self, first_id: int, count: int, regular: bool
+                   ) -> tuple[int, int, int] | None:
+        """``(lo, hi, slot)``: leaves ``lo .. hi - 1`` (key order) hold records ``first_id ..
+        first_id + count - 1``, the first at ``slot`` on leaf ``lo``: from the leaf
+        directory, or by counting where the leaves are full but the last
+        (:meth:`_full_count`; for a share that continues this reader's last one
+        (``regular``) only while its cursor agrees: the record it stands on is where the
+        count puts it). None when neither places them."""
+        if not self.placement:
             return None
-        if self._full is None:
-            self._full = self.db.page_entries(int(leaves[0]))
-        full, total = self._full, self.db.db.entries
-        if full < 1 or not full * (leaves.size - 1) < total <= full * leaves.size:
+        placed = self._directory_place(first_id, count)
+        if placed is not None or count < 1:
+            return placed
+        ordered = self.tree.ordered_leaves
+        full = self._full_count() if ordered.size else None
+        if full is None:
             return None
+        if regular:
+            stack = self.cursor.stack
+            if len(stack) < 2 or first_id < self._at:
+                return None
+            leaf, slot = (int(x) for x in stack[-1])
+            k = self._at // full
+            if k >= ordered.size or int(ordered[k]) != leaf or self._at % full != slot:
+                return None
         lo = first_id // full
-        hi = min((first_id + count - 1) // full + 1, leaves.size)
-        return (leaves[lo:hi], first_id - lo * full) if lo < hi else None
+        hi = min((first_id + count - 1) // full + 1, ordered.size)
+        return (lo, hi, first_id - lo * full) if lo < hi else None
 
-    def _share_leaves(self, first_id: int, count: int
-                      ) -> tuple[np.ndarray, list[int], int | None]:
-        """``(leaves, branches, slot)``: the leaf pages the walk over records ``first_id ..
-        first_id + count - 1`` reads, the branch pages it moves into, and where record
-        ``first_id`` is on the first of those leaves when the leaves' record counts place
-        it (None otherwise).
+    def _walk_pages(self, first_id: int, count: int, lo: int, hi: int
+                    ) -> tuple[np.ndarray, list[int]]:
+        """``(leaves, branches)``: the leaf and branch pages the walk over records
+        ``first_id .. first_id + count - 1``, placed on leaves ``lo .. hi - 1``, reads: those
+        leaves, the next one when the walk ends on a leaf's last record (the cursor moves
+        on to the next record), and the branch pages it moves through
+        (:meth:`KnownTreePages.walk_branches`)."""
+        ordered = self.tree.ordered_leaves
+        after = first_id + count
+        first = self._leaf_first
+        ends_leaf = hi < ordered.size and (
+            after == int(first[hi]) if first is not None else after == hi * (self._full or 0))
+        end = hi if ends_leaf else hi - 1
+        return ordered[lo:end + 1], self.tree.walk_branches(lo, end, self._receives())
+
+    def _receives(self) -> bool:
+        """Whether this reader's next walk starts from a cursor another reader sent (its
+        whole path is then read again: :meth:`KnownTreePages.walk_branches`), as
+        :meth:`DmSerial._receive` decides: not alone, and not reader 0 at the first
+        iteration it reads this epoch."""
+        r, n = self.ctx.reader_index, self.ctx.n_readers
+        return n > 1 and not (r == 0 and self._last is None)
+
+    def _share_leaves(self, first_id: int, count: int) -> tuple[np.ndarray, list[int]]:
+        """``(leaves, branches)``: the leaf pages the walk over records ``first_id ..
+        first_id + count - 1`` probably reads, where the leaves' counts do not place them
+        (:meth:`_placement`), and the branch pages it moves into.
 
         From where this reader's cursor stopped (record ``self._at``), the leaves as many
         on in key order (:meth:`KnownTreePages.learn_tree`) as the records between fill, at
         the larger of the cursor leaf's record count and the file's average. No margin: a
         leaf more at each end was 3 % of the pages needed in redundant pages on 64-record
-        shares. When the leaves up to the cursor hold that count each (a file written in
-        key order: all full but the last), the same count places the share exactly.
+        shares.
 
         For overflow values the value ranges hold the leaves allocated among the values,
         but a commit copies the leaf being filled wherever the free list has room (Caffe
         commits every 1,000 records): a share that crosses a commit walks a leaf far from
         its values, one missed page per reader and slot otherwise (docs/reading.md). For
         inline values the leaves are the values' pages (:meth:`_predict`)."""
-        none = (np.empty(0, np.int64), [], None)
+        none = (np.empty(0, np.int64), [])
         stack, ordered = self.cursor.stack, self.tree.ordered_leaves
         if len(stack) < 2 or count < 1 or first_id < self._at:
             return none
@@ -350,9 +448,7 @@ class DmSpec(DmSerial):
         if not at.size:
             return none
         meta = self.db.db
-        # records per leaf: the cursor's leaf's, or the file's average if that is more (a
-        # file written in key order has full leaves but the last; the average then counts
-        # the last one too, and drifts by a leaf over a few dozen)
+        # records per leaf: the cursor's leaf's, or the file's average if that is more
         per_leaf = max(meta.entries / max(meta.leaf_pages, 1), self.db.page_entries(leaf), 1.0)
         base = int(at[0])
         ahead = slot - self._at + first_id  # records from the cursor leaf's first on
@@ -361,9 +457,7 @@ class DmSpec(DmSerial):
         parent = int(stack[-2][0])
         branches = [pg for pg in np.unique(self.tree.leaf_parents[lo:hi]).tolist()
                     if pg != parent]
-        full = int(per_leaf)
-        placed = per_leaf == full and self._at == base * full + slot and lo < hi
-        return ordered[lo:hi], branches, (ahead % full if placed else None)
+        return ordered[lo:hi], branches
 
     def _before_walk(self, ids: np.ndarray, stats: IterationStats) -> None:
         """When this fetch prefetched a blind first guess (an epoch's first slot, the
@@ -389,13 +483,13 @@ class DmSpec(DmSerial):
         one is gathered and handed off. Only when the next records continue these (not
         across a wrap-around or a resume: the fetch then starts a new estimate)."""
         if self._continues(ids) and self.advising:
-            starts, lengths, cut, scan = self._ranges(ids)
-            self._advised = (ids, starts, lengths, cut, scan,
+            starts, lengths, cut, scans = self._ranges(ids)
+            self._advised = (ids, starts, lengths, cut, scans,
                              self.advise_pages(starts, lengths))
 
     def _read_ahead_for(self, ids: np.ndarray
-                        ) -> tuple[np.ndarray, np.ndarray, int, FarScan | None, bool] | None:
-        """``(starts, lengths, cut, scan, asked)`` of :meth:`read_ahead` when it was called with
+                        ) -> tuple[np.ndarray, np.ndarray, int, list[FarScan], bool] | None:
+        """``(starts, lengths, cut, scans, asked)`` of :meth:`read_ahead` when it was called with
         these records (forgotten either way): the fetch that follows it computes the same
         estimate from the same state, so it takes that one, and whether the kernel was
         asked for it (True) or every page was in the page cache (False); None otherwise."""
@@ -413,24 +507,24 @@ class DmSpec(DmSerial):
             self._after <= int(ids[0]) <= self._expect
 
     def _ranges(self, ids: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray, int, FarScan | None]:
-        """``(starts, lengths, cut, scan)``: the prefetch ranges for ``ids``, clipped to the
+                ) -> tuple[np.ndarray, np.ndarray, int, list[FarScan]]:
+        """``(starts, lengths, cut, scans)``: the prefetch ranges for ``ids``, clipped to the
         file, where ``ids`` wrap around (``ids.size`` if they do not), and where to look
-        for the values the ranges miss (:meth:`_predict`; None for a share known from an
-        earlier epoch, whose pages are exact)."""
+        for the values the ranges do not name (:meth:`_predict`; none for a share known
+        from an earlier epoch, whose pages are exact)."""
         npages = self.db.file_size // self.db.psize
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
         known = self._known.get(int(ids[0])) if ids.size else None
         if known is not None and ids.size <= known.size:  # read in an earlier epoch
             self._blind = False
-            return (*known.page_runs(ids.size), cut, None)
+            return (*known.page_runs(ids.size), cut, [])
         regular = self._continues(ids)
-        guesses, scan = self._predict(ids, cut, regular)
+        guesses, scans = self._predict(ids, cut, regular)
         starts = np.array([min(max(g[0], 0), npages) for g in guesses], np.int64)
         lengths = np.array([max(0, min(g[1], npages - st)) for g, st in
                             zip(guesses, starts.tolist(), strict=True)], np.int64)
-        return starts, lengths, cut, scan
+        return starts, lengths, cut, scans
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
@@ -442,15 +536,26 @@ class DmSpec(DmSerial):
             self._reset_estimates()
         ahead = self._read_ahead_for(ids)
         if ahead is not None:
-            starts, lengths, cut, scan, asked = ahead
+            starts, lengths, cut, scans, asked = ahead
         else:
-            starts, lengths, cut, scan, asked = *self._ranges(ids), None
-        if scan is not None and scan.leaves.size:
-            # the share's values the ranges miss (stored in pages freed by earlier commits,
-            # or of sizes no estimate knew), named by its leaves, which the walk reads next
-            # anyway: asked for now, before the chain, with the rest
+            starts, lengths, cut, scans, asked = *self._ranges(ids), None
+        acc = self.db.accounting
+        scanned = np.concatenate([sc.leaves for sc in scans]) if scans else None
+        if scanned is not None and scanned.size:
+            # the share's values the ranges do not name (all of them where the leaves place
+            # the share; else those stored in pages freed by earlier commits), named by its
+            # leaves, which the walk reads next anyway: asked for now, before the chain,
+            # with the rest. The leaves are counted as prefetched, not walked: one the walk
+            # then does not read is a redundant page (marked read after the observation)
             with Timer(stats, "prefetch"):
-                far = scan.missing(*self.db.leaf_value_runs(scan.leaves))
+                was, acc.enabled = acc.enabled, False
+                try:
+                    found = [sc.missing(*self.db.leaf_value_runs(sc.leaves))
+                             for sc in scans if sc.leaves.size]
+                finally:
+                    acc.enabled = was
+                far = (np.concatenate([f[0] for f in found]),
+                       np.concatenate([f[1] for f in found]))
                 if far[0].size:
                     if asked is not None:  # the estimate was asked for in read-ahead
                         asked = self.advise_pages(*far) or asked
@@ -492,6 +597,8 @@ class DmSpec(DmSerial):
         run_start, run_end, _, missed, missed_walk, redundant, prefetched = \
             observe_iteration(refs.val_off, refs.val_len, refs.leaf_pg, self.db.psize,
                               touched, self._scratch, starts, lengths)
+        if scanned is not None and scanned.size and acc.enabled:
+            touched[scanned] = 1  # read by the scan: in the rank's pages touched
         run = (int(run_start), int(run_end)) if run_start >= 0 else None
         if run is not None:
             self.estimator.observe(*run)

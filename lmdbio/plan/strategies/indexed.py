@@ -102,7 +102,6 @@ def save_sidecar(db: Database, leaves: np.ndarray, first: np.ndarray) -> Path | 
 def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: float = 120.0
                          ) -> tuple[np.ndarray, np.ndarray]:
     """Collective over ``comm``: leaves from rank 0's branch walk, counts split by leaf."""
-    from lmdbio.lmdb import kernels as k
     from lmdbio.mpiutil import agree
 
     leaves, error = None, None
@@ -118,6 +117,19 @@ def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: floa
         leaves = comm.bcast(leaves, root=0)
     elif error:
         raise RuntimeError(error)
+    return leaves, count_records_collectively(db, leaves, comm, rank, size)
+
+
+def count_records_collectively(db: Database, leaves: np.ndarray, comm, rank: int,
+                               size: int) -> np.ndarray:
+    """Collective over ``comm`` (None: this rank alone): ``first`` of the leaf pages
+    ``leaves`` (key order, the same list on every rank): ``first[j]`` is the index of leaf
+    ``j``'s first record, ``first[-1]`` the total. Each rank reads the headers of its
+    ``1 / size`` of the leaves (marked in the accounting); an allgather assembles the
+    counts. A damaged leaf raises on every rank alike, naming the page."""
+    from lmdbio.lmdb import kernels as k
+    from lmdbio.mpiutil import agree
+
     lo = leaves.shape[0] * rank // size
     hi = leaves.shape[0] * (rank + 1) // size
     counts = np.empty(hi - lo, np.int64)
@@ -131,7 +143,32 @@ def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: floa
         db._raise(code, page)
     first = np.zeros(leaves.shape[0] + 1, np.int64)
     np.cumsum(counts, out=first[1:])
-    return leaves, first
+    return first
+
+
+def shared_leaf_directory(db: Database, comm, rank: int, size: int, timeout: float = 120.0,
+                          leaves: np.ndarray | None = None
+                          ) -> tuple[np.ndarray, np.ndarray, str]:
+    """Collective over ``comm``: ``(leaves, first, source)``, the leaf directory of this
+    snapshot from the sidecar when rank 0 finds a valid one (``source`` "sidecar"), else
+    built collectively (:func:`build_leaf_directory`, or only counted when every rank
+    passes the same ``leaves`` in key order) and saved by rank 0 (``source`` "built")."""
+    cached = load_sidecar(db) if rank == 0 else None
+    if comm is not None:  # the others wait sleeping, not polling in the broadcast: on
+        # an oversubscribed host that took reader 0's core (its sidecar check took
+        # 0.5-15 ms instead of 0.5)
+        sleeping_barrier(comm, timeout,
+                         "readers: waiting for reader 0's leaf directory sidecar")
+        cached = comm.bcast(cached, root=0)
+    if cached is not None:
+        return cached[0], cached[1], "sidecar"
+    if leaves is None:
+        leaves, first = build_leaf_directory(db, comm, rank, size, timeout)
+    else:
+        first = count_records_collectively(db, leaves, comm, rank, size)
+    if rank == 0:
+        save_sidecar(db, leaves, first)
+    return leaves, first, "built"
 
 
 class Indexed(ReadStrategy):
@@ -142,23 +179,9 @@ class Indexed(ReadStrategy):
     shuffles = True
 
     def setup(self) -> None:
-        comm = self.ctx.readers
-        cached = load_sidecar(self.db) if self.ctx.reader_index == 0 else None
-        if comm is not None:  # the others wait sleeping, not polling in the broadcast: on
-            # an oversubscribed host that took reader 0's core (its sidecar check took
-            # 0.5-15 ms instead of 0.5)
-            sleeping_barrier(comm, self.ctx.timeout,
-                             "readers: waiting for reader 0's leaf directory sidecar")
-        have = comm.bcast(cached is not None, root=0) if comm is not None else cached is not None
-        if have:
-            leaves, first = comm.bcast(cached, root=0) if comm is not None else cached
-            self.source = "sidecar"
-        else:
-            leaves, first = build_leaf_directory(self.db, comm, self.ctx.reader_index,
-                                                 self.ctx.n_readers, self.ctx.timeout)
-            self.source = "built"
-            if self.ctx.reader_index == 0:
-                save_sidecar(self.db, leaves, first)
+        leaves, first, self.source = shared_leaf_directory(
+            self.db, self.ctx.readers, self.ctx.reader_index, self.ctx.n_readers,
+            self.ctx.timeout)
         self.db.set_leaf_directory(leaves, first)
         self._overflow = True  # until a fetch shows the records' values are all inline
         self._ahead: tuple[int, int] | None = None  # (first id, count) last read ahead

@@ -125,6 +125,8 @@ class KnownTreePages:
         #: after :meth:`learn_tree`: every leaf page in key order, and each one's parent
         self.ordered_leaves = np.empty(0, np.int64)
         self.leaf_parents = np.empty(0, np.int64)
+        #: after :meth:`learn_tree`: the parent of every branch page but the root
+        self.branch_parents: dict[int, int] = {}
 
     def children(self, db, branch: int) -> np.ndarray:
         """The child pages of branch page ``branch`` in key order, parsed once (the
@@ -168,10 +170,41 @@ class KnownTreePages:
             self._parsed.update(np.concatenate(levels[:-1]).tolist())
             self.leaves = np.union1d(self.leaves, levels[-1])
             self.ordered_leaves, self.leaf_parents = levels[-1], parents
+            for level in levels[:-2]:  # branch pages with branch children (few)
+                for pg in level.tolist():
+                    self.branch_parents.update(
+                        dict.fromkeys(self.children(db, pg).tolist(), pg))
         found.extend(db.free_list())
         self.pages = np.union1d(self.pages, np.concatenate(found))
         self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
         self.complete = True
+
+    def walk_branches(self, lo: int, end: int, received: bool) -> list[int]:
+        """The branch pages a walk from leaf ``lo`` to leaf ``end`` (indices into
+        :attr:`ordered_leaves`) reads, as the page accounting counts them: a cursor
+        rebuilt from another reader's bytes (``received``) reads its whole path, from the
+        root down to leaf ``lo``'s parent; moving on to a leaf under another parent, the
+        walk climbs the pages it holds and descends through the branch pages below their
+        lowest common ancestor (as LMDB's ``mdb_cursor_sibling``). Empty before
+        :meth:`learn_tree`."""
+        if end < lo or not self.leaf_parents.size:
+            return []
+        par = self.leaf_parents[lo:end + 1]
+        pages = set(self._ancestors(int(par[0]))) if received else set()
+        for k in np.flatnonzero(par[:-1] != par[1:]).tolist():
+            up = set(self._ancestors(int(par[k])))
+            for pg in self._ancestors(int(par[k + 1])):
+                if pg in up:
+                    break
+                pages.add(pg)
+        return sorted(pages)
+
+    def _ancestors(self, page: int) -> list[int]:
+        """``page`` and the branch pages above it, up to the root."""
+        chain = [page]
+        while chain[-1] in self.branch_parents and len(chain) < 64:
+            chain.append(self.branch_parents[chain[-1]])
+        return chain
 
     def coord(self, page: int) -> int:
         """Value coordinate of ``page``."""
