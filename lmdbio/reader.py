@@ -200,9 +200,21 @@ class ReaderTotals:
     #: all zero between iterations: the pages of one iteration's records while counting
     scratch: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     iterations: list[dict] = field(default_factory=list)
+    #: pages read outside every iteration: the session's setup (a leaf directory) and each
+    #: epoch's start (dm-spec's tree and leaf directory), one byte per file page
+    setup: np.ndarray = field(default_factory=lambda: np.zeros(1, np.uint8))
     setup_seconds: float = 0.0
     symmetric_attempts: int = 0
     symmetric: bool = False
+
+    def add_setup(self, touched: np.ndarray) -> None:
+        """Add the pages of ``touched`` (an accounting bitmap) to :attr:`setup`."""
+        if self.setup.shape != touched.shape:
+            grown = np.zeros_like(touched)
+            n = min(self.setup.shape[0], touched.shape[0])
+            grown[:n] = self.setup[:n]
+            self.setup = grown
+        np.bitwise_or(self.setup, touched, out=self.setup)
 
 
 def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions,
@@ -462,6 +474,8 @@ class ReadSession:
             self.node_cache.clear()  # every node starts cold (collective over the node)
         self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0
+        if self.db.accounting.enabled and self.opts.accounting:
+            self.totals.add_setup(self.db.accounting.touched)
         self.db.accounting.reset()
         self.epoch = -1
         self.plan: EpochPlan | None = None
@@ -647,11 +661,16 @@ class ReadSession:
             # is at worst read again, the bytes in the cache stay valid)
             self.node_cache.forget()
         if self.reads:
+            acc = self.db.accounting
+            acc.reset()
             self.strategy.begin_epoch(self.plan)
             if start_iteration and start_iteration < self.plan.iterations:
                 first = self.plan.records(start_iteration, 0)
                 self.strategy.resume(self.plan, start_iteration,
                                      int(first[0]) if first.size else 0)
+            if acc.enabled and self.opts.accounting:  # outside every iteration's pages
+                self.totals.add_setup(acc.touched)
+            acc.reset()
         return self.plan
 
     # ----------------------------------------------------------------- reading

@@ -16,6 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import pytest
 from lmdbgen import random_items, write_db
 from mpi_harness import run_mpi
@@ -73,7 +74,7 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
     assert doc["mode"] == ("dedicated" if dedicated else "colocated")
     totals = doc["totals"]
     for key in ("records_per_second", "bytes_per_second", "extra_pages", "needed_pages",
-                "symmetric_mapping_attempts", "load_kernels_seconds"):
+                "setup_pages", "symmetric_mapping_attempts", "load_kernels_seconds"):
         assert key in totals, key
     assert totals["records_delivered"] == 2 * per_epoch * consumers * BATCH
     assert totals["records_per_second"] > 0
@@ -98,7 +99,7 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
         assert r["bytes_delivered"] == 3072 * len(r["records"])
     for r in doc["per_rank"]:
         for key in ("rank", "node", "records", "pages_touched", "own_pages", "extra_pages",
-                    "bytes_delivered", "seconds"):
+                    "setup_pages", "bytes_delivered", "seconds"):
             assert key in r, key
         assert r["node"] == r["rank"] // (RANKS // NODES)
         # each rank's CPU time in its setup and loop (a loop that copied records used some)
@@ -151,3 +152,29 @@ def test_dm_spec_prefetches_exactly_what_a_share_needed_in_an_earlier_epoch(
     assert later and later[-1]["batches"] < 4  # the run stops inside a slot group
     assert [(it["missed_pages"], it["redundant_pages"]) for it in later] == \
         [(0, 0)] * len(later), later
+
+
+def test_setup_pages_report_the_leaf_directory_once(tmp_path: Path) -> None:
+    """The pages read outside every iteration are reported (``setup_pages``): indexed's
+    readers building the leaf directory read each branch and leaf page once between them
+    (reader 0 the branch pages, every reader the headers of its share of the leaves); the
+    next run takes the directory from the sidecar and reads none. dm-spec's readers, on
+    leaves of uneven counts, read the same directory (the sidecar again: no leaf) and the
+    tree's branch pages at the first epoch."""
+    from lmdbio.lmdb import Database
+    from lmdbio.plan.strategies.indexed import sidecar_path
+
+    rng = np.random.default_rng(5)
+    items = [((b"%06d_" % i) + b"k" * int(rng.integers(0, 90)), bytes(3072))
+             for i in range(600)]
+    path = tmp_path / "uneven"
+    write_db(path, items, commit_every=200)
+    with Database(path) as db:
+        leaves, branches = db.leaves().size, db.db.branch_pages
+        assert not sidecar_path(db).exists()
+    built = run_bench(path, tmp_path / "a.json", "indexed", [], 4)["totals"]["setup_pages"]
+    assert built == leaves + branches
+    again = run_bench(path, tmp_path / "b.json", "indexed", [], 4)["totals"]["setup_pages"]
+    assert again == 0
+    spec = run_bench(path, tmp_path / "c.json", "dm-spec", [], 4)
+    assert 0 < spec["totals"]["setup_pages"] < leaves

@@ -371,6 +371,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "pages_touched": int(np.count_nonzero(totals.touched)),
             "own_pages": int(np.count_nonzero(totals.own)),
             "extra_pages": int(np.count_nonzero(totals.touched & ~totals.own.astype(bool))),
+            # read once outside the iterations: a leaf directory, dm-spec's tree pages
+            "setup_pages": int(np.count_nonzero(totals.setup)),
             "bytes_delivered": delivered_bytes,
             "bytes_read": int(sum(s["bytes"] for s in totals.iterations)),
             "seconds": {
@@ -574,6 +576,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
             "loop_bytes_per_second": nbytes / loop if loop else 0.0,
             "steady": _steady(ranks, args.warmup),
             "extra_pages": sum(r["extra_pages"] for r in readers),
+            "setup_pages": sum(r["setup_pages"] for r in readers),
             "needed_pages": sum(r["own_pages"] for r in readers),
             "pages_touched": sum(r["pages_touched"] for r in readers),
             "symmetric_mapping_attempts": max((r["symmetric_attempts"] for r in readers),

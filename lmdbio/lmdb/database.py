@@ -415,7 +415,9 @@ class Database:
         return SnapshotId(self.meta.version, self.meta.txnid, self.db.root, self.file_size)
 
     def leaves(self) -> np.ndarray:
-        """Leaf page numbers in key order (walks branch pages only; cached)."""
+        """Leaf page numbers in key order (cached): walks the tree, reading every branch
+        page and every leaf's header (each is checked to be a leaf; marked in the
+        accounting). :meth:`tree_levels` names the leaves from the branch pages alone."""
         self._check_open()
         if self._leaves is None:
             if self.db.empty:

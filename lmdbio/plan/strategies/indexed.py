@@ -101,13 +101,15 @@ def save_sidecar(db: Database, leaves: np.ndarray, first: np.ndarray) -> Path | 
 
 def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: float = 120.0
                          ) -> tuple[np.ndarray, np.ndarray]:
-    """Collective over ``comm``: leaves from rank 0's branch walk, counts split by leaf."""
+    """Collective over ``comm``: the leaves named by rank 0's branch pages
+    (:meth:`~lmdbio.lmdb.Database.tree_levels`: no leaf read), counts split by leaf
+    (:func:`count_records_collectively`): every page is read by exactly one rank."""
     from lmdbio.mpiutil import agree
 
     leaves, error = None, None
     if rank == 0:
         try:
-            leaves = db.leaves()
+            leaves = db.tree_levels()[0][-1]
         except Exception as exc:  # agreed on below, so no rank is left waiting
             error = str(exc)
     if comm is not None:
@@ -133,14 +135,20 @@ def count_records_collectively(db: Database, leaves: np.ndarray, comm, rank: int
     lo = leaves.shape[0] * rank // size
     hi = leaves.shape[0] * (rank + 1) // size
     counts = np.empty(hi - lo, np.int64)
-    code, page = k.count_leaf_records(db.buf, db.fmt, leaves[lo:hi], counts,
-                                      db.accounting.touched, db.accounting.enabled)
-    msg = "" if code == 0 else f"{db.path}, page {page}: {k.error_message(code)}"
+    error: LmdbioError | None = None
+    try:  # named by their parents: each must be a leaf page of the snapshot
+        db._checked_leaves(leaves[lo:hi])
+        code, page = k.count_leaf_records(db.buf, db.fmt, leaves[lo:hi], counts,
+                                          db.accounting.touched, db.accounting.enabled)
+        if code:
+            db._raise(code, page)
+    except LmdbioError as exc:  # agreed on below, so no rank is left waiting
+        error = exc
     if comm is not None:
-        agree(comm, code == 0, msg, "counting leaf records")
+        agree(comm, error is None, str(error or ""), "counting leaf records")
         counts = np.concatenate(comm.allgather(counts))
-    elif code:
-        db._raise(code, page)
+    elif error is not None:
+        raise error
     first = np.zeros(leaves.shape[0] + 1, np.int64)
     np.cumsum(counts, out=first[1:])
     return first
