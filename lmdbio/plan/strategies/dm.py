@@ -8,19 +8,20 @@ addresses, valid in every reader; otherwise page numbers.
 
 ``dm-spec`` adds speculative prefetch before the chain: every reader asks for the pages it
 expects to need, all in parallel, and waits for them after passing the cursor on, so that
-the serial walk and the gather run through memory. The first iteration of an epoch uses
-the paper's first guess (every record the size of the first one; for inline values the
-file's pages per record); from then on the estimate is corrected every iteration from the
-pages the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
-records of one size, counted past the tree pages the reader's walks have seen, else the
-reference code's min/max estimator with the changes measured in docs/reading.md. Every
-branch and leaf page and the free pages are learnt at the first epoch
-(:meth:`KnownTreePages.learn_tree`). Before the chain the reader parses the leaves it
-predicted for its share and asks for the values they name that the estimate misses
-(:class:`FarScan`: values a later commit stored in pages an earlier one freed, and the
-shift they leave); where the leaves' record counts place the share, for values of several
-sizes the leaves' values replace the estimate, and for inline values the prefetch is the
-share's leaves.
+the serial walk and the gather run through memory. Every branch and leaf page and the free
+pages are learnt at the first epoch (:meth:`KnownTreePages.learn_tree`). Where the leaves
+place a reader's next share (every leaf but the last full, so a record's number gives its
+leaf and slot; else a leaf directory the readers read collectively at the first epoch),
+the prefetch is exact: the share's leaves, the branch pages its walk reads, and the values
+those leaves name (:class:`FarScan`), parsed before the chain from leaves the walk reads
+next anyway. Where nothing places it (``placement`` off, as the reference system runs),
+the estimates: the paper's first guess (every record the size of the first one; for
+inline values the file's pages per record), then corrected every iteration from the pages
+the reader used (:mod:`lmdbio.plan.strategies.spec_estimate`): exact value pages for
+records of one size, counted past the known tree pages, else the reference code's min/max
+estimator with the changes measured in docs/reading.md, and a scan of the predicted leaves
+for the values far from them. From the second epoch a share read before is prefetched as
+the pages it needed then (:class:`KnownShare`).
 """
 
 from __future__ import annotations
