@@ -294,9 +294,6 @@ class DmSpec(DmSerial):
         the leaves are full but the last, as a file written in key order has them; off by
         a leaf at most otherwise, as far as the counts vary)."""
         leaves = self.tree.ordered_leaves
-        placed = self._directory_place(first_id, count)
-        if placed is not None:
-            return [(int(pg), 1) for pg in leaves[placed[0]:placed[1]].tolist()]
         per_leaf = max(self.db.db.entries / max(leaves.size, 1), 1.0)
         lo = min(int(first_id / per_leaf), leaves.size - 1)
         hi = min(int((first_id + count - 1) / per_leaf) + 1, leaves.size)
@@ -325,16 +322,19 @@ class DmSpec(DmSerial):
         first = int(ids[0]) if ids.size else 0
         ranges, scans, self._blind = self._predict_run(first, cut, regular)
         if cut < ids.size:  # the records after the wrap-around start again at the front
-            more, extra, _ = self._predict_run(int(ids[cut]), ids.size - cut, False)
+            # (the walk wraps to the first record: down from the root)
+            more, extra, _ = self._predict_run(int(ids[cut]), ids.size - cut, False,
+                                               from_root=True)
             ranges += more
             scans += extra
         return ranges, scans
 
-    def _predict_run(self, first: int, count: int, regular: bool
+    def _predict_run(self, first: int, count: int, regular: bool, from_root: bool = False
                      ) -> tuple[list[tuple[int, int]], list[FarScan], bool]:
         """``(ranges, scans, blind)`` for records ``first .. first + count - 1``
-        (``regular``: they continue this reader's last share; ``blind``: nothing observed
-        to go by, the first guess).
+        (``regular``: they continue this reader's last share; ``from_root``: the walk
+        reaches them down from the root, as after a wrap-around; ``blind``: nothing
+        observed to go by, the first guess).
 
         Where the leaves place the run (a leaf directory, or leaves full but the last: the
         first record's leaf and slot known), its leaves and the branch pages the walk
@@ -346,7 +346,7 @@ class DmSpec(DmSerial):
         placed = self._placement(first, count, regular)
         if placed is not None:
             lo, hi, slot = placed
-            leaves, branches = self._walk_pages(first, count, lo, hi)
+            leaves, branches = self._walk_pages(first, count, lo, hi, from_root)
             ranges = [(int(pg), 1) for pg in leaves.tolist() + branches]
             scans = [] if self._inline else \
                 [FarScan(self.tree.ordered_leaves[lo:hi], 0, 0, 1, count, False, slot)]
@@ -401,20 +401,22 @@ class DmSpec(DmSerial):
         hi = min((first_id + count - 1) // full + 1, ordered.size)
         return (lo, hi, first_id - lo * full) if lo < hi else None
 
-    def _walk_pages(self, first_id: int, count: int, lo: int, hi: int
-                    ) -> tuple[np.ndarray, list[int]]:
+    def _walk_pages(self, first_id: int, count: int, lo: int, hi: int,
+                    from_root: bool = False) -> tuple[np.ndarray, list[int]]:
         """``(leaves, branches)``: the leaf and branch pages the walk over records
         ``first_id .. first_id + count - 1``, placed on leaves ``lo .. hi - 1``, reads: those
         leaves, the next one when the walk ends on a leaf's last record (the cursor moves
         on to the next record), and the branch pages it moves through
-        (:meth:`KnownTreePages.walk_branches`)."""
+        (:meth:`KnownTreePages.walk_branches`; the whole path to the first leaf when the
+        cursor comes from another reader or ``from_root``)."""
         ordered = self.tree.ordered_leaves
         after = first_id + count
         first = self._leaf_first
         ends_leaf = hi < ordered.size and (
             after == int(first[hi]) if first is not None else after == hi * (self._full or 0))
         end = hi if ends_leaf else hi - 1
-        return ordered[lo:end + 1], self.tree.walk_branches(lo, end, self._receives())
+        return ordered[lo:end + 1], self.tree.walk_branches(
+            lo, end, from_root or self._receives())
 
     def _receives(self) -> bool:
         """Whether this reader's next walk starts from a cursor another reader sent (its
