@@ -25,7 +25,7 @@ from lmdbio.io.prefetch import MADV_RANDOM, advise_page_ranges
 from lmdbio.io.symmap import map_symmetric
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.database import _resolve_file
-from lmdbio.plan.epoch import EpochPlan, plan_epoch
+from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
     IterationStats,
     ReaderContext,
@@ -616,12 +616,14 @@ class ReadSession:
     def _max_key(self) -> int:
         return 511  # LMDB's default maximum key size
 
-    def plan_for(self, epoch: int) -> EpochPlan:
+    def plan_for(self, epoch: int, stop: int = 0) -> EpochPlan:
         """The plan of epoch ``epoch`` on this rank. Unshuffled epochs share one plan (it
         does not depend on the epoch: ~0.6 ms of CPU per rank and epoch saved), its
-        arrays read-only."""
+        arrays read-only. ``stop``: the iteration the run stops at in this epoch (0: it
+        runs the whole epoch); a slot group it cuts is laid out as two
+        (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``split``)."""
         shuffle = self.opts.shuffle if self.reads or self.opts.shuffle != "block" else "none"
-        if shuffle == "none" and self._unshuffled_plan is not None:
+        if shuffle == "none" and self._unshuffled_plan is not None and not stop:
             return self._unshuffled_plan
         leaf_first = self.db.leaf_directory() if self.cls.shuffles and self.reads else None
         if self.opts.shuffle == "block" and leaf_first is None:
@@ -635,12 +637,18 @@ class ReadSession:
                           shuffle, self.opts.seed, epoch, leaf_first,
                           block_leaves=self.opts.block_pages, window=window,
                           scheme=self.cls.scheme, group=self.plan_group,
-                          node_consumers=self.consumers_per_node)
-        if shuffle == "none":
+                          node_consumers=self.consumers_per_node, split=stop)
+        if shuffle == "none" and not plan.split:
             for array in (plan.order, plan.table, plan.sizes, plan.pad, plan.dropped):
                 array.flags.writeable = False
             self._unshuffled_plan = plan
         return plan
+
+    @property
+    def epoch_iterations(self) -> int:
+        """Iterations in every epoch of this session (what its plans hold)."""
+        return scheme_iterations(len(self.db), self.consumers, self.opts.batch_size,
+                                 self.opts.last, self.cls.scheme)
 
     @property
     def plan_group(self) -> int:
@@ -650,11 +658,16 @@ class ReadSession:
         record directly; their order does not depend on the slot size)."""
         return self.batches_per_slot if self.shared and self.cls.walks_slots else 1
 
-    def begin_epoch(self, epoch: int, start_iteration: int = 0) -> EpochPlan:
+    def begin_epoch(self, epoch: int, start_iteration: int = 0, stop_iteration: int = 0
+                    ) -> EpochPlan:
         """Plan epoch ``epoch``; with ``start_iteration`` > 0 the strategy is positioned to
-        start there (exact mid-epoch resume, no replay of earlier batches)."""
+        start there (exact mid-epoch resume, no replay of earlier batches). A run that
+        stops inside the epoch says where (``stop_iteration``, the same on every rank), so
+        that a slot group it cuts short is laid out for the part that is read: the readers
+        that walk to their records then walk past no records nobody reads (a benchmark's
+        ``--iters``, a job's last iteration)."""
         self.epoch = epoch
-        self.plan = self.plan_for(epoch)
+        self.plan = self.plan_for(epoch, stop_iteration)
         if self.node_cache is not None and epoch > 0 and self.topo.local_rank == 0:
             # every epoch reads from storage again, as when the data set is larger than a
             # node's memory (not collective: a page another rank of the node still reads

@@ -178,3 +178,27 @@ def test_setup_pages_report_the_leaf_directory_once(tmp_path: Path) -> None:
     assert again == 0
     spec = run_bench(path, tmp_path / "c.json", "dm-spec", [], 4)
     assert 0 < spec["totals"]["setup_pages"] < leaves
+
+
+def test_a_run_that_stops_inside_a_slot_group_walks_no_other_nodes_records(
+        tmp_path: Path) -> None:
+    """``--iters`` stopping inside a ring slot (here the second epoch's fifth of ten
+    iterations, every epoch one slot group): the plan cuts that group where the run stops,
+    so each DM reader reaches its records without walking past the part of the other
+    node's block nobody reads. On records five to a leaf, dm-spec's walk then reads no
+    page outside its prefetch (before: the leaves of ~40 records of the other node), and
+    the stopped epoch delivers no record twice."""
+    path = tmp_path / "inline"
+    write_db(path, random_items(RECORDS, 700, seed=3), commit_every=100)
+    per_epoch = iterations_per_epoch(RECORDS, RANKS, BATCH, "pad")
+    iters = per_epoch + per_epoch // 2
+    doc = run_bench(path, tmp_path / "out.json", "dm-spec", [], iters)
+    assert doc["batches_per_slot"] > per_epoch  # every epoch is one slot group
+    its = doc["iterations"]
+    assert [s["batches"] for s in its] == [per_epoch, per_epoch // 2]
+    assert [s["missed_walk_pages"] for s in its] == [0, 0], its
+    assert its[-1]["pages_touched"] <= its[-1]["own_pages"] + 2 * NODES  # + branch pages
+    second = [rec for r in doc["per_rank"] if r["worker"]
+              for rec, pad in zip(r["records"][per_epoch * BATCH:],
+                                  r["padding"][per_epoch * BATCH:], strict=True) if not pad]
+    assert len(second) == len(set(second)) == (per_epoch // 2) * RANKS * BATCH

@@ -191,6 +191,42 @@ def test_slot_groups_lay_each_nodes_slot_out_as_one_run(n, consumers, batch, las
         assert not grouped.contiguous_slot(group - 1, 2)
 
 
+@pytest.mark.parametrize(("n", "group", "stop"), [(400, 8, 5), (400, 8, 13), (203, 5, 3)])
+def test_a_run_that_stops_inside_a_slot_group_splits_it_there(n, group, stop) -> None:
+    """``split``: the slot group a run stops in is laid out as two, each node's records
+    before the stop one run of the order, the nodes' runs one after the other (a reader
+    walking to its records reads no other node's records nobody reads); the epoch still
+    delivers every record once, and the groups before stay as they were."""
+    consumers, batch, nodes = 4, 3, (2, 2)
+    whole = plan_epoch(n, consumers, batch, group=group, node_consumers=nodes)
+    cut = plan_epoch(n, consumers, batch, group=group, node_consumers=nodes, split=stop)
+    assert cut.split == stop and cut.iterations == whole.iterations
+
+    def real(p):
+        return np.sort(np.concatenate([p.records(i, c)[~p.padding(i, c)]
+                                       for i in range(p.iterations) for c in range(consumers)]))
+    np.testing.assert_array_equal(real(cut), real(whole))
+    start = stop // group * group
+    np.testing.assert_array_equal(cut.table[:start], whole.table[:start])
+    assert cut.contiguous_slot(start, stop - start)
+    assert not cut.contiguous_slot(stop - 1, 2)  # across the cut
+    runs = [np.concatenate([cut.group_records(i, c0, 2) for i in range(start, stop)])
+            for c0 in (0, 2)]
+    for run in runs:
+        assert (np.diff(run) % n == 1).all()
+    assert (np.diff(np.concatenate(runs)) % n == 1).all()
+    # without the split, the stopped part of the group is not one run for the second node
+    if stop - start < group:
+        late = np.concatenate([whole.group_records(i, 0, 2) for i in range(start, stop)] +
+                              [whole.group_records(i, 2, 2) for i in range(start, stop)])
+        assert not (np.diff(late) % n == 1).all()
+    # a stop at a group's boundary, or past the epoch, changes nothing
+    at_boundary = plan_epoch(n, consumers, batch, group=group, node_consumers=nodes,
+                             split=group)
+    assert at_boundary.split == 0
+    np.testing.assert_array_equal(at_boundary.table, whole.table)
+
+
 def test_slot_groups_apply_to_full_batches_of_the_blocked_scheme_only():
     split = plan_epoch(49, 4, 3, "partial", group=4, node_consumers=(2, 2))
     assert split.group == 1  # the last batch is split: plain blocked order

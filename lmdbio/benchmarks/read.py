@@ -269,8 +269,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         t_start = time.perf_counter()
         c_start = time.process_time()
         session = ReadSession(path, topo, opts)
-        plan = session.begin_epoch(0)
-        schedule = _schedule(plan.iterations, args.iters)
+        per_epoch = session.epoch_iterations
+        schedule = _schedule(per_epoch, args.iters)
+        # the iteration the run stops at in its last epoch, if inside it
+        stops = {schedule[-1][0]: schedule[-1][1] + 1} if schedule and \
+            schedule[-1][1] + 1 < per_epoch else {}
+        session.begin_epoch(0, stop_iteration=stops.get(0, 0))
         records: list[np.ndarray] = []  # per delivery, in delivery order
         padding: list[np.ndarray] = []
         batch_times: list[float] = []  # one entry per delivery (a ring slot)
@@ -314,7 +318,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
         for epoch, it, count in _slots(schedule, session.batches_per_slot):
             if epoch != session.epoch:
-                session.begin_epoch(epoch)
+                session.begin_epoch(epoch, stop_iteration=stops.get(epoch, 0))
             if session.reads:
                 session.read_group(it, count)
             # a colocated reader consumes as it goes; dedicated workers drain below

@@ -56,6 +56,8 @@ class EpochPlan:
     dropped: np.ndarray
     #: iterations per slot group (1: plain ``blocked`` order); groups start at iteration 0
     group: int = 1
+    #: an iteration where a slot group is cut in two (the run stops there), or 0
+    split: int = 0
 
     @property
     def iterations(self) -> int:
@@ -125,8 +127,14 @@ class EpochPlan:
         """Whether iterations ``first .. first + count - 1`` lie in one slot group, so that
         every node's records of them are one contiguous run of the order."""
         g = self.group
-        return count == 1 or (g > 1 and first // g == (first + count - 1) // g
+        return count == 1 or (g > 1 and self._group_of(first) == self._group_of(first + count - 1)
                               and first + count <= self.iterations)
+
+    def _group_of(self, iteration: int) -> tuple[int, bool]:
+        """The slot group of ``iteration``: its number, and whether it is the part after
+        :attr:`split` of a group cut there."""
+        g = iteration // self.group
+        return g, bool(self.split) and g == self.split // self.group and iteration >= self.split
 
 
 def iterations_per_epoch(n_records: int, consumers: int, batch: int, last: str) -> int:
@@ -135,6 +143,16 @@ def iterations_per_epoch(n_records: int, consumers: int, batch: int, last: str) 
     if last == "drop":
         return n_records // g
     return -(-n_records // g)
+
+
+def scheme_iterations(n_records: int, consumers: int, batch: int, last: str,
+                      scheme: str) -> int:
+    """Iterations of one epoch under ``scheme`` (:func:`plan_epoch`'s ``iterations``,
+    without planning it)."""
+    if scheme == "blocked":
+        return iterations_per_epoch(n_records, consumers, batch, last)
+    per = _shard_size(n_records, consumers, last)
+    return -(-per // batch) if last != "drop" else per // batch
 
 
 def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
@@ -178,17 +196,23 @@ def _shard_size(n_records: int, consumers: int, last: str) -> int:
 
 
 def _grouped_positions(consumers: int, batch: int, iters: int, group: int,
-                       node_consumers: tuple[int, ...]) -> np.ndarray:
+                       node_consumers: tuple[int, ...], split: int = 0) -> np.ndarray:
     """``blocked`` positions by slot group (module docstring): iteration ``i`` is batch
-    ``j = i % group`` of group ``i // group`` (``d`` iterations); consumer ``c``, the
-    ``l``-th of a node whose consumers start at ``c0`` and number ``cn``, takes
-    ``[gD*G + d*B*c0 + j*B*cn + l*B, ... + B)``."""
+    ``j = i - first`` of the group that starts at iteration ``first`` (a multiple of D, or
+    ``split``, which cuts its group in two) and holds ``d`` iterations; consumer ``c``,
+    the ``l``-th of a node whose consumers start at ``c0`` and number ``cn``, takes
+    ``[first*G + d*B*c0 + j*B*cn + l*B, ... + B)``."""
     g = batch * consumers
     c0 = np.repeat(np.cumsum((0, *node_consumers))[:-1], node_consumers)
     cn = np.repeat(np.asarray(node_consumers, np.int64), node_consumers)
     it = np.arange(iters)
     first = it // group * group
-    d = np.minimum(group, iters - first)
+    end = np.minimum(first + group, iters)
+    if split:
+        cut = first == split // group * group
+        end = np.where(cut & (it < split), split, end)
+        first = np.where(cut & (it >= split), split, first)
+    d = end - first
     j = it - first
     c = np.arange(consumers)
     start = (first * g)[:, None] + (d * batch)[:, None] * c0[None, :] + \
@@ -259,12 +283,16 @@ def plan_epoch(
     scheme: str = "blocked",
     group: int = 1,
     node_consumers: tuple[int, ...] | None = None,
+    split: int = 0,
 ) -> EpochPlan:
     """The plan of one epoch (see the module docstring for the semantics).
 
     ``group`` > 1 with ``node_consumers`` (the consumers of each node, in consumer order,
     summing to ``consumers``) lays ``blocked`` epochs out by slot group; ignored for the
-    other schemes and when the last batch is split (``partial`` with a short remainder)."""
+    other schemes and when the last batch is split (``partial`` with a short remainder).
+    ``split``: an iteration inside a slot group where a run stops; that group is laid out
+    as two, so that every node's records before it are still one run (a reader that walks
+    to its records reads no other node's records the run never reads)."""
     if consumers < 1 or batch < 1:
         raise ValueError("consumers and batch must be >= 1")
     if last not in LAST_POLICIES:
@@ -281,21 +309,18 @@ def plan_epoch(
         order = block_order(leaf_first, seed, epoch, block_leaves, window)
     else:
         raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, not {shuffle!r}")
-    if scheme == "blocked":
-        iters = iterations_per_epoch(n_records, consumers, batch, last)
-    else:
-        per = _shard_size(n_records, consumers, last)
-        iters = -(-per // batch) if last != "drop" else per // batch
+    iters = scheme_iterations(n_records, consumers, batch, last, scheme)
     if node_consumers is not None and sum(node_consumers) != consumers:
         raise ValueError(f"node_consumers {node_consumers} do not add up to {consumers}")
     # slot groups need every batch full: not so only when ``partial`` splits the last one
     short_last = last == "partial" and iters > 0 and n_records < iters * batch * consumers
     if group > 1 and scheme == "blocked" and node_consumers is not None and not short_last:
-        pos = _grouped_positions(consumers, batch, iters, group, tuple(node_consumers))
+        split = split if 0 < split < iters and split % group else 0
+        pos = _grouped_positions(consumers, batch, iters, group, tuple(node_consumers), split)
         sizes = np.full((iters, consumers), batch, np.int64)
     else:
         pos, sizes = _positions(n_records, consumers, batch, last, scheme, iters)
-        group = 1
+        group, split = 1, 0
     if n_records == 0:
         table = np.zeros(pos.shape, np.int64)
         pad = np.zeros(pos.shape, bool)
@@ -327,4 +352,4 @@ def plan_epoch(
     # every record is delivered under ``pad`` and ``partial``: only ``drop`` leaves some out
     dropped = _dropped(order, table, sizes, pad) if last == "drop" else np.empty(0, np.int64)
     return EpochPlan(n_records, consumers, batch, last, scheme, order, table, sizes, pad,
-                     dropped, group)
+                     dropped, group, split)
