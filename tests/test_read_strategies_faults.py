@@ -117,3 +117,21 @@ def test_indexed_sidecar_is_reused_and_rebuilt_when_the_database_changes(
         assert _read_all(db) == items
         db.close()
     assert "does not match the database" in caplog.text
+
+
+def test_a_page_named_as_a_leaf_that_is_not_one_stops_the_count(small) -> None:
+    """The leaf directory's count takes the leaves its branch pages name without reading
+    them first: a page that is not a leaf (here the root branch page, as a corrupt parent
+    would name it) is refused by number before its header is taken for a count."""
+    from lmdbio.errors import LmdbFormatError
+    from lmdbio.plan.strategies.indexed import count_records_collectively
+
+    path, _ = small
+    with Database(path) as db:
+        leaves = db.tree_levels()[0][-1]
+        first = count_records_collectively(db, leaves, None, 0, 1)
+        assert first[-1] == len(db)
+        bad = leaves.copy()
+        bad[len(bad) // 2] = db.db.root
+        with pytest.raises(LmdbFormatError, match=str(db.db.root)):
+            count_records_collectively(db, bad, None, 0, 1)
