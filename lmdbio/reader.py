@@ -478,6 +478,7 @@ class ReadSession:
             self.totals.add_setup(self.db.accounting.touched)
         self.db.accounting.reset()
         self.epoch = -1
+        self.epoch_stop = 0  # set by begin_epoch
         self.plan: EpochPlan | None = None
         self._unshuffled_plan: EpochPlan | None = None
 
@@ -621,7 +622,8 @@ class ReadSession:
         does not depend on the epoch: ~0.6 ms of CPU per rank and epoch saved), its
         arrays read-only. ``stop``: the iteration the run stops at in this epoch (0: it
         runs the whole epoch); a slot group it cuts is laid out as two
-        (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``split``)."""
+        (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``split``; such a plan is built for the
+        one epoch, not shared, its arrays writable)."""
         shuffle = self.opts.shuffle if self.reads or self.opts.shuffle != "block" else "none"
         if shuffle == "none" and self._unshuffled_plan is not None and not stop:
             return self._unshuffled_plan
@@ -662,12 +664,17 @@ class ReadSession:
                     ) -> EpochPlan:
         """Plan epoch ``epoch``; with ``start_iteration`` > 0 the strategy is positioned to
         start there (exact mid-epoch resume, no replay of earlier batches). A run that
-        stops inside the epoch says where (``stop_iteration``, the same on every rank), so
-        that a slot group it cuts short is laid out for the part that is read: the readers
-        that walk to their records then walk past no records nobody reads (a benchmark's
-        ``--iters``, a job's last iteration)."""
+        ends inside the epoch may say where (``stop_iteration``, the same on every rank):
+        a slot group it cuts short is then laid out for the part that is read, so the
+        readers that walk to their records walk past no records nobody reads, and nothing
+        after it is read ahead (the benchmark's ``--iters``). The cut changes which
+        records the iterations before it deliver: a run resumed in that epoch must pass
+        the same stop."""
         self.epoch = epoch
         self.plan = self.plan_for(epoch, stop_iteration)
+        #: the iteration this epoch's run ends at (the epoch's end unless cut short)
+        self.epoch_stop = stop_iteration if 0 < stop_iteration < self.plan.iterations \
+            else self.plan.iterations
         if self.node_cache is not None and epoch > 0 and self.topo.local_rank == 0:
             # every epoch reads from storage again, as when the data set is larger than a
             # node's memory (not collective: a page another rank of the node still reads
@@ -755,7 +762,7 @@ class ReadSession:
         fetches it in one call, else its first iteration), so that it can ask for their
         pages while this slot is gathered and handed off
         (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
-        if iteration >= plan.iterations or not self.strategy.advising:
+        if iteration >= min(plan.iterations, self.epoch_stop) or not self.strategy.advising:
             return
         if not self.shared:
             self.strategy.read_ahead(plan, iteration, plan.records(iteration, self.topo.rank))

@@ -158,15 +158,16 @@ def test_setup_pages_report_the_leaf_directory_once(tmp_path: Path) -> None:
     """The pages read outside every iteration are reported (``setup_pages``): indexed's
     readers building the leaf directory read each branch and leaf page once between them
     (reader 0 the branch pages, every reader the headers of its share of the leaves); the
-    next run takes the directory from the sidecar and reads none. dm-spec's readers, on
-    leaves of uneven counts, read the same directory (the sidecar again: no leaf) and the
-    tree's branch pages at the first epoch."""
+    next run takes the directory from the sidecar, checking a few of its leaves against
+    the file. dm-spec's readers, on leaves of uneven counts, take the same directory
+    from the sidecar and read the tree's branch pages and a few leaf headers at the first
+    epoch: far fewer pages than the leaves."""
     from lmdbio.lmdb import Database
     from lmdbio.plan.strategies.indexed import sidecar_path
 
     rng = np.random.default_rng(5)
     items = [((b"%06d_" % i) + b"k" * int(rng.integers(0, 90)), bytes(3072))
-             for i in range(600)]
+             for i in range(3000)]
     path = tmp_path / "uneven"
     write_db(path, items, commit_every=200)
     with Database(path) as db:
@@ -175,9 +176,9 @@ def test_setup_pages_report_the_leaf_directory_once(tmp_path: Path) -> None:
     built = run_bench(path, tmp_path / "a.json", "indexed", [], 4)["totals"]["setup_pages"]
     assert built == leaves + branches
     again = run_bench(path, tmp_path / "b.json", "indexed", [], 4)["totals"]["setup_pages"]
-    assert again == 0
+    assert 0 < again <= 8  # the sidecar's spot check: up to 8 leaves, on reader 0
     spec = run_bench(path, tmp_path / "c.json", "dm-spec", [], 4)
-    assert 0 < spec["totals"]["setup_pages"] < leaves
+    assert 0 < spec["totals"]["setup_pages"] < leaves // 2
 
 
 def test_a_run_that_stops_inside_a_slot_group_walks_no_other_nodes_records(

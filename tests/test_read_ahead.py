@@ -316,13 +316,16 @@ def test_dm_spec_prefetches_the_values_a_commit_stored_out_of_sequence(
     commits store a value in a page an earlier one freed, far from its neighbours: the
     share's leaves name those pages, so from the second iteration on no value page is
     missed (one reader: no other reader's records lie between its shares to shift them).
-    Without the leaf scan (``scan=False``, the estimate alone) they are missed."""
+    Without the leaf scan (``scan=False``, the estimate alone) they are missed. (The
+    estimates path: the leaves' placement, which names every value through the scan,
+    is off.)"""
     from lmdbio.plan.strategies import dm
 
     if not scan:
         monkeypatch.setattr(dm.FarScan, "missing", lambda self, first, counts:
                             (first[:0], counts[:0]))
     db, s = open_strategy(DmSpec, cifar_like)
+    s.placement = False
     assert _out_of_sequence(db) > 0
     missed = [m for m, _ in _epoch_pages(db, s, BATCH)]
     assert (sum(missed[1:]) == 0) == scan, missed
@@ -397,4 +400,49 @@ def test_dm_spec_reads_no_directory_where_the_leaves_are_full(cifar_like, open_s
     db, s = open_strategy(DmSpec, cifar_like)
     got = _epoch_pages(db, s, BATCH)
     assert s._leaf_first is None and s._full_count() is not None
+    assert got == [(0, 0)] * len(got), got
+
+
+@pytest.mark.parametrize("n", [640, 650])
+def test_dm_spec_names_every_page_of_an_epoch_up_to_its_end(tmp_path, open_strategy,
+                                                            n) -> None:
+    """One reader, a whole epoch including its last iteration: ending on the file's last
+    record (640 = 10 x 64), the walk moves on around to the first leaf; with a padded
+    wrap-around (650), the last share's records after it are reached down from the root.
+    Every iteration's prefetch holds every value, leaf and branch page it needs and no
+    other."""
+    write_db(tmp_path, random_items(n, 3072, seed=8), commit_every=100)
+    db, s = open_strategy(DmSpec, tmp_path)
+    plan = plan_epoch(len(db), 1, 64)
+    s.begin_epoch(plan)
+    for it in range(plan.iterations):
+        ids = plan.records(it, 0)
+        if it:
+            s.read_ahead(plan, it, ids)
+        db.accounting.reset()
+        stats = IterationStats(it)
+        s.fetch(plan, it, ids, stats)
+        assert (stats.missed_pages, stats.missed_walk_pages, stats.redundant_pages) == \
+            (0, 0, 0), it
+
+
+def test_dm_spec_builds_the_directory_when_one_leaf_lost_a_record(tmp_path,
+                                                                  open_strategy) -> None:
+    """Keys of one length written in key order, then one record of the second leaf
+    deleted: the first leaf and the meta page's counts still look like full leaves, but
+    the last leaf's count does not add up, so dm-spec reads the leaf directory and places
+    every share exactly (counting would put every share after the delete one record
+    off)."""
+    import lmdb
+
+    write_db(tmp_path, random_items(3000, 3072, seed=5), commit_every=1000)
+    with Database(tmp_path) as db:
+        second = int(db.leaf_directory()[1])
+    env = lmdb.open(str(tmp_path), map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"%08d" % (second + 3))
+    env.close()
+    db, s = open_strategy(DmSpec, tmp_path)
+    got = _epoch_pages(db, s, 64)
+    assert s._leaf_first is not None
     assert got == [(0, 0)] * len(got), got

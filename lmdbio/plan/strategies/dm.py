@@ -209,7 +209,9 @@ class DmSpec(DmSerial):
         #: ``first[j]``: the index of leaf ``j``'s first record (key order), from the leaf
         #: directory where the leaves' counts vary (:meth:`_acquire_directory`), or None
         self._leaf_first: np.ndarray | None = getattr(self, "_leaf_first", None)
-        if self.placement and self._leaf_first is None and self._counts_vary():
+        if self.placement and not getattr(self, "_directory_tried", False) \
+                and self._counts_vary():
+            self._directory_tried = True  # once: the snapshot does not change
             self._acquire_directory()
         # inline values: the file's pages per record (leaves, with the branch and free
         # pages between them), and the last page and record a walk ended on this epoch
@@ -224,17 +226,24 @@ class DmSpec(DmSerial):
     def _full_count(self) -> int | None:
         """The records every leaf but the last holds when the leaves look full but the last
         (a file written in key order, keys of one length): the first leaf's count, which
-        the meta page's record and leaf counts must allow and two leaves between must
-        hold too (a few leaf headers, read once); None otherwise. The same answer on every
-        reader of the snapshot. A share is then placed by counting (:meth:`_placement`),
-        checked against the reader's own cursor as it goes."""
+        the last leaf's count and the meta page's record count must add up with
+        (``full * (leaves - 1) + last == records``: a leaf short of it needs another one
+        over it) and two leaves between must hold too; None otherwise. Reads four leaf
+        headers once (marked in the accounting: they are part of the epoch's setup
+        pages). The same answer on every reader of the snapshot. A share is then placed
+        by counting (:meth:`_placement`), checked against the reader's own cursor as it
+        goes."""
         if self._full is None:
             leaves = self.tree.ordered_leaves
             n, total = leaves.size, self.db.db.entries
-            full = self.db.page_entries(int(leaves[0])) if n else 0
-            fits = full >= 1 and full * (n - 1) < total <= full * n
-            fits = fits and all(self.db.page_entries(int(leaves[k])) == full
-                                for k in sorted({n // 3, 2 * n // 3}) if 0 < k < n - 1)
+            picks = sorted({0, n // 3, 2 * n // 3, n - 1}) if n else []
+            counts = {k: self.db.page_entries(int(leaves[k])) for k in picks}
+            acc = self.db.accounting
+            if acc.enabled and picks:
+                acc.touched[leaves[picks]] = 1
+            full = counts.get(0, 0)
+            fits = full >= 1 and full * (n - 1) + counts.get(n - 1, 0) == total
+            fits = fits and all(c == full for k, c in counts.items() if k < n - 1)
             self._full = full if fits else 0
         return self._full or None
 
@@ -415,8 +424,16 @@ class DmSpec(DmSerial):
         ends_leaf = hi < ordered.size and (
             after == int(first[hi]) if first is not None else after == hi * (self._full or 0))
         end = hi if ends_leaf else hi - 1
-        return ordered[lo:end + 1], self.tree.walk_branches(
-            lo, end, from_root or self._receives())
+        leaves = ordered[lo:end + 1]
+        branches = self.tree.walk_branches(lo, end, self._receives() and not from_root)
+        if from_root:  # wrapped around: the walk went down from the root to leaf lo
+            branches = sorted(set(branches) | set(self.tree.descent(lo)))
+        if after >= self.db.db.entries and ordered.size:
+            # the share ends on the file's last record: the walk moves on past it, around
+            # to the first record, down from the root
+            leaves = np.union1d(leaves, ordered[:1])
+            branches = sorted(set(branches) | set(self.tree.descent(0)))
+        return leaves, branches
 
     def _receives(self) -> bool:
         """Whether this reader's next walk starts from a cursor another reader sent (its
@@ -600,8 +617,6 @@ class DmSpec(DmSerial):
         run_start, run_end, _, missed, missed_walk, redundant, prefetched = \
             observe_iteration(refs.val_off, refs.val_len, refs.leaf_pg, self.db.psize,
                               touched, self._scratch, starts, lengths)
-        if scanned is not None and scanned.size and acc.enabled:
-            touched[scanned] = 1  # read by the scan: in the rank's pages touched
         run = (int(run_start), int(run_end)) if run_start >= 0 else None
         if run is not None:
             self.estimator.observe(*run)
@@ -618,6 +633,10 @@ class DmSpec(DmSerial):
         if (known is None or known.size < ids.size) and self.first_iteration == 0:
             # (not after a resume, whose walk reads more than the share's pages)
             self._known[int(ids[0])] = KnownShare(refs, touched, self.db.psize)
+        if scanned is not None and scanned.size and acc.enabled:
+            # read by the scan, not the walk: in the rank's pages touched, but neither in
+            # the observation nor in the pages a known share asks for next epoch
+            touched[scanned] = 1
         stats.prefetched_pages = int(prefetched)
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from lmdbio.errors import LmdbioError
+from lmdbio.errors import LmdbFormatError, LmdbioError
 from lmdbio.io.prefetch import advise_page_ranges
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.mpiutil import sleeping_barrier
@@ -48,7 +48,10 @@ def load_sidecar(db: Database) -> tuple[np.ndarray, np.ndarray] | None:
     try:
         with np.load(path) as z:
             leaves, first = z["leaves"], z["first"]
-    except (OSError, KeyError, ValueError):
+    except Exception as exc:  # a cache: whatever is wrong with it, the directory is rebuilt
+        # (raising here would leave the other readers waiting for reader 0)
+        if not isinstance(exc, FileNotFoundError):
+            log.warning("%s: leaf directory sidecar unreadable (%s); rebuilding", path, exc)
         return None
     if first.shape != (leaves.shape[0] + 1,) or int(first[-1]) != len(db) \
             or not _spot_check(db, leaves.astype(np.int64), first.astype(np.int64)):
@@ -75,7 +78,7 @@ def _spot_check(db: Database, leaves: np.ndarray, first: np.ndarray, samples: in
         advise_page_ranges(db.buf, leaves[pick], np.ones(pick.shape[0], np.int64), db.psize)
     counts = np.empty(pick.shape[0], np.int64)
     code, _ = k.count_leaf_records(db.buf, db.fmt, leaves[pick], counts,
-                                   db.accounting.touched, False)
+                                   db.accounting.touched, db.accounting.enabled)
     if code or (counts != first[pick + 1] - first[pick]).any():
         return False
     for pg in leaves[pick].tolist():  # a handful of pages: their header says leaf
@@ -151,6 +154,9 @@ def count_records_collectively(db: Database, leaves: np.ndarray, comm, rank: int
         raise error
     first = np.zeros(leaves.shape[0] + 1, np.int64)
     np.cumsum(counts, out=first[1:])
+    if first[-1] != db.db.entries:  # every rank has the same counts: all raise alike
+        raise LmdbFormatError(db.path, f"the leaves hold {first[-1]} records but the meta "
+                              f"page says {db.db.entries}", page=db.db.root)
     return first
 
 

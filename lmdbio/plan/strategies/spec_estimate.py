@@ -199,6 +199,15 @@ class KnownTreePages:
                 pages.add(pg)
         return sorted(pages)
 
+    def descent(self, leaf: int) -> list[int]:
+        """The branch pages a cursor that wraps around to leaf ``leaf`` (an index into
+        :attr:`ordered_leaves`; the first one when it wraps) marks read going down: the
+        path from the root's child to the leaf's parent (the root it holds already, and
+        :meth:`walk_branches` names it when a received cursor reads it)."""
+        if not self.leaf_parents.size:
+            return []
+        return self._ancestors(int(self.leaf_parents[leaf]))[:-1]
+
     def _ancestors(self, page: int) -> list[int]:
         """``page`` and the branch pages above it, up to the root."""
         chain = [page]
