@@ -22,7 +22,10 @@ then take the positions ``[gD*G, (gD + d)*G)`` (``d`` = D, or what is left at th
 and every node a contiguous block of them, its iterations one after the other: a reader
 that walks to its records (LMM, the DM chains) reaches a whole slot with one walk and one
 cursor hand-off instead of D. Within one iteration a node's records stay contiguous. The
-delivery order then depends on D as well (docs/reading.md, "Slot groups").
+delivery order then depends on D as well (docs/reading.md, "Slot groups"). A run that
+stops inside a group (``split``) has that group laid out as two, cut where it stops, so
+that a node's records before the stop are still one run (the order of the iterations
+before the stop then depends on it too).
 """
 
 from __future__ import annotations
