@@ -267,12 +267,28 @@ class DmSpec(DmSerial):
         self._leaf_first = first if np.array_equal(leaves, self.tree.ordered_leaves) \
             else None
 
-    def _directory_place(self, first_id: int, count: int) -> tuple[int, int, int] | None:
-        """``(lo, hi, slot)`` from the leaf directory: leaves ``lo .. hi - 1`` (key order)
-        hold records ``first_id .. first_id + count - 1``, the first at ``slot`` on leaf
-        ``lo``; None without a directory."""
-        first = self._leaf_first
-        if first is None or count < 1 or not 0 <= first_id < int(first[-1]):
+    def _leaf_starts(self) -> np.ndarray | None:
+        """``starts[j]``: the index of leaf ``j``'s first record (key order), ``starts[-1]``
+        the total: the leaf directory read (:meth:`_acquire_directory`), or where the
+        leaves are full but the last the same by counting (:meth:`_full_count`, kept once
+        made); None when neither."""
+        if self._leaf_first is not None:
+            return self._leaf_first
+        counted = getattr(self, "_counted_starts", None)
+        if counted is None and self.tree.ordered_leaves.size and self._full_count():
+            n, total = self.tree.ordered_leaves.size, self.db.db.entries
+            counted = np.minimum(np.arange(n + 1, dtype=np.int64) * self._full_count(),
+                                 total)
+            self._counted_starts = counted
+        return counted
+
+    @staticmethod
+    def _place(first: np.ndarray, first_id: int, count: int
+               ) -> tuple[int, int, int] | None:
+        """``(lo, hi, slot)`` from ``first`` (:meth:`_leaf_starts`): leaves ``lo .. hi - 1``
+        (key order) hold records ``first_id .. first_id + count - 1``, the first at
+        ``slot`` on leaf ``lo``; None for no record of the file."""
+        if count < 1 or not 0 <= first_id < int(first[-1]):
             return None
         lo = int(np.searchsorted(first, first_id, side="right")) - 1
         hi = min(int(np.searchsorted(first, first_id + count - 1, side="right")),
@@ -389,26 +405,18 @@ class DmSpec(DmSerial):
         (:meth:`_full_count`; for a share that continues this reader's last one
         (``regular``) only while its cursor agrees: the record it stands on is where the
         count puts it). None when neither places them."""
-        if not self.placement:
+        starts = self._leaf_starts() if self.placement else None
+        if starts is None:
             return None
-        placed = self._directory_place(first_id, count)
-        if placed is not None or count < 1:
-            return placed
-        ordered = self.tree.ordered_leaves
-        full = self._full_count() if ordered.size else None
-        if full is None:
-            return None
-        if regular:
-            stack = self.cursor.stack
+        if regular and self._leaf_first is None:  # counted, not read: the cursor agrees?
+            stack, ordered = self.cursor.stack, self.tree.ordered_leaves
             if len(stack) < 2 or first_id < self._at:
                 return None
             leaf, slot = (int(x) for x in stack[-1])
-            k = self._at // full
-            if k >= ordered.size or int(ordered[k]) != leaf or self._at % full != slot:
+            k = int(np.searchsorted(starts, self._at, side="right")) - 1
+            if k >= ordered.size or int(ordered[k]) != leaf or self._at - starts[k] != slot:
                 return None
-        lo = first_id // full
-        hi = min((first_id + count - 1) // full + 1, ordered.size)
-        return (lo, hi, first_id - lo * full) if lo < hi else None
+        return self._place(starts, first_id, count)
 
     def _walk_pages(self, first_id: int, count: int, lo: int, hi: int,
                     from_root: bool = False) -> tuple[np.ndarray, list[int]]:
@@ -420,9 +428,8 @@ class DmSpec(DmSerial):
         cursor comes from another reader or ``from_root``)."""
         ordered = self.tree.ordered_leaves
         after = first_id + count
-        first = self._leaf_first
-        ends_leaf = hi < ordered.size and (
-            after == int(first[hi]) if first is not None else after == hi * (self._full or 0))
+        starts = self._leaf_starts()
+        ends_leaf = starts is not None and hi < ordered.size and after == int(starts[hi])
         end = hi if ends_leaf else hi - 1
         leaves = ordered[lo:end + 1]
         branches = self.tree.walk_branches(lo, end, self._receives() and not from_root)
