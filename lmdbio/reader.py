@@ -208,12 +208,10 @@ class ReaderTotals:
     symmetric: bool = False
 
     def add_setup(self, touched: np.ndarray) -> None:
-        """Add the pages of ``touched`` (an accounting bitmap) to :attr:`setup`."""
+        """Add the pages of ``touched`` (an accounting bitmap) to :attr:`setup` (sized
+        from it the first time, as :meth:`ReadSession._account` sizes the others)."""
         if self.setup.shape != touched.shape:
-            grown = np.zeros_like(touched)
-            n = min(self.setup.shape[0], touched.shape[0])
-            grown[:n] = self.setup[:n]
-            self.setup = grown
+            self.setup = np.zeros_like(touched)
         np.bitwise_or(self.setup, touched, out=self.setup)
 
 

@@ -648,7 +648,6 @@ class DmSpec(DmSerial):
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)
         stats.redundant_pages = int(redundant)
-        self.last_prefetch = (int(starts[0]), int(lengths[0]))
         return refs
 
 
