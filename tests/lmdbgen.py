@@ -56,6 +56,17 @@ def random_items(n: int, value_size, seed: int = 0, key_fmt: str = "%08d") -> li
     return out
 
 
+def uneven_key_items(n: int, value_size: int = 3072, seed: int = 0, *,
+                     random_values: bool = True) -> list:
+    """``n`` records under keys of 9 to 120 bytes, ``%08d_`` and a filler of random length
+    (a Caffe index and a file name of any length), so that leaves hold uneven record
+    counts; values of ``value_size`` random bytes (or zeros)."""
+    rng = np.random.default_rng(seed)
+    return [((b"%08d_" % i) + b"x" * int(rng.integers(0, 112)),
+             rng.integers(0, 256, value_size, dtype=np.uint8).tobytes() if random_values
+             else bytes(value_size)) for i in range(n)]
+
+
 def churn_db(path: str | os.PathLike, commits: int = 2000, seed: int = 1, version: int = 1):
     """Thousands of small commits with inserts, overwrites and deletes (free-list reuse);
     returns the final contents in key order."""

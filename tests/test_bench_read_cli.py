@@ -16,9 +16,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import pytest
-from lmdbgen import random_items, write_db
+from lmdbgen import random_items, uneven_key_items, write_db
 from mpi_harness import run_mpi
 
 from lmdbio.plan.epoch import iterations_per_epoch
@@ -165,11 +164,8 @@ def test_setup_pages_report_the_leaf_directory_once(tmp_path: Path) -> None:
     from lmdbio.lmdb import Database
     from lmdbio.plan.strategies.indexed import sidecar_path
 
-    rng = np.random.default_rng(5)
-    items = [((b"%06d_" % i) + b"k" * int(rng.integers(0, 90)), bytes(3072))
-             for i in range(3000)]
     path = tmp_path / "uneven"
-    write_db(path, items, commit_every=200)
+    write_db(path, uneven_key_items(3000, seed=5, random_values=False), commit_every=200)
     with Database(path) as db:
         leaves, branches = db.leaves().size, db.db.branch_pages
         assert not sidecar_path(db).exists()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lmdbgen import random_items, write_db
+from lmdbgen import random_items, uneven_key_items, write_db
 
 from lmdbio.io import prefetch as pf
 from lmdbio.lmdb import Database
@@ -366,13 +366,6 @@ def test_dm_spec_names_the_values_of_records_of_mixed_sizes(tmp_path, open_strat
     assert got == [(0, 0)] * len(got), got
 
 
-def _uneven_items(n: int, seed: int) -> list[tuple[bytes, bytes]]:
-    """3 KB values under keys of 9 to 120 bytes: leaves hold uneven record counts."""
-    rng = np.random.default_rng(seed)
-    return [((b"%08d_" % i) + b"x" * int(rng.integers(0, 112)),
-             rng.integers(0, 256, 3072, dtype=np.uint8).tobytes()) for i in range(n)]
-
-
 @pytest.mark.parametrize("order", ["keys", "random"])
 def test_dm_spec_places_shares_through_the_leaf_directory(tmp_path, open_strategy,
                                                           order) -> None:
@@ -385,7 +378,7 @@ def test_dm_spec_places_shares_through_the_leaf_directory(tmp_path, open_strateg
     ``test_read_strategies.py`` has two)."""
     from lmdbio.plan.strategies.indexed import sidecar_path
 
-    items = _uneven_items(1500, seed=3)
+    items = uneven_key_items(1500, seed=3)
     if order == "random":
         items = [items[i] for i in np.random.default_rng(4).permutation(len(items))]
     write_db(tmp_path, items, commit_every=400)

@@ -26,7 +26,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from lmdbgen import random_items, write_db
+from lmdbgen import random_items, uneven_key_items, write_db
 from mpi_harness import run_mpi
 
 from lmdbio.lmdb import Database
@@ -114,13 +114,12 @@ def uneven_leaves(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     bytes (a file name of any length after Caffe's index), committed 1,000 at a time,
     then the same records put in random order (leaves split half full, values far out of
     key order)."""
-    rng = np.random.default_rng(31)
-    items = [((b"%08d_" % i) + b"x" * int(rng.integers(0, 112)),
-              rng.integers(0, 256, 3072, dtype=np.uint8).tobytes()) for i in range(4000)]
+    items = uneven_key_items(4000, seed=31)
     path = tmp_path_factory.mktemp("read") / "uneven"
     write_db(path, items, commit_every=1000)
     shuffled = tmp_path_factory.mktemp("read") / "shuffled"
-    write_db(shuffled, [items[i] for i in rng.permutation(len(items))], commit_every=1000)
+    order = np.random.default_rng(32).permutation(len(items))
+    write_db(shuffled, [items[i] for i in order], commit_every=1000)
     gen = Generated(path, sorted(items))
     gen.shuffled = Generated(shuffled, sorted(items))
     return gen
