@@ -793,7 +793,8 @@ class ReadSession:
             sizes = np.array([ids.size])
             pad = plan.padding(iteration, self.topo.rank)
         refs = self._fetch_group(plan, first, count, ids, stats)
-        self._read_ahead(plan, first + count)
+        with Timer(stats, "prefetch"):  # the next slot's pages, asked for now
+            self._read_ahead(plan, first + count)
         if self.opts.value_prefix is not None and len(refs):
             refs = self._prefixes(refs)
         if len(refs) != ids.size:

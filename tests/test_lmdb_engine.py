@@ -424,6 +424,19 @@ def test_walk_collect_and_locate_match_the_record_table(medium_db):
             assert bytes(buf[off[j]:off[j + 1]]) == items[i][1]
 
 
+def test_locate_runs_of_consecutive_records_across_leaves_and_the_end(medium_db):
+    """Runs of consecutive records (located leaf to leaf without a search) match the
+    record table across every leaf boundary, to the last record, and after a jump back."""
+    path, _ = medium_db
+    with lmdbio.open(path) as db:
+        t = db.record_table()
+        n = len(db)
+        idx = np.r_[np.arange(n), np.arange(3), np.arange(n - 5, n), 7, 8, 8, 9, 2, 3]
+        loc = db.locate(idx)
+        for f in ("val_off", "val_len", "leaf_pg", "key_off", "key_len"):
+            np.testing.assert_array_equal(getattr(loc, f), getattr(t, f)[idx], err_msg=f)
+
+
 @pytest.mark.parametrize(("start", "n", "wrap"), [
     (0, 1, False), (100, 500, False), (0, 3000, False), (2990, 10, False),
     (2997, 10, False), (2997, 10, True), (1234, 7000, True), (5, 0, True)])

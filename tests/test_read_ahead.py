@@ -99,6 +99,32 @@ def test_indexed_read_ahead_asks_for_the_next_values_without_counting(cifar_like
     assert (extra >= 16).sum() <= 3, extra
 
 
+def test_indexed_fetch_takes_what_read_ahead_located_and_counts_its_leaves(
+        cifar_like, open_strategy) -> None:
+    """The fetch after a read-ahead of the same ids returns the records located then,
+    counting their leaves as this iteration's reads (as a locate of its own would); other
+    ids are located afresh."""
+    db, s = open_strategy(Indexed, cifar_like)
+    plan = plan_epoch(len(db), 1, BATCH)
+    db.accounting.enable()
+    ids = plan.records(4, 0)
+    db.accounting.reset()
+    fresh = db.locate(ids)
+    fresh_pages = db.accounting.pages()
+    db.accounting.reset()
+    s.read_ahead(plan, 4, ids)
+    assert not db.accounting.touched.any()
+    refs = s.fetch(plan, 4, ids, IterationStats(4))
+    for f in ("val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len"):
+        np.testing.assert_array_equal(getattr(refs, f), getattr(fresh, f))
+    np.testing.assert_array_equal(db.accounting.pages(), fresh_pages)
+    # read ahead for one slot, fetched another: located as asked, not the read-ahead's
+    s.read_ahead(plan, 5, plan.records(5, 0))
+    other = plan.records(6, 0)
+    got = s.fetch(plan, 6, other, IterationStats(6))
+    np.testing.assert_array_equal(got.val_off, db.locate(other).val_off)
+
+
 @pytest.mark.parametrize("advise", [True, False])
 def test_indexed_fetch_asks_for_its_values_unless_turned_off(cifar_like, open_strategy,
                                                              advise) -> None:

@@ -805,6 +805,13 @@ class Database:
                         self.accounting.touched, self.accounting.enabled)
         return out, offsets
 
+    def mark_pages(self, pages: np.ndarray) -> None:
+        """With accounting on, mark ``pages`` (page numbers inside this snapshot, as the
+        validating kernels give them) touched: pages read earlier, outside the accounting,
+        that an iteration uses as if it had read them itself."""
+        if self.accounting.enabled and pages.size:
+            self.accounting.touched[pages] = 1
+
     def mark_values(self, refs: RecordRefs) -> None:
         """With accounting on, mark every page of ``refs``' values touched without reading
         them: a reader that hands out their spans counts the pages its node's workers read

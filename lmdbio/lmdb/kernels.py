@@ -600,24 +600,32 @@ def locate(buf, fmt, leaves, leaf_first, last_pg, indices, val_off, val_len, lea
 
     ``leaf_first[j]`` is the index of the first record on leaf ``leaves[j]``. Each lookup
     is a binary search plus one leaf node read: exactly the leaf pages holding the records
-    are touched. Returns ``(code, page)``.
+    are touched. A record that follows the one before it on the same leaf (runs of
+    consecutive records, as unshuffled epochs ask for) takes that leaf, already found and
+    checked, without the search. Returns ``(code, page)``.
     """
     psize = fmt[0]
     nleaves = leaves.shape[0]
+    lo = -1  # the leaf of the record before, checked: it holds nkeys records
+    nkeys = 0
+    prev = -2
     for t in range(indices.shape[0]):
         r = indices[t]
-        lo = 0
-        hi = nleaves
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            if leaf_first[mid] <= r:
-                lo = mid
-            else:
-                hi = mid
+        if not (r == prev + 1 and lo >= 0 and r - leaf_first[lo] < nkeys
+                and (lo + 1 == nleaves or r < leaf_first[lo + 1])):
+            lo = 0
+            hi = nleaves
+            while hi - lo > 1:
+                mid = (lo + hi) // 2
+                if leaf_first[mid] <= r:
+                    lo = mid
+                else:
+                    hi = mid
+            code, nkeys = check_page(buf, fmt, leaves[lo], last_pg)
+            if code != OK:
+                return code, leaves[lo]
+        prev = r
         pg = leaves[lo]
-        code, nkeys = check_page(buf, fmt, pg, last_pg)
-        if code != OK:
-            return code, pg
         slot = r - leaf_first[lo]
         if slot < 0 or slot >= nkeys:
             return E_COUNT, pg

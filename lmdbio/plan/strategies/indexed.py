@@ -199,10 +199,21 @@ class Indexed(ReadStrategy):
         self.db.set_leaf_directory(leaves, first)
         self._overflow = True  # until a fetch shows the records' values are all inline
         self._ahead: tuple[int, int] | None = None  # (first id, count) last read ahead
+        #: the ids read_ahead located and their refs (values advised already), which the
+        #: fetch after it takes instead of locating them again
+        self._located: tuple[np.ndarray, RecordRefs] | None = None
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
         ahead, self._ahead = self._ahead, None
+        located, self._located = self._located, None
+        if located is not None and np.array_equal(located[0], ids):
+            # located by read_ahead, its values advised then: count the leaves it read
+            refs = located[1]
+            with Timer(stats, "walk"):
+                self.db.mark_pages(refs.leaf_pg)
+            self._overflow = bool((refs.ovf_pages > 0).any())
+            return refs
         if ids.size and ahead != (int(ids[0]), ids.size):
             # not read ahead (an epoch's first slot, a resume): the leaves in a few reads
             with Timer(stats, "prefetch"):
@@ -233,8 +244,9 @@ class Indexed(ReadStrategy):
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
         """Ask for the next iteration's leaf pages (the directory names them: nothing is
         read; only without read-around) and, when this iteration's records had overflow
-        values, locate the next ones (their leaves are read here, not counted: that
-        iteration's fetch reads and counts them again) and ask for their overflow pages."""
+        values, locate the next ones and ask for their overflow pages. The fetch of those
+        ids takes the located records as they are (and counts their leaves as read in its
+        own iteration) instead of locating them again."""
         if not ids.size or not self.advising:
             return
         self._advise_leaves(ids)
@@ -248,3 +260,4 @@ class Indexed(ReadStrategy):
         finally:
             acc.enabled = was
         self.advise_values(refs)
+        self._located = (ids, refs)
