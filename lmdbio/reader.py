@@ -215,21 +215,44 @@ class ReaderTotals:
         np.bitwise_or(self.setup, touched, out=self.setup)
 
 
-def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions,
-                   pin: bool) -> tuple[Database, Any, ReaderTotals]:
-    """Open the database for this rank; readers that hand cursors map it symmetrically.
-    ``pin``: whether this rank pins the snapshot (:func:`_pins_snapshot`)."""
+def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions
+                   ) -> tuple[Database, Any, ReaderTotals]:
+    """Open the database for this rank, its snapshot not pinned yet (the session pins it
+    where :func:`_pins_snapshot` says); readers that hand cursors map it symmetrically."""
     totals = ReaderTotals()
     mapping = None
     if shared_cursors and topo.is_reader and opts.symmetric:
         mapping = map_symmetric(topo.readers, _resolve_file(path))
         totals.symmetric_attempts = mapping.attempts
         totals.symmetric = bool(mapping.symmetric)
-        db = Database(path, subdb=opts.subdb, buffer=mapping.array, pin_snapshot=pin,
+        db = Database(path, subdb=opts.subdb, buffer=mapping.array, pin_snapshot=False,
                       address=mapping.address if mapping.symmetric else None)
     else:
-        db = Database(path, subdb=opts.subdb, pin_snapshot=pin)
+        db = Database(path, subdb=opts.subdb, pin_snapshot=False)
     return db, mapping, totals
+
+
+def _snapshot_key(db: Database) -> tuple[int, int, int, int]:
+    """What every reading rank must agree on: format version, txnid, root page and record
+    count of the snapshot it opened."""
+    s = db.snapshot
+    return (s.format_version, s.txnid, s.root, len(db))
+
+
+def _check_one_snapshot(db: Database, seen: Sequence[tuple[Any, ...]]) -> None:
+    """Raise, on every rank alike, unless the reading ranks (``seen``: every rank's setup
+    exchange, its snapshot last, ``None`` for a rank that does not read) opened one
+    snapshot. Epoch plans, cursors and leaf directories pass between ranks on that
+    assumption; ranks that opened the file on either side of a writer's commit would
+    deliver some records twice and others never."""
+    snaps = {s[-1] for s in seen if s[-1] is not None}
+    if len(snaps) <= 1:
+        return
+    named = "; ".join(f"rank {r}: txnid {s[-1][1]}, root page {s[-1][2]}, {s[-1][3]} records"
+                      for r, s in enumerate(seen) if s[-1] is not None)
+    raise LmdbioError(f"{db.path}: the reading ranks opened different snapshots of the "
+                      f"database ({named}): a writer committed while the job started; run "
+                      "it again once the database is not being written to")
 
 
 def _pin_key(topo: Topology, path: str) -> tuple[Any, ...] | None:
@@ -423,12 +446,17 @@ class ReadSession:
                               f"{opts.transfer!r}")
         self.reads = topo.is_reader if self.shared else True
         t0 = time.perf_counter()
+        self.db, self.mapping, self.totals = _open_database(
+            path, topo, cls.name.startswith("dm"), opts)
         # one exchange over the world: every rank's node and consumer rank (the node-level
-        # strategies' layout) and the pin choice of simulated nodes (one per file and host)
+        # strategies' layout), the pin choice of simulated nodes (one per file and host)
+        # and the snapshot every reading rank opened, which must be one
         pin_key = _pin_key(topo, path)
         exchange = self.shared or topo.simulated
         wr = topo.worker_rank if topo.is_worker else -1
-        seen = topo.world.allgather((topo.node_index, wr, pin_key)) if exchange else []
+        snap = _snapshot_key(self.db) if self.reads else None
+        seen = topo.world.allgather((topo.node_index, wr, pin_key, snap)) if exchange else []
+        _check_one_snapshot(self.db, seen)
         if self.shared:
             self.consumers = topo.n_workers
             self.first_consumer, self.node_consumers, self.consumers_per_node = \
@@ -437,9 +465,8 @@ class ReadSession:
             self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
             self.consumers_per_node = (1,) * topo.size
-        pin = _pins_snapshot(topo, pin_key, [k for _, _, k in seen])
-        self.db, self.mapping, self.totals = _open_database(
-            path, topo, cls.name.startswith("dm"), opts, pin)
+        if _pins_snapshot(topo, pin_key, [s[2] for s in seen]):
+            self.db.pin_snapshot()
         self.node_cache = None
         if opts.direct_io:
             from lmdbio.io.direct import NodeCache

@@ -54,6 +54,40 @@ def test_a_rank_that_raises_ends_the_job(small, nranks, nodes, strategy, bad) ->
     assert not any(run.results.values()), "no rank may have finished the case"
 
 
+RUN_CLI = """
+import sys
+from lmdbio.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(("strategy", "extra"), [
+    ("indexed", []),
+    ("dm-spec", ["--no-symmetric"]),  # (a symmetric mapping refuses files of two sizes)
+    ("naive-stride", []),
+])
+def test_readers_of_different_snapshots_stop_the_job_naming_them(tmp_path, strategy,
+                                                                 extra) -> None:
+    """Ranks that opened the database on either side of a commit (here: each simulated
+    node reads its own copy, the second one commit ahead) all stop in their setup
+    exchange, before any record is read, naming each reading rank's snapshot."""
+    items = random_items(200, 3072, seed=8)
+    for node in (0, 1):
+        path = tmp_path / f"db-node{node}"
+        write_db(path, items, commit_every=50)
+        if node == 1:
+            with lmdb.open(str(path), map_size=1 << 26) as env, env.begin(write=True) as txn:
+                txn.put(b"zzz-late", b"v" * 10)
+    argv = ["bench", "read", str(tmp_path / "db-node{node}"), "--strategy", strategy,
+            "--batch-size", "4", "--iters", "3", "--simulate-nodes", "2", "--timeout", "600",
+            "--json", str(tmp_path / "out.json"), *extra]
+    run = run_mpi(4, RUN_CLI, argv, timeout=60, check=False)
+    assert run.returncode != 0, run.output()
+    assert "the reading ranks opened different snapshots" in run.stderr, run.output()
+    assert "200 records" in run.stderr and "201 records" in run.stderr, run.output()
+    assert not (tmp_path / "out.json").exists()
+
+
 # --------------------------------------------------------------------------- sidecar
 
 

@@ -322,6 +322,19 @@ class Database:
     def _pin(self) -> None:
         self._pin_obj = SnapshotPin(self.path, self.meta.txnid)
 
+    def pin_snapshot(self) -> None:
+        """Pin this snapshot now (:class:`~lmdbio.lmdb.pin.SnapshotPin`) if it is not
+        pinned yet: for a database opened with ``pin_snapshot=False`` whose owner decides
+        later, with others, which process pins (one per host and file). The pin checks
+        that it holds the txnid opened here."""
+        self._check_open()
+        if self._pin_obj is not None:
+            return
+        self._pin()
+        self._finalizer.detach()
+        self._finalizer = weakref.finalize(self, Database._release, self._mmap,
+                                           self._pin_obj)
+
     # ----------------------------------------------------------------- lifecycle
     @staticmethod
     def _release(mm: mmap.mmap | None, pin: Any) -> None:
