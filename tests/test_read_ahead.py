@@ -11,7 +11,7 @@ import pytest
 from lmdbgen import random_items, uneven_key_items, write_db
 
 from lmdbio.io import prefetch as pf
-from lmdbio.lmdb import Database
+from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import plan_epoch
 from lmdbio.plan.strategies import DmSpec, Indexed, IterationStats, ReaderContext
 
@@ -361,6 +361,28 @@ def test_dm_spec_prefetches_the_values_a_commit_stored_out_of_sequence(
     assert _out_of_sequence(db) > 0
     missed = [m for m, _ in _epoch_pages(db, s, BATCH)]
     assert (sum(missed[1:]) == 0) == scan, missed
+
+
+def test_empty_values_need_only_their_leaf(tmp_path, open_strategy) -> None:
+    """An empty value is inline; the node nearest a leaf's end ends that page, so its
+    value's offset is the next page's first byte. It needs its leaf, not that next page:
+    dm-spec misses nothing on a file of empty and 3 KB values (it missed the next pages
+    when an empty value stood for the page of its offset)."""
+    rng = np.random.default_rng(5)
+    items = [(b"%08d_%s" % (i, b"k" * int(rng.integers(0, 40))),
+              b"" if rng.random() < 0.3 else rng.bytes(3072)) for i in range(1500)]
+    write_db(tmp_path, items, commit_every=500)
+    db, s = open_strategy(DmSpec, tmp_path)
+    refs = db.record_table()
+    empty = refs.val_len == 0
+    at_start = empty & (refs.val_off % db.psize == 0)
+    assert at_start.any(), "no empty value ends a leaf: the case is not exercised"
+    first, counts = RecordRefs(refs.val_off, refs.val_len, refs.leaf_pg, refs.ovf_pages,
+                               refs.key_off, refs.key_len).value_page_runs(db.psize)
+    np.testing.assert_array_equal(first[empty], refs.leaf_pg[empty])
+    assert (counts[empty] == 1).all()
+    db.accounting.enable()
+    assert [m for m, _ in _epoch_pages(db, s, BATCH)] == [0] * (len(db) // BATCH)
 
 
 @pytest.mark.parametrize("commit_every", [500, 2000])

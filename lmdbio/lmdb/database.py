@@ -122,9 +122,11 @@ class RecordRefs:
     def value_page_runs(self, psize: int) -> tuple[np.ndarray, np.ndarray]:
         """``(first, counts)``: the pages each value's bytes cover, as one run per record
         (overlapping for values that share a page; :func:`lmdbio.io.prefetch.
-        advise_page_ranges` merges them)."""
-        first = self.val_off // psize
-        return first, (self.val_off + np.maximum(self.val_len, 1) - 1) // psize - first + 1
+        advise_page_ranges` merges them); an empty value stands for the page of the byte
+        before it, in its leaf (:func:`lmdbio.lmdb.kernels.value_page_span`)."""
+        start = np.maximum(self.val_off - (self.val_len <= 0), 0)
+        first = start // psize
+        return first, (start + np.maximum(self.val_len, 1) - 1) // psize - first + 1
 
     def value_pages(self, psize: int) -> np.ndarray:
         """Distinct pages covered by the values' bytes."""

@@ -327,10 +327,15 @@ def _bad_overflow_run(buf, fmt, value_off, pages):
 @njit(inline="always")
 def value_page_span(off, length, psize):
     """``(first, last)``: the first and last page of a value's bytes ``[off, off +
-    length)``, an empty value standing for its first page. The engine's one rule for the
-    pages a value needs, in compiled code (:meth:`lmdbio.lmdb.RecordRefs.value_page_runs`
-    is its numpy form)."""
-    return off // psize, (off + max(length, 1) - 1) // psize
+    length)``; an empty value stands for the page of the byte before it, its leaf node's
+    (an empty value is inline, and the node nearest a leaf's end ends that page: its
+    offset is the next page's first byte). The engine's one rule for the pages a value
+    needs, in compiled code (:meth:`lmdbio.lmdb.RecordRefs.value_page_runs` is its numpy
+    form)."""
+    if length <= 0:
+        p = max(off - 1, 0) // psize
+        return p, p
+    return off // psize, (off + length - 1) // psize
 
 
 @njit(inline="always")
