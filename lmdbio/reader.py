@@ -229,7 +229,23 @@ def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOp
                       address=mapping.address if mapping.symmetric else None)
     else:
         db = Database(path, subdb=opts.subdb, pin_snapshot=False)
+    _refuse_names_only(db)
     return db, mapping, totals
+
+
+def _refuse_names_only(db: Database) -> None:
+    """Raise when the main database (no named one chosen) holds nothing but named
+    databases: its records are LMDB's 48-byte descriptors of those, not data (py-lmdb
+    would hand them out as values). Checked where the main tree is one leaf, as any file
+    of a few named databases has it (one page, read before the accounting starts); a
+    main database mixing records and names is read as py-lmdb reads it."""
+    if db.subdb_name is not None or db.db.depth != 1 or not db.db.entries:
+        return
+    names = db.subdatabases()
+    if len(names) == db.db.entries:
+        raise ConfigError(f"{db.path}: the main database holds only named databases "
+                          f"({', '.join(repr(n) for n in names)}), not records: choose one "
+                          "(a job's dataset.subdb, `lmdbio bench read --subdb NAME`)")
 
 
 def _snapshot_key(db: Database) -> tuple[int, int, int, int]:

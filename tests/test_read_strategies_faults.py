@@ -88,6 +88,25 @@ def test_readers_of_different_snapshots_stop_the_job_naming_them(tmp_path, strat
     assert not (tmp_path / "out.json").exists()
 
 
+@pytest.mark.parametrize("strategy", ["indexed", "dm-spec"])
+def test_a_main_database_of_named_databases_only_is_refused(tmp_path, strategy) -> None:
+    """A file whose main database holds only named databases: reading the main one stops
+    with the names (its records are LMDB's descriptors, not data); ``--subdb`` reads one."""
+    path = tmp_path / "db"
+    items = random_items(50, 200, seed=4)
+    write_db(path, [], subdbs={b"train": items, b"val": random_items(7, 20, seed=5)})
+    argv = ["bench", "read", str(path), "--strategy", strategy, "--batch-size", "5",
+            "--iters", "5", "--simulate-nodes", "2", "--json", str(tmp_path / "out.json")]
+    run = run_mpi(2, RUN_CLI, argv, timeout=60, check=False)
+    assert run.returncode != 0, run.output()
+    assert "holds only named databases (b'train', b'val')" in run.stderr, run.output()
+    run_mpi(2, RUN_CLI, [*argv, "--subdb", "train"], timeout=60)
+    got = json.loads((tmp_path / "out.json").read_text())
+    assert got["records_in_database"] == 50 and got["subdb"] == "train"
+    ids = sorted(i for r in got["per_rank"] for i in r["records"])
+    assert ids == list(range(50))
+
+
 # --------------------------------------------------------------------------- sidecar
 
 

@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy", default="dm-spec",
                         choices=["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec",
                                  "indexed"])
+    parser.add_argument("--subdb", default=None, metavar="NAME",
+                        help="read the named database NAME instead of the main one")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="records per consumer")
     parser.add_argument("--iters", type=positive_int, default=10)
     parser.add_argument("--simulate-nodes", type=non_negative_int, default=0)
@@ -258,7 +260,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         topo = Topology.build(world, simulate_nodes=args.simulate_nodes, mode=args.mode)
         path = _node_path(args.path, topo.node_index)
         opts = ReadOptions(strategy=args.strategy, batch_size=args.batch_size,
-                           last=args.last, shuffle=args.shuffle, seed=args.seed,
+                           subdb=args.subdb, last=args.last, shuffle=args.shuffle, seed=args.seed,
                            prefetch_depth=args.prefetch_depth, timeout=args.timeout,
                            batches_per_slot=args.batches_per_slot,
                            symmetric=not args.no_symmetric,
@@ -539,6 +541,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
     return {
         "benchmark": "read",
         "path": args.path,
+        "subdb": args.subdb,
         "strategy": args.strategy,
         "ranks": topo.size,
         "nodes": topo.n_nodes,
