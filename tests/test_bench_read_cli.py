@@ -199,3 +199,28 @@ def test_a_run_that_stops_inside_a_slot_group_walks_no_other_nodes_records(
               for rec, pad in zip(r["records"][per_epoch * BATCH:],
                                   r["padding"][per_epoch * BATCH:], strict=True) if not pad]
     assert len(second) == len(set(second)) == (per_epoch // 2) * RANKS * BATCH
+
+
+def test_a_run_that_stops_inside_a_known_slot_group_prefetches_only_its_head(
+        tmp_path: Path) -> None:
+    """A run stopping one batch into a slot group that an earlier epoch read whole: the
+    head's prefetch is placed in the leaves, not taken from the whole group's pages, whose
+    walk crossed into another parent's leaves (63 records under keys of 1-500 bytes, a
+    three-level tree: one branch page prefetched for nothing before)."""
+    import random
+
+    import lmdb
+
+    rng = random.Random(63)
+    items = [(rng.randbytes(rng.randint(1, 500)), rng.randbytes(784)) for _ in range(63)]
+    path = tmp_path / "db"
+    with lmdb.open(str(path), map_size=1 << 26) as env, env.begin(write=True) as txn:
+        for k, v in items:
+            txn.put(k, v)
+    argv = ["bench", "read", str(path), "--strategy", "dm-spec", "--batch-size", "3",
+            "--iters", "31", "--last", "drop", "--batches-per-slot", "3",
+            "--json", str(tmp_path / "out.json")]
+    run_mpi(1, RUN_CLI, argv, timeout=120)
+    its = json.loads((tmp_path / "out.json").read_text())["iterations"]
+    assert its[-1]["batches"] == 1  # the cut group: 31 = 21 + 9 + 1
+    assert [(s["missed_pages"], s["redundant_pages"]) for s in its] == [(0, 0)] * len(its)

@@ -543,7 +543,12 @@ class DmSpec(DmSerial):
         wrap = np.flatnonzero(np.diff(ids) < 0)
         cut = int(wrap[0]) + 1 if wrap.size else ids.size
         known = self._known.get(int(ids[0])) if ids.size else None
-        if known is not None and ids.size <= known.size:  # read in an earlier epoch
+        # read in an earlier epoch: the whole share's pages are exact; the head of one (a
+        # run stopping inside a slot group) is placed like any share where the leaves
+        # place it, since the walk's pages past its head are known only for the whole
+        placed = self.placement and self._leaf_starts() is not None
+        if known is not None and (ids.size == known.size
+                                  or (ids.size < known.size and not placed)):
             self._blind = False
             return (*known.page_runs(ids.size), cut, [])
         regular = self._continues(ids)
