@@ -56,6 +56,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"lmdbio {args.command}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader of stdout went away (`lmdbio inspect DB | head`): stop quietly, and
+        # keep the interpreter's final flush from raising again on the closed pipe
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, as a shell reports a program the signal ended
 
 
 if __name__ == "__main__":

@@ -45,3 +45,26 @@ def test_output_paths_are_checked_before_the_run(tmp_path: Path, capsys):
 def test_run_rejects_a_negative_step(capsys):
     assert "--step-seconds: expected a number >= 0" in parse_error(
         ["run", "job.yaml", "--step-seconds", "-1"], capsys)
+
+
+def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
+    """``lmdbio inspect DB | head -1``: once the reader of stdout is gone the command stops
+    with the shell's SIGPIPE status and no traceback (here the pipe is closed before it
+    writes anything)."""
+    import os
+    import subprocess
+    import sys
+
+    from lmdbgen import random_items, write_db
+
+    write_db(tmp_path / "db", random_items(20, 100, seed=1))
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run([sys.executable, "-m", "lmdbio.cli", "inspect",
+                               str(tmp_path / "db")], stdout=w, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(w)
+    assert proc.returncode == 141, proc.stderr
+    assert "Traceback" not in proc.stderr and "BrokenPipe" not in proc.stderr, proc.stderr
