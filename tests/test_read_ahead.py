@@ -197,6 +197,24 @@ def test_dm_spec_reads_ahead_exactly_what_its_next_fetch_prefetches(cifar_like, 
     assert advised == []
 
 
+def test_indexed_asks_for_nothing_on_a_warm_file(cifar_like, open_strategy,
+                                                monkeypatch) -> None:
+    """Every page in the page cache: a sample of the slot's leaves and one of its values
+    say so, and neither the leaves' nor the values' runs are built and asked for."""
+    db, s = open_strategy(Indexed, cifar_like)
+    db.advise_access(pf.MADV_RANDOM)
+    db.locate(np.arange(len(db)))
+    db.gather_refs(db.locate(np.arange(len(db))))  # every page read: the file is warm
+    asked: list = []
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: asked.append(a))
+    plan = plan_epoch(len(db), 1, BATCH)
+    s.fetch(plan, 0, plan.records(0, 0), IterationStats(0))
+    s.read_ahead(plan, 1, plan.records(1, 0))
+    s.fetch(plan, 1, plan.records(1, 0), IterationStats(1))
+    assert asked == []
+    assert s.resident_skips == 4  # leaves and values of the first slot, then the next's
+
+
 def test_indexed_asks_for_the_leaves_of_a_slot_it_did_not_read_ahead(tmp_path, open_strategy,
                                                                        monkeypatch) -> None:
     """Without read-around, indexed's fetch of records that were not read ahead (an
@@ -209,6 +227,8 @@ def test_indexed_asks_for_the_leaves_of_a_slot_it_did_not_read_ahead(tmp_path, o
     advised: list[list[int]] = []
     monkeypatch.setattr(s, "advise_pages", lambda a, b: advised.append(
         sorted(set(np.repeat(np.asarray(a), np.asarray(b)).tolist()))))
+    # the file was just written (warm): what is asked for, as if it were not
+    monkeypatch.setattr(s, "cached_sample", lambda pages, samples=16: False)
     leaves, first = db.leaves(), db.leaf_directory()
 
     def leaves_of(ids: np.ndarray) -> list[int]:

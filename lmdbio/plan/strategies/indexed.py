@@ -235,9 +235,12 @@ class Indexed(ReadStrategy):
         read), merged into runs; only without read-around, where faults read single
         pages (with it, faults read around them: advising leaf pages then costs more than
         it saves, docs/reading.md)."""
-        if self.db.read_around or not self.advising:
+        if self.db.read_around or not self.advising or not ids.size:
             return
         leaves, first = self.db.leaves(), self.db.leaf_directory()
+        some = ids[np.linspace(0, ids.size - 1, min(16, ids.size)).astype(np.int64)]
+        if self.cached_sample(leaves[np.searchsorted(first, some, "right") - 1]):
+            return  # a warm file: nothing to ask for
         pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
         self.advise_pages(pages, np.ones_like(pages))
 
