@@ -34,6 +34,12 @@ REPO = TESTS.parent
 MPI_SCRIPTS = TESTS / "mpi"
 RESULT_DIR_ENV = "MPI_HARNESS_RESULT_DIR"
 RESULT_PREFIX = "RESULT "
+#: a script for :func:`run_mpi` that runs the ``lmdbio`` command line with its arguments
+CLI_SCRIPT = """
+import sys
+from lmdbio.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
 
 #: what the Makefile exports: Open MPI as root in containers, more ranks than cores
 OPENMPI_ENV = {

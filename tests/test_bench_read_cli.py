@@ -18,19 +18,13 @@ from pathlib import Path
 
 import pytest
 from lmdbgen import random_items, uneven_key_items, write_db
-from mpi_harness import run_mpi
+from mpi_harness import CLI_SCRIPT, run_mpi
 
 from lmdbio.plan.epoch import iterations_per_epoch
 
 pytestmark = pytest.mark.timeout(240)
 
 RECORDS, BATCH, RANKS, NODES = 300, 8, 4, 2
-
-RUN_CLI = """
-import sys
-from lmdbio.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
 
 CASES = [
     ("naive-stride", []),
@@ -55,7 +49,7 @@ def run_bench(db: Path, out: Path, strategy: str, extra: list[str], iters: int) 
     argv = ["bench", "read", str(db), "--strategy", strategy, "--batch-size", str(BATCH),
             "--iters", str(iters), "--simulate-nodes", str(NODES), "--json", str(out),
             *extra]
-    run_mpi(RANKS, RUN_CLI, argv, timeout=120)
+    run_mpi(RANKS, CLI_SCRIPT, argv, timeout=120)
     return json.loads(out.read_text())
 
 
@@ -220,7 +214,7 @@ def test_a_run_that_stops_inside_a_known_slot_group_prefetches_only_its_head(
     argv = ["bench", "read", str(path), "--strategy", "dm-spec", "--batch-size", "3",
             "--iters", "31", "--last", "drop", "--batches-per-slot", "3",
             "--json", str(tmp_path / "out.json")]
-    run_mpi(1, RUN_CLI, argv, timeout=120)
+    run_mpi(1, CLI_SCRIPT, argv, timeout=120)
     its = json.loads((tmp_path / "out.json").read_text())["iterations"]
     assert its[-1]["batches"] == 1  # the cut group: 31 = 21 + 9 + 1
     assert [(s["missed_pages"], s["redundant_pages"]) for s in its] == [(0, 0)] * len(its)

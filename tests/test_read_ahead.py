@@ -203,7 +203,6 @@ def test_indexed_asks_for_nothing_on_a_warm_file(cifar_like, open_strategy,
     say so, and neither the leaves' nor the values' runs are built and asked for."""
     db, s = open_strategy(Indexed, cifar_like)
     db.advise_access(pf.MADV_RANDOM)
-    db.locate(np.arange(len(db)))
     db.gather_refs(db.locate(np.arange(len(db))))  # every page read: the file is warm
     asked: list = []
     monkeypatch.setattr(s, "advise_pages", lambda a, b: asked.append(a))

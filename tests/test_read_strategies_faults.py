@@ -12,7 +12,7 @@ import lmdb
 import numpy as np
 import pytest
 from lmdbgen import random_items, write_db
-from mpi_harness import run_mpi
+from mpi_harness import CLI_SCRIPT, run_mpi
 
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies import Indexed, ReaderContext, sidecar_path
@@ -54,13 +54,6 @@ def test_a_rank_that_raises_ends_the_job(small, nranks, nodes, strategy, bad) ->
     assert not any(run.results.values()), "no rank may have finished the case"
 
 
-RUN_CLI = """
-import sys
-from lmdbio.cli import main
-sys.exit(main(sys.argv[1:]))
-"""
-
-
 @pytest.mark.parametrize(("strategy", "extra"), [
     ("indexed", []),
     ("dm-spec", ["--no-symmetric"]),  # (a symmetric mapping refuses files of two sizes)
@@ -81,7 +74,7 @@ def test_readers_of_different_snapshots_stop_the_job_naming_them(tmp_path, strat
     argv = ["bench", "read", str(tmp_path / "db-node{node}"), "--strategy", strategy,
             "--batch-size", "4", "--iters", "3", "--simulate-nodes", "2", "--timeout", "600",
             "--json", str(tmp_path / "out.json"), *extra]
-    run = run_mpi(4, RUN_CLI, argv, timeout=60, check=False)
+    run = run_mpi(4, CLI_SCRIPT, argv, timeout=60, check=False)
     assert run.returncode != 0, run.output()
     assert "the reading ranks opened different snapshots" in run.stderr, run.output()
     assert "200 records" in run.stderr and "201 records" in run.stderr, run.output()
@@ -97,10 +90,10 @@ def test_a_main_database_of_named_databases_only_is_refused(tmp_path, strategy) 
     write_db(path, [], subdbs={b"train": items, b"val": random_items(7, 20, seed=5)})
     argv = ["bench", "read", str(path), "--strategy", strategy, "--batch-size", "5",
             "--iters", "5", "--simulate-nodes", "2", "--json", str(tmp_path / "out.json")]
-    run = run_mpi(2, RUN_CLI, argv, timeout=60, check=False)
+    run = run_mpi(2, CLI_SCRIPT, argv, timeout=60, check=False)
     assert run.returncode != 0, run.output()
     assert "holds only named databases (b'train', b'val')" in run.stderr, run.output()
-    run_mpi(2, RUN_CLI, [*argv, "--subdb", "train"], timeout=60)
+    run_mpi(2, CLI_SCRIPT, [*argv, "--subdb", "train"], timeout=60)
     got = json.loads((tmp_path / "out.json").read_text())
     assert got["records_in_database"] == 50 and got["subdb"] == "train"
     ids = sorted(i for r in got["per_rank"] for i in r["records"])
