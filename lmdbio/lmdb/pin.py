@@ -23,13 +23,15 @@ import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from functools import cache
 from pathlib import Path
 from typing import IO
 
 _CHILD = r"""
-import sys
+import os, sys
+os.closerange(3, 1 << 20)  # a descriptor the parent opened while spawning it
 sys.path[:0] = [p for p in sys.argv[3:] if p]
 try:
     import lmdb
@@ -156,6 +158,7 @@ class SnapshotPin:
         self._stdin: int | None = None  # closing it tells the child to exit
         self._stdout: IO[str] | None = None
         self._state: str | None = None
+        self._spawner: threading.Thread | None = None
         subdir = data_file.name == "data.mdb"
         lock = data_file.parent / "lock.mdb" if subdir else Path(str(data_file) + "-lock")
         if not lock.exists():
@@ -166,17 +169,33 @@ class SnapshotPin:
             self._state = "not pinned: this platform has no posix_spawn to start the pin process"
             return
         target = str(data_file.parent if subdir else data_file)
+        # started on a thread: posix_spawn returns only once the child has executed the
+        # interpreter, which under load waited for a core for up to ~5 ms, holding up the
+        # collective the pinning rank takes part in next (status and close join it)
+        self._spawner = threading.Thread(
+            target=self._start, args=(target, "1" if subdir else "0"),
+            name="lmdbio-snapshot-pin", daemon=True)
+        self._spawner.start()
+
+    def _start(self, target: str, subdir: str) -> None:
         try:
             head, tail = _child_command()
-            pid, stdin, stdout = _spawn([*head, target, "1" if subdir else "0", *tail])
-        except OSError as exc:
+            pid, stdin, stdout = _spawn([*head, target, subdir, *tail])
+        except Exception as exc:  # on this thread: kept for status(), not raised
             self._state = f"not pinned: could not start the pin process ({exc})"
             return
         self._pid, self._stdin = pid, stdin
         self._stdout = os.fdopen(stdout, "r")
 
+    def _started(self) -> None:
+        """Wait for the thread that starts the child (once)."""
+        spawner, self._spawner = self._spawner, None
+        if spawner is not None:
+            spawner.join()
+
     def status(self, timeout: float = 10.0) -> tuple[bool, str]:
         """Wait for the child's answer (once); return (pinned, explanation)."""
+        self._started()
         if self._state is None and self._stdout is not None:
             line = ""
             try:
@@ -205,6 +224,7 @@ class SnapshotPin:
 
     def close(self) -> None:
         """Release the transaction (the child exits when its stdin closes)."""
+        self._started()
         pid, self._pid = self._pid, None
         if pid is None:
             return
