@@ -398,6 +398,44 @@ def test_snapshot_pin_child_is_idle_keeps_no_descriptor_and_exits_on_close(tmp_p
         os.close(stray)
 
 
+def test_snapshot_pin_starts_its_child_after_the_constructor_returns(tmp_path, monkeypatch):
+    """posix_spawn waits for the child's exec: the pinning rank must not wait with it (it
+    holds up the collective that rank takes part in next). A spawn that fails on the
+    starting thread is reported by status(), not raised there."""
+    import threading
+
+    from lmdbio.lmdb import pin
+
+    write_db(tmp_path, random_items(10, 10))
+    returned = threading.Event()
+    real_spawn = pin._spawn
+
+    def spawn_after_return(argv):
+        if not returned.wait(10):
+            raise OSError("the constructor waited for the spawn")
+        return real_spawn(argv)
+
+    monkeypatch.setattr(pin, "_spawn", spawn_after_return)
+    with lmdbio.open(tmp_path, pin_snapshot=False) as db:
+        txnid = db.meta.txnid
+    held = pin.SnapshotPin(tmp_path / "data.mdb", txnid)
+    returned.set()
+    try:
+        pinned, why = held.status()
+        assert pinned, why
+    finally:
+        held.close()
+
+    def failing(argv):
+        raise ValueError("no interpreter")
+
+    monkeypatch.setattr(pin, "_spawn", failing)
+    held = pin.SnapshotPin(tmp_path / "data.mdb", 1)
+    pinned, why = held.status()
+    assert not pinned and "no interpreter" in why
+    held.close()
+
+
 def test_walk_collect_and_locate_match_the_record_table(medium_db):
     path, items = medium_db
     with lmdbio.open(path) as db:
