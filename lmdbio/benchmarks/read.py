@@ -72,7 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subdb", default=None, metavar="NAME",
                         help="read the named database NAME instead of the main one")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="records per consumer")
-    parser.add_argument("--iters", type=positive_int, default=10)
+    parser.add_argument("--iters", type=positive_int, default=10,
+                        help="iterations to run (default 10: a quick check). Throughput "
+                             "comparisons need several epochs: `totals.seconds` includes "
+                             "the setup, which node-level strategies pay more of")
     parser.add_argument("--simulate-nodes", type=non_negative_int, default=0)
     parser.add_argument("--mode", choices=["dedicated", "colocated"], default="colocated",
                         help="node-level strategies: colocated (default: every rank consumes, "
