@@ -271,10 +271,21 @@ def _check_one_snapshot(db: Database, seen: Sequence[tuple[Any, ...]]) -> None:
                       "it again once the database is not being written to")
 
 
-def _pin_key(topo: Topology, path: str) -> tuple[Any, ...] | None:
-    """What tells apart the files the node's first ranks pin on one host (simulated nodes
-    only; ``None`` elsewhere): ``(host, device, inode)`` of the data file."""
-    if not (topo.simulated and topo.local_rank == 0):
+def pinning_local_rank(topo: Topology, shared: bool) -> int:
+    """The node rank that pins the snapshot (:func:`_pins_snapshot`). Node-level strategies
+    (``shared``): the node's last rank, a worker wherever the node has one. It waits while
+    its reader sets up, so starting the pin's child process there (``posix_spawn`` returns
+    after the child's exec, which under load waits for a core) keeps it off the chain of
+    setup collectives that every reader waits in: up to ~2.6 ms of an 8-rank setup on
+    2 cores (docs/reading.md, fifteenth session). Other strategies: the node's first rank."""
+    return topo.local_size - 1 if shared else 0
+
+
+def _pin_key(topo: Topology, path: str, pinner: int) -> tuple[Any, ...] | None:
+    """What tells apart the files the nodes' pinning ranks (``pinner``: their node rank)
+    pin on one host (simulated nodes only; ``None`` elsewhere): ``(host, device, inode)``
+    of the data file."""
+    if not (topo.simulated and topo.local_rank == pinner):
         return None
     try:
         st = _resolve_file(path).stat()
@@ -284,17 +295,18 @@ def _pin_key(topo: Topology, path: str) -> tuple[Any, ...] | None:
 
 
 def _pins_snapshot(topo: Topology, key: tuple[Any, ...] | None,
-                   keys: Sequence[tuple[Any, ...] | None]) -> bool:
+                   keys: Sequence[tuple[Any, ...] | None], pinner: int) -> bool:
     """Whether this rank pins the snapshot (:class:`~lmdbio.lmdb.pin.SnapshotPin`): one
-    rank per node (its first), as on a cluster, where a node is a host: a pin registers a
-    reader in the lock file, which every process of the host shares, so one pin keeps the
-    pages of the whole node's reads from being recycled (a pin per rank only added a child
-    process per rank, ~13 ms of CPU each, all at once, on the setup's critical path).
+    rank per node (node rank ``pinner``, :func:`pinning_local_rank`), as on a cluster,
+    where a node is a host: a pin registers a reader in the lock file, which every process
+    of the host shares, so one pin keeps the pages of the whole node's reads from being
+    recycled (a pin per rank only added a child process per rank, ~13 ms of CPU each, all
+    at once, on the setup's critical path).
     Simulated nodes share a host: the first node's pin covers the other nodes reading the
     same file, and nodes reading their own copies pin each. ``key`` is this rank's
     :func:`_pin_key`, ``keys`` every rank's, in world rank order."""
     if not topo.simulated:
-        return topo.local_rank == 0
+        return topo.local_rank == pinner
     return key is not None and keys.index(key) == topo.rank
 
 
@@ -467,7 +479,8 @@ class ReadSession:
         # one exchange over the world: every rank's node and consumer rank (the node-level
         # strategies' layout), the pin choice of simulated nodes (one per file and host)
         # and the snapshot every reading rank opened, which must be one
-        pin_key = _pin_key(topo, path)
+        pinner = pinning_local_rank(topo, self.shared)
+        pin_key = _pin_key(topo, path, pinner)
         exchange = self.shared or topo.simulated
         wr = topo.worker_rank if topo.is_worker else -1
         snap = _snapshot_key(self.db) if self.reads else None
@@ -481,8 +494,11 @@ class ReadSession:
             self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
             self.consumers_per_node = (1,) * topo.size
-        if _pins_snapshot(topo, pin_key, [s[2] for s in seen]):
-            self.db.pin_snapshot()
+        if _pins_snapshot(topo, pin_key, [s[2] for s in seen], pinner):
+            # the snapshot the readers opened (a worker that pins may have opened a later
+            # one, if a writer committed in between: the pin then says it is not held)
+            snaps = [s[-1] for s in seen if s[-1] is not None]
+            self.db.pin_snapshot(txnid=snaps[0][1] if snaps else None)
         self.node_cache = None
         if opts.direct_io:
             from lmdbio.io.direct import NodeCache

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import zlib
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -163,9 +164,13 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     consumers = {r["consumer"]: r for r in results if r["consumer"] is not None}
     n_consumers = results[0]["consumers"]
     # one snapshot pin per host and file where the file has a lock file to pin in: each
-    # node's first rank, or with simulated nodes (one host, one file) the first node's
+    # node's pinning rank (the last of the node for node-level strategies, which waits
+    # while its reader sets up; the first otherwise), or with simulated nodes (one host,
+    # one file) the first node's
     if db.path.joinpath("lock.mdb").exists():
-        expect = [r["local_rank"] == 0 and (not r["simulated"] or rank == 0)
+        sizes = Counter(r["node"] for r in results)
+        pinner = [sizes[r["node"]] - 1 if strategy.shared else 0 for r in results]
+        expect = [r["local_rank"] == pinner[rank] and (not r["simulated"] or r["node"] == 0)
                   for rank, r in enumerate(results)]
         assert [r["pinned"] for r in results] == expect, case
     assert sorted(consumers) == list(range(n_consumers)), (case, sorted(consumers))
@@ -556,14 +561,14 @@ with Topology.build(simulate_nodes=2) as topo:
 
 def test_one_snapshot_pin_per_host_and_file(tmp_path: Path) -> None:
     """Simulated nodes share a host, and with it the lock file's reader table: the nodes
-    reading one file are pinned once (by the first node's first rank), nodes reading
-    their own copies once each."""
+    reading one file are pinned once (by the first node's last rank, its worker: dm-spec
+    is a node-level strategy), nodes reading their own copies once each."""
     items = random_items(40, (100, 5000), seed=5)
     copies = [tmp_path / "a", tmp_path / "b"]
     for path in copies:
         write_db(path, items)
-    for paths, expect in (([copies[0], copies[0]], [True, False, False, False]),
-                          ([copies[0], copies[1]], [True, False, True, False])):
+    for paths, expect in (([copies[0], copies[0]], [False, True, False, False]),
+                          ([copies[0], copies[1]], [False, True, False, True])):
         run = run_mpi(4, _PIN_SCRIPT, [json.dumps([str(p) for p in paths])], timeout=90)
         got = [run.results[rank][-1]["pinned"] for rank in range(4)]
         assert got == expect, (paths, run.output())

@@ -321,18 +321,19 @@ class Database:
                 return DbRecord.parse(self.mv, int(table.val_off[i]))
         return None
 
-    def _pin(self) -> None:
-        self._pin_obj = SnapshotPin(self.path, self.meta.txnid)
+    def _pin(self, txnid: int | None = None) -> None:
+        self._pin_obj = SnapshotPin(self.path, self.meta.txnid if txnid is None else txnid)
 
-    def pin_snapshot(self) -> None:
+    def pin_snapshot(self, txnid: int | None = None) -> None:
         """Pin this snapshot now (:class:`~lmdbio.lmdb.pin.SnapshotPin`) if it is not
         pinned yet: for a database opened with ``pin_snapshot=False`` whose owner decides
         later, with others, which process pins (one per host and file). The pin checks
-        that it holds the txnid opened here."""
+        that it holds the txnid opened here, or ``txnid``: the snapshot other processes
+        opened, which this one pins for them."""
         self._check_open()
         if self._pin_obj is not None:
             return
-        self._pin()
+        self._pin(txnid)
         self._finalizer.detach()
         self._finalizer = weakref.finalize(self, Database._release, self._mmap,
                                            self._pin_obj)
