@@ -200,6 +200,12 @@ class Loader:
                                    and self.transform.is_identity, alloc=self.buffers.take)
         self.epoch = 0
         self.start_iteration = 0
+        #: where the next loop's epoch stops (set_epoch; 0: its end)
+        self.stop_iteration = 0
+        #: the stop of the epoch being delivered (0: none), for state_dict
+        self._epoch_stop = 0
+        #: (epoch, iteration, stop) of a state loaded and not yet resumed
+        self._resumed: tuple[int, int, int] | None = None
         self.position = 0  # batches consumed in the current epoch
         self.metrics = LoaderMetrics()
         self._last_good: tuple[Any, int] | None = None
@@ -224,19 +230,38 @@ class Loader:
         return self.topo.workers
 
     def __len__(self) -> int:
-        """Batches every worker gets per epoch."""
-        return self.session.plan_for(self.epoch).iterations
+        """Batches every worker gets in the epoch being delivered, or else in the one the
+        next loop delivers: the epoch's length, or its stop (:meth:`set_epoch`)."""
+        whole = self.session.plan_for(self.epoch).iterations
+        stop = self._epoch_stop if self._open is not None else self.stop_iteration
+        return min(stop, whole) if stop else whole
 
     # ----------------------------------------------------------------- epochs and state
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, stop_iteration: int | None = None) -> None:
         """Choose the epoch the next ``for`` loop delivers (seeds the shuffle).
 
         Setting the epoch a loaded state is in keeps that state's position, so the usual
         ``set_epoch(e); for batch in loader`` resumes where the state was taken.
+
+        ``stop_iteration`` (the same on every rank): the loop ends after that many batches
+        of the epoch, as a trainer that stops at its last iteration (Caffe's ``max_iter``)
+        does; 0 or the epoch's length: the whole epoch. The readers then read nothing
+        past it: the slot that holds the stop is laid out for the batches before it,
+        which changes which records those batches carry (each record still at most once),
+        so a run resumed inside that epoch must stop at the same batch: :meth:`state_dict`
+        keeps it, and ``None`` (the default) keeps the stop already set for this epoch, such
+        as a loaded state's. It applies to the next loop only.
         """
+        if stop_iteration is None:
+            stop = self.stop_iteration if int(epoch) == self.epoch else 0
+        else:
+            stop = int(stop_iteration)
+        if stop < 0:
+            raise ConfigError(f"set_epoch: stop_iteration must be >= 0, got {stop}")
         if int(epoch) != self.epoch:
             self.start_iteration = 0
         self.epoch = int(epoch)
+        self.stop_iteration = stop
         self._epoch_chosen = True  # an epoch left early is not followed by epoch + 1
 
     def set_scan_groups(self, k: int | None) -> None:
@@ -262,6 +287,8 @@ class Loader:
         snap = self.session.db.snapshot
         return {
             "epoch": self.epoch, "iteration": self.position,
+            "stop_iteration": self._epoch_stop if self._open is not None
+            else self.stop_iteration,
             "seed": self.opts.seed, "shuffle": self.opts.shuffle,
             "batch_size": self.cfg.batch.size, "last": self.opts.last,
             "consumers": self.session.consumers, "strategy": self.opts.strategy,
@@ -278,6 +305,8 @@ class Loader:
                                   "resume needs the same data, order and world")
         self.epoch = int(state["epoch"])
         self.start_iteration = int(state["iteration"])
+        self.stop_iteration = int(state.get("stop_iteration", 0))
+        self._resumed = (self.epoch, self.start_iteration, self.stop_iteration)
         self._epoch_chosen = True
 
     # ----------------------------------------------------------------- iteration
@@ -288,12 +317,24 @@ class Loader:
             raise LmdbioError("the loader is closed")
         self._drain()
         s = self.session
-        start = self.start_iteration
-        plan = s.begin_epoch(self.epoch, start)
-        self.start_iteration = 0
+        start, stop = self.start_iteration, self.stop_iteration
+        if 0 < stop < start:
+            raise ConfigError(f"epoch {self.epoch}: stop_iteration {stop} is before the "
+                              f"batch the loop starts at ({start})")
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None and start > 0 and resumed[:2] == (self.epoch, start) \
+                and resumed[2] != stop:
+            raise ConfigError(f"epoch {self.epoch}: the state loaded stops this epoch at "
+                              f"{resumed[2] or 'its end'}, this loop at {stop or 'its end'}: "
+                              "where an epoch stops decides which records its batches "
+                              "carry, so a run resumed inside it must stop where the "
+                              "saved run did")
+        s.begin_epoch(self.epoch, start, stop)
+        self.start_iteration = self.stop_iteration = 0
         self._epoch_chosen = False
         self.position = start
-        end = plan.iterations
+        end = s.epoch_stop  # the epoch's length, or the stop inside it
+        self._epoch_stop = end if end < s.plan.iterations else 0
         depth = self.opts.prefetch_depth
         # the slots this epoch's batches travel in (several consecutive batches per slot)
         groups = slot_groups(start, end, s.batches_per_slot)
@@ -391,14 +432,31 @@ class Loader:
             self._pool = ThreadPoolExecutor(1, thread_name_prefix="lmdbio-decode")
         return self._pool
 
-    def _make_next_epoch_batches(self, got: Any, epoch: int) -> list[Any]:
-        """:meth:`_make_batches` of the first slot of ``epoch`` (not the current one)."""
+    def _whole_first_slot_batches(self, epoch: int) -> int:
+        """Batches in the first slot of ``epoch`` run whole (no stop inside it): what
+        the first slot decoded ahead of it holds (:meth:`_look_ahead_epoch`)."""
         from lmdbio.reader import slot_groups
 
         plan = self.session.plan_for(epoch)
         groups = slot_groups(0, plan.iterations, self.session.batches_per_slot)
+        return groups[0][1] if groups else 0
+
+    def _make_next_epoch_batches(self, got: Any, epoch: int) -> list[Any]:
+        """:meth:`_make_batches` of the first slot of ``epoch`` (not the current one), as
+        the epoch run whole lays it out."""
+        plan = self.session.plan_for(epoch)
         return self._make_batches(got, 0, plan=plan, epoch=epoch,
-                                  expected=groups[0][1] if groups else 0)
+                                  expected=self._whole_first_slot_batches(epoch))
+
+    @staticmethod
+    def _wait_quietly(future: Any) -> None:
+        """Wait for a decoding whose result is not used (its memory is the slot's)."""
+        if future is None:
+            return
+        try:
+            future.result()
+        except Exception as exc:  # a slot laid out otherwise, or a bad record: unused
+            log.debug("dropping a slot decoded ahead: %s", exc)
 
     def _take(self, it: int) -> Batch:
         """Batch ``it``: from the slot already decoded, the one decoded ahead, or a slot
@@ -413,10 +471,15 @@ class Loader:
                         f"iteration {got.iteration}, this worker asks for epoch {self.epoch} "
                         f"iteration {it}: every rank of the job must call set_epoch and "
                         "load_state_dict alike")
-                if future is not None:
+                if future is not None and self._groups[0][1] == \
+                        self._whole_first_slot_batches(self.epoch):
                     batches = future.result()
                     self.metrics.epochs_decoded_ahead += 1
                 else:
+                    # decoded ahead as the epoch's whole first slot, but this epoch stops
+                    # inside it (set_epoch's stop_iteration): its slot is laid out for
+                    # the batches before the stop, decoded now with this epoch's plan
+                    self._wait_quietly(future)
                     batches = self._make_batches(got, it)
             finally:
                 got.release()
@@ -530,10 +593,7 @@ class Loader:
         """Give a received slot back to the ring unused, once the decoding thread (if it
         was decoding it) is done with its memory."""
         try:
-            if future is not None:
-                future.result()
-        except Exception as exc:  # a bad record of a batch nobody will use
-            log.debug("rank %d: dropping a batch decoded ahead: %s", self.topo.rank, exc)
+            self._wait_quietly(future)
         finally:
             got.release()
 

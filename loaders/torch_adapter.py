@@ -59,8 +59,8 @@ def _len(self: Any) -> int:
     return len(self.loader)
 
 
-def _set_epoch(self: Any, epoch: int) -> None:
-    self.loader.set_epoch(epoch)
+def _set_epoch(self: Any, epoch: int, stop_iteration: int | None = None) -> None:
+    self.loader.set_epoch(epoch, stop_iteration)
 
 
 def _iter(self: Any) -> Iterator[Any]:

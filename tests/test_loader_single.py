@@ -192,6 +192,39 @@ def test_resume_and_early_exit_inside_a_slot(db_with_corrupt_record, per_slot):
     assert [(e, i) for e, i, *_ in left] == [(e, i) for e in range(3) for i in range(3)]
 
 
+def test_a_stop_inside_an_epoch_is_checked_and_kept(db_with_corrupt_record):
+    """One rank: ``set_epoch(e, stop_iteration=K)`` delivers K batches, ``len`` says so,
+    the next loop runs the next epoch whole; a stop before the resumed batch, a negative
+    stop and a resume that stops elsewhere than the saved run are refused by name."""
+    cfg = config(db_with_corrupt_record, batch__size=4, readers__batches_per_slot=3)
+    cfg["on_error"] = "skip"
+    with loaders.open(cfg) as loader:
+        loader.set_epoch(0, stop_iteration=4)
+        assert len(loader) == 4
+        cut = []
+        for b in loader:
+            cut.append(b.iteration)
+            if b.iteration == 1:
+                state = loader.state_dict()
+        assert cut == [0, 1, 2, 3] and state["stop_iteration"] == 4
+        assert [b.epoch for b in loader] == [1] * 10  # the next epoch, whole
+        with pytest.raises(ConfigError, match="stop_iteration must be >= 0"):
+            loader.set_epoch(2, stop_iteration=-1)
+    with loaders.open(cfg) as loader:
+        loader.load_state_dict(state)
+        loader.set_epoch(0)  # keeps the state's stop
+        assert [b.iteration for b in loader] == [2, 3]
+    with loaders.open(cfg) as loader:
+        loader.load_state_dict(state)
+        loader.set_epoch(0, stop_iteration=6)
+        with pytest.raises(ConfigError, match="stop where the saved run did"):
+            next(iter(loader))
+    with loaders.open(cfg) as loader:
+        loader.load_state_dict({**state, "iteration": 3, "stop_iteration": 2})
+        with pytest.raises(ConfigError, match="is before the batch the loop starts at"):
+            next(iter(loader))
+
+
 @pytest.fixture(scope="module")
 def clean_db(tmp_path_factory):
     path = tmp_path_factory.mktemp("clean-datum")

@@ -142,6 +142,75 @@ def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy, per_slot
         assert [b["keys"] for b in out["resumed"]] == [b["keys"] for b in out["batches"][3:]]
 
 
+STOP_CASES = [
+    # (ranks, overrides, stop, extra arguments)
+    (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global",
+         "readers.batches_per_slot=3"], 5, []),
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
+         "readers.batches_per_slot=3"], 7, []),
+    # the whole epoch in one slot, cut in its first slot; workers step slowly, so the
+    # dedicated reader has published it before they finish epoch 0 (decoded ahead as the
+    # whole slot, which it is not)
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"], 4, ["--step", "0.01"]),
+    (2, ["readers.strategy=naive-stride"], 5, []),
+]
+
+
+@pytest.mark.parametrize(("nprocs", "overrides", "stop", "extra"), STOP_CASES,
+                         ids=lambda c: str(c))
+def test_a_stop_inside_an_epoch_is_where_reading_ends(datum_db, nprocs, overrides, stop,
+                                                      extra):
+    """``set_epoch(e, stop_iteration=K)``: every worker gets the epoch's first K batches,
+    each record at most once, decoded as py-lmdb reads them, and the readers read no slot
+    group past K (a reader used to read the whole slot group holding K, then the groups
+    ahead of it up to the prefetch depth)."""
+    sets = [a for o in [*overrides, "batch.size=16", "batch.last=pad"] for a in ("--set", o)]
+    run = run_mpi(nprocs, "loader_job.py", [str(datum_db), *sets, "--stop", str(stop),
+                                            *extra], timeout=120)
+    labels, pixels = expected_labels(datum_db), expected_pixels(datum_db)
+    per_worker = worker_batches(run)
+    seen = Counter()
+    for batches in per_worker.values():
+        assert [b["iteration"] for b in batches if b["epoch"] == 1] == list(range(stop))
+        for b in (x for x in batches if x["epoch"] == 1):
+            assert b["batch_epoch"] == 1
+            for key, label, pad, pix in zip(b["keys"], b["labels"], b["padding"], b["pixels"],
+                                            strict=True):
+                assert labels[key] == label and pixels[key] == pix, key
+                assert not pad
+                seen[key] += 1
+    assert set(seen.values()) == {1} and sum(seen.values()) == 16 * stop
+    readers = [res[-1]["reads"] for res in run.results.values() if res[-1]["reader"]]
+    assert readers
+    for reads in readers:
+        cut = [(first, count) for epoch, first, count in reads if epoch == 1]
+        assert sum(count for _, count in cut) == stop, reads
+        assert max(first + count for first, count in cut) == stop, reads
+
+
+@pytest.mark.parametrize("overrides", [
+    ["readers.strategy=indexed", "shuffle.mode=global", "readers.batches_per_slot=3"],
+    ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=3"],
+], ids=["dedicated", "colocated"])
+def test_resume_inside_an_epoch_with_a_stop_delivers_the_rest_up_to_it(datum_db, overrides):
+    """The state of an epoch that stops at batch 5 keeps the stop: the resumed run
+    (``set_epoch(0)`` after ``load_state_dict``) delivers exactly batches 2-4 of the
+    straight run, which a stop changes (its slot group is laid out for the part read)."""
+    sets = [a for o in [*overrides, "batch.size=16", "topology.simulate_nodes=2"]
+            for a in ("--set", o)]
+    run = run_mpi(4, "loader_job.py", [str(datum_db), *sets, "--stop", "5", "--resume-at",
+                                       "2"], timeout=120)
+    for r, res in run.results.items():
+        out = res[-1]
+        if not out["worker"]:
+            continue
+        assert out["state"]["stop_iteration"] == 5 and out["state"]["iteration"] == 2
+        assert [b["iteration"] for b in out["batches"]] == list(range(5))
+        assert [b["ids"] for b in out["resumed"]] == [b["ids"] for b in out["batches"][2:]], \
+            f"rank {r}"
+        assert [b["keys"] for b in out["resumed"]] == [b["keys"] for b in out["batches"][2:]]
+
+
 @pytest.mark.parametrize("overrides", [
     ["readers.strategy=indexed", "shuffle.mode=global"],
     ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=2"],

@@ -1,11 +1,15 @@
 """Run the loader under mpiexec and emit what every rank received (tests/test_service.py).
 
 Usage: loader_job.py DB [--set key=value ...] [--resume-at K] [--epochs E] [--break-at K]
+                     [--stop K]
 Each rank emits, per epoch, the record ids, padding flags, keys (hex) and labels it got, in
 order. With --break-at K the trainer leaves epoch 0 after K batches (then goes on with
 ``set_epoch(1)`` as usual). With --resume-at K the job runs epoch 0 once in full, takes the
 state after K batches, then opens a second loader that loads that state and emits what it
-delivers. --step S sleeps S seconds per batch on workers (a trainer's step);
+delivers. --stop K stops the last epoch after K batches (``set_epoch(e, stop_iteration=K)``,
+as a trainer at its last iteration does; with --resume-at, epoch 0, and the resumed run
+takes the stop from the state). Reading ranks emit the slot groups they read (``reads``).
+--step S sleeps S seconds per batch on workers (a trainer's step);
 --no-epoch-look-ahead turns off decoding the next epoch's first slot ahead (for comparison).
 """
 
@@ -23,10 +27,10 @@ from lmdbio.mpiutil import abort_on_error
 from tests.mpi._result import emit
 
 
-def consume(loader, epochs, state_at=None, break_at=None, step=0.0):
+def consume(loader, epochs, state_at=None, break_at=None, step=0.0, stop=None):
     out, state = [], None
     for epoch in range(epochs):
-        loader.set_epoch(epoch)
+        loader.set_epoch(epoch, stop if epoch == epochs - 1 else None)
         for k, batch in enumerate(loader):
             if epoch == 0 and k == break_at:
                 break
@@ -45,6 +49,19 @@ def consume(loader, epochs, state_at=None, break_at=None, step=0.0):
     return out, state
 
 
+def record_reads(session):
+    """The ``[epoch, first iteration, batches]`` of every slot group ``session`` reads."""
+    reads = []
+    read_group = session.read_group
+
+    def recorded(first, count, *args, **kwargs):
+        reads.append([session.epoch, int(first), int(count)])
+        return read_group(first, count, *args, **kwargs)
+
+    session.read_group = recorded
+    return reads
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("db")
@@ -54,6 +71,7 @@ def main() -> None:
     p.add_argument("--break-at", type=int, default=None)
     p.add_argument("--step", type=float, default=0.0)
     p.add_argument("--no-epoch-look-ahead", action="store_true")
+    p.add_argument("--stop", type=int, default=None)
     args = p.parse_args()
     cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
     world = MPI.COMM_WORLD
@@ -61,11 +79,13 @@ def main() -> None:
         with loaders.open(cfg, args.overrides) as loader:
             if args.no_epoch_look_ahead:
                 loader._look_ahead_epoch = lambda: None
+            reads = record_reads(loader.session)
             got, state = consume(loader, args.epochs if args.resume_at is None else 1,
-                                 args.resume_at, args.break_at, args.step)
+                                 args.resume_at, args.break_at, args.step, args.stop)
             role = {"worker": loader.is_worker, "reader": loader.session.reads,
                     "node": loader.topo.node_index, "iterations": len(loader),
-                    "epochs_decoded_ahead": loader.metrics.epochs_decoded_ahead}
+                    "epochs_decoded_ahead": loader.metrics.epochs_decoded_ahead,
+                    "reads": reads}
         if args.resume_at is None:
             emit({**role, "batches": got})
             return
