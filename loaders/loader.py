@@ -202,8 +202,6 @@ class Loader:
         self.start_iteration = 0
         #: where the next loop's epoch stops (set_epoch; 0: its end)
         self.stop_iteration = 0
-        #: the stop of the epoch being delivered (0: none), for state_dict
-        self._epoch_stop = 0
         #: (epoch, iteration, stop) of a state loaded and not yet resumed
         self._resumed: tuple[int, int, int] | None = None
         self.position = 0  # batches consumed in the current epoch
@@ -233,8 +231,13 @@ class Loader:
         """Batches every worker gets in the epoch being delivered, or else in the one the
         next loop delivers: the epoch's length, or its stop (:meth:`set_epoch`)."""
         whole = self.session.plan_for(self.epoch).iterations
-        stop = self._epoch_stop if self._open is not None else self.stop_iteration
+        stop = self._delivered_stop() if self._open is not None else self.stop_iteration
         return min(stop, whole) if stop else whole
+
+    def _delivered_stop(self) -> int:
+        """The stop of the epoch being delivered (0: it runs whole), from the session."""
+        s = self.session
+        return s.epoch_stop if s.plan is not None and s.epoch_stop < s.plan.iterations else 0
 
     # ----------------------------------------------------------------- epochs and state
     def set_epoch(self, epoch: int, stop_iteration: int | None = None) -> None:
@@ -287,7 +290,7 @@ class Loader:
         snap = self.session.db.snapshot
         return {
             "epoch": self.epoch, "iteration": self.position,
-            "stop_iteration": self._epoch_stop if self._open is not None
+            "stop_iteration": self._delivered_stop() if self._open is not None
             else self.stop_iteration,
             "seed": self.opts.seed, "shuffle": self.opts.shuffle,
             "batch_size": self.cfg.batch.size, "last": self.opts.last,
@@ -334,7 +337,6 @@ class Loader:
         self._epoch_chosen = False
         self.position = start
         end = s.epoch_stop  # the epoch's length, or the stop inside it
-        self._epoch_stop = end if end < s.plan.iterations else 0
         depth = self.opts.prefetch_depth
         # the slots this epoch's batches travel in (several consecutive batches per slot)
         groups = slot_groups(start, end, s.batches_per_slot)
