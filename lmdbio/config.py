@@ -3,12 +3,13 @@ generated Markdown reference.
 
 A job file is a YAML mapping whose sections mirror the dataclasses below (``dataset``,
 ``batch``, ``readers``, ``shuffle``, ``transform``, ``codec``, ``workers``, ``topology``,
-``metrics``) plus the top-level scalars ``epochs`` and ``on_error``. Only ``dataset.path`` is
-required; everything else has a default. :func:`load_config` accepts a file, a mapping or an
-existing :class:`JobConfig` plus ``key.path=value`` overrides, and either returns a fully
-validated :class:`JobConfig` or raises one :class:`~lmdbio.errors.ConfigError` listing every
-problem, each with its key path (``batch.last``), the file and line where it is known, what is
-allowed, and for a misspelt key the closest valid one.
+``metrics``) plus the top-level scalars ``epochs``, ``max_iterations`` and ``on_error``. Only
+``dataset.path`` is required; everything else has a default. :func:`load_config` accepts a
+file, a mapping or an existing :class:`JobConfig` plus ``key.path=value`` overrides, and
+either returns a fully validated :class:`JobConfig` or raises one
+:class:`~lmdbio.errors.ConfigError` listing every problem, each with its key path
+(``batch.last``), the file and line where it is known, what is allowed, and for a misspelt
+key the closest valid one.
 
 The schema is the single source of truth: the validator, :meth:`JobConfig.to_dict` and the
 reference in ``docs/configuration.md`` (:func:`render_reference`) are all derived from the
@@ -394,6 +395,16 @@ class JobConfig:
         default_factory=TopologyConfig, metadata=_meta("Node grouping.")
     )
     epochs: int = field(default=1, metadata=_meta("Number of passes over the data set.", minimum=1))
+    max_iterations: int = field(
+        default=0,
+        metadata=_meta(
+            "Stop after this many iterations in all, counted across epochs, as Caffe's "
+            "solver max_iter does: the epoch it falls in ends there and the readers read "
+            "nothing past it (the job ends at whichever of epochs and max_iterations comes "
+            "first). 0: every epoch runs whole.",
+            minimum=0,
+        ),
+    )
     on_error: OnError = field(
         default="raise",
         metadata=_meta(

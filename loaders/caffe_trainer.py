@@ -58,8 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         params: list[np.ndarray] = []
         losses = []
         t_start = time.perf_counter()
-        for epoch in range(loader.cfg.epochs):
-            loader.set_epoch(epoch)
+        for epoch in loader.epochs():  # cfg.epochs, cut at cfg.max_iterations (max_iter)
             total, count = 0.0, 0
             for batch in loader:
                 x = np.asarray(batch.data, np.float32).reshape(len(batch), -1)

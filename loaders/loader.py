@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.plan.epoch import job_epochs
 from loaders.buffer_pool import BufferPool
 
 log = logging.getLogger("lmdbio.loader")
@@ -266,6 +267,24 @@ class Loader:
         self.epoch = int(epoch)
         self.stop_iteration = stop
         self._epoch_chosen = True  # an epoch left early is not followed by epoch + 1
+
+    def epochs(self) -> Iterator[int]:
+        """The job's epochs, each chosen (:meth:`set_epoch`) before it is yielded:
+        ``cfg.epochs`` of them, and with ``cfg.max_iterations`` the last one stopped at
+        that iteration (counted across epochs), so that
+
+            for epoch in loader.epochs():
+                for batch in loader: ...
+
+        runs the job as configured, the readers reading nothing past its last batch. Run
+        it on every rank. After :meth:`load_state_dict` it starts at the state's epoch
+        (and, through :meth:`set_epoch`, at its batch)."""
+        first = self._resumed[0] if self._resumed is not None else 0
+        for epoch, stop in job_epochs(self.cfg.epochs, self.cfg.max_iterations,
+                                      self.session.epoch_iterations):
+            if epoch >= first:
+                self.set_epoch(epoch, stop)
+                yield epoch
 
     def set_scan_groups(self, k: int | None) -> None:
         """PCR: read scan groups 1..k of every record from now on (None: all). Call it on

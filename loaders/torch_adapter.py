@@ -46,7 +46,7 @@ class TorchBatches:
         base = _torch_dataset_base()
         impl = type("LmdbioIterableDataset", (base,), {
             "__init__": _init, "__iter__": _iter, "__len__": _len,
-            "set_epoch": _set_epoch, "__doc__": cls.__doc__})
+            "set_epoch": _set_epoch, "epochs": _epochs, "__doc__": cls.__doc__})
         return impl(loader, as_dict)
 
 
@@ -61,6 +61,10 @@ def _len(self: Any) -> int:
 
 def _set_epoch(self: Any, epoch: int, stop_iteration: int | None = None) -> None:
     self.loader.set_epoch(epoch, stop_iteration)
+
+
+def _epochs(self: Any) -> Iterator[int]:
+    return self.loader.epochs()
 
 
 def _iter(self: Any) -> Iterator[Any]:

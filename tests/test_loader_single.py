@@ -393,3 +393,35 @@ def test_a_span_whose_end_wraps_around_is_refused(db_with_corrupt_record, monkey
     cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
     with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match=f"{which} span"):
         next(iter(loader))
+
+
+def test_max_iterations_ends_the_job_inside_an_epoch_and_resumes_there(clean_db):
+    """``max_iterations`` (Caffe's ``max_iter``): ``loader.epochs()`` runs whole epochs up
+    to the limit and stops the last one at it, each record at most once in it; a state
+    taken inside that epoch resumes there, up to the same stop; a limit on an epoch's edge
+    adds no empty epoch, and without one every epoch runs."""
+    path, _ = clean_db  # 60 records, batches of 4: 15 per epoch
+    cfg = {**config(path, batch__size=4, readers__batches_per_slot=4), "epochs": 3,
+           "max_iterations": 20}
+    with loaders.open(cfg) as loader:
+        got, state = [], None
+        for epoch in loader.epochs():
+            for b in loader:
+                got.append((epoch, b.epoch, b.iteration, tuple(b.keys)))
+                if (epoch, b.iteration) == (1, 1):
+                    state = loader.state_dict()
+    assert [(e, i) for e, _, i, _ in got] == \
+        [(0, i) for i in range(15)] + [(1, i) for i in range(5)]
+    assert all(e == be for e, be, _, _ in got)
+    cut = [k for e, _, _, keys in got if e == 1 for k in keys]
+    assert len(cut) == len(set(cut)) == 20
+    assert state["epoch"] == 1 and state["stop_iteration"] == 5
+    with loaders.open(cfg) as loader:
+        loader.load_state_dict(state)
+        rest = [(epoch, b.iteration, tuple(b.keys)) for epoch in loader.epochs()
+                for b in loader]
+    assert rest == [(1, i, keys) for e, _, i, keys in got if e == 1 and i >= 2]
+    for limit, epochs in [(30, [0, 1]), (0, [0, 1, 2]), (1000, [0, 1, 2])]:
+        with loaders.open({**cfg, "max_iterations": limit}) as loader:
+            ran = [(epoch, sum(1 for _ in loader)) for epoch in loader.epochs()]
+        assert ran == [(e, 15) for e in epochs]

@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmdbio.plan import plan_epoch
+from lmdbio.plan import job_epochs, plan_epoch
 
 
 @settings(max_examples=300, deadline=None)
@@ -286,3 +286,31 @@ def test_node_consumers_from_every_ranks_node_and_consumer_rank():
     # a node without consumers: no first consumer, left out of the layout
     ranks = [(0, -1, None), (1, 0, None)]
     assert node_consumers(ranks, 0) == (1 << 30, 0, (1,))
+
+
+@settings(max_examples=300, deadline=None)
+@given(epochs=st.integers(0, 6), max_iterations=st.integers(0, 40),
+       per_epoch=st.integers(0, 9))
+def test_job_epochs_run_epochs_or_max_iterations_whichever_ends_first(epochs, max_iterations,
+                                                                      per_epoch):
+    """The job's epochs run in order from 0, whole but for the last, and hold
+    ``min(epochs * per_epoch, max_iterations)`` iterations (all of them when the limit is
+    0 or an epoch holds none)."""
+    got = job_epochs(epochs, max_iterations, per_epoch)
+    assert [e for e, _ in got] == list(range(len(got)))
+    assert all(stop == 0 for _, stop in got[:-1])
+    assert all(0 <= stop < max(per_epoch, 1) for _, stop in got)
+    ran = sum(stop or per_epoch for _, stop in got)
+    limited = max_iterations and per_epoch
+    assert ran == (min(epochs * per_epoch, max_iterations) if limited else epochs * per_epoch)
+    assert len(got) <= epochs
+
+
+def test_job_epochs_examples_and_bad_counts():
+    assert job_epochs(3, 0, 7) == [(0, 0), (1, 0), (2, 0)]
+    assert job_epochs(3, 10, 7) == [(0, 0), (1, 3)]
+    assert job_epochs(3, 14, 7) == [(0, 0), (1, 0)]  # ends on an epoch's edge: no empty one
+    assert job_epochs(3, 100, 7) == [(0, 0), (1, 0), (2, 0)]
+    assert job_epochs(2, 5, 0) == [(0, 0), (1, 0)]
+    with pytest.raises(ValueError, match="max_iterations=-1"):
+        job_epochs(2, -1, 7)

@@ -4,6 +4,7 @@ labels, equal batch counts, exact resume, a killed rank ending the job, no share
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -18,7 +19,7 @@ import pytest
 
 from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
 from tests.lmdbgen import read_pylmdb, write_db
-from tests.mpi_harness import OPENMPI_ENV, require_mpiexec, run_mpi
+from tests.mpi_harness import CLI_SCRIPT, OPENMPI_ENV, require_mpiexec, run_mpi
 
 N_RECORDS = 203  # not a multiple of any batch used below: the last batch matters
 
@@ -339,6 +340,40 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
         per_batch = Counter(tuple(line.split()[:2]) for line in lines)
         assert all(len(line.split()) == 5 for line in lines), f
         assert set(per_batch.values()) == {2}, (f, per_batch)  # 4 records, 2 workers
+
+
+@pytest.mark.parametrize("readers", [
+    "{strategy: dm-spec}",
+    "{strategy: indexed, mode: colocated, batches_per_slot: 2}",
+], ids=["dm-spec-dedicated", "indexed-colocated"])
+def test_lmdbio_run_ends_at_max_iterations(datum_db, tmp_path, readers):
+    """``max_iterations: 16`` with 13 iterations an epoch (203 records, global batch 16):
+    ``lmdbio run`` runs epoch 0 whole and stops epoch 1 after 3 iterations, each record of
+    it at most once, and reports that many samples."""
+    cfg = tmp_path / "job.yaml"
+    shuffle = "global" if "indexed" in readers else "none"
+    cfg.write_text(f"dataset: {{path: {datum_db}, layout: caffe-datum}}\n"
+                   f"batch: {{size: 16, last: pad}}\nreaders: {readers}\n"
+                   f"shuffle: {{mode: {shuffle}}}\ntopology: {{simulate_nodes: 2}}\n"
+                   "epochs: 3\nmax_iterations: 16\nmetrics: {every: 0}\n")
+    logs, out = tmp_path / "records", tmp_path / "metrics.json"
+    run_mpi(4, CLI_SCRIPT, ["run", str(cfg), "--record-log", str(logs), "--metrics-json",
+                            str(out)], timeout=120)
+    files = sorted(logs.glob("rank-*.log"))
+    assert len(files) == (4 if "colocated" in readers else 2)
+    labels = expected_labels(datum_db)
+    per_epoch: dict[int, Counter] = {0: Counter(), 1: Counter()}
+    for f in files:
+        rows = [line.split() for line in f.read_text().splitlines()[1:]]
+        batches = sorted({(int(e), int(i)) for e, i, *_ in rows})
+        assert batches == [(0, i) for i in range(13)] + [(1, i) for i in range(3)], f
+        for e, _, key, label, pad in rows:
+            assert labels[key] == int(label), key
+            if pad == "0":
+                per_epoch[int(e)][key] += 1
+    assert set(per_epoch[0]) == set(labels) and set(per_epoch[0].values()) == {1}
+    assert len(per_epoch[1]) == 3 * 16 and set(per_epoch[1].values()) == {1}
+    assert json.loads(out.read_text())["totals"]["samples"] == 16 * 16
 
 
 LEAVE_EARLY = """

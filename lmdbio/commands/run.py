@@ -225,8 +225,7 @@ def main(args: argparse.Namespace) -> int:
             t_loop, cpu_loop = time.perf_counter(), time.process_time()
             faults_loop = minor_page_faults()
             try:
-                for epoch in range(loader.cfg.epochs):
-                    loader.set_epoch(epoch)
+                for epoch in loader.epochs():  # cfg.epochs, cut at cfg.max_iterations
                     batches = iter(loader)
                     while True:
                         t0 = time.perf_counter()

@@ -10,6 +10,7 @@ from lmdbio.plan.epoch import (
     EpochPlan,
     block_order,
     iterations_per_epoch,
+    job_epochs,
     permutation,
     plan_epoch,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "EpochPlan",
     "block_order",
     "iterations_per_epoch",
+    "job_epochs",
     "permutation",
     "plan_epoch",
 ]

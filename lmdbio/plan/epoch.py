@@ -158,6 +158,25 @@ def scheme_iterations(n_records: int, consumers: int, batch: int, last: str,
     return -(-per // batch) if last != "drop" else per // batch
 
 
+def job_epochs(epochs: int, max_iterations: int, epoch_iterations: int
+               ) -> list[tuple[int, int]]:
+    """``(epoch, stop_iteration)`` of every epoch a job runs: ``epochs`` of them, or fewer
+    when ``max_iterations`` (counted across epochs, as Caffe's solver ``max_iter``; 0: no
+    limit) ends the job first, in which case the last one stops inside itself (``stop``
+    as :meth:`loaders.Loader.set_epoch` takes it; 0: the epoch runs whole). An epoch of
+    no iterations cannot bring the limit nearer, so it never shortens the job."""
+    if epochs < 0 or max_iterations < 0 or epoch_iterations < 0:
+        raise ValueError(f"job_epochs: negative count (epochs={epochs}, max_iterations="
+                         f"{max_iterations}, epoch_iterations={epoch_iterations})")
+    if not max_iterations or not epoch_iterations:
+        return [(e, 0) for e in range(epochs)]
+    whole, rest = divmod(max_iterations, epoch_iterations)
+    out = [(e, 0) for e in range(min(epochs, whole))]
+    if rest and whole < epochs:
+        out.append((whole, rest))
+    return out
+
+
 def permutation(n: int, seed: int, epoch: int) -> np.ndarray:
     """A full permutation of ``range(n)`` seeded by ``(seed, epoch)``."""
     return np.random.default_rng([seed, epoch]).permutation(n).astype(np.int64)
