@@ -8,6 +8,11 @@ codecs and the node-local batch service on top of it.
 from __future__ import annotations
 
 from lmdbio.errors import CodecError, ConfigError, LmdbFormatError, LmdbioError, RecordError
+from lmdbio.kernel_cache import key_numba_cache
+
+# before any kernel module is imported: numba's cache keyed by every kernel source (see
+# lmdbio.kernel_cache: a kernel calling another module's kept a stale copy of it)
+key_numba_cache()
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,86 @@
+"""numba's kernel cache keyed by every kernel source (:mod:`lmdbio.kernel_cache`): a kernel
+that calls a kernel of another module is compiled again when only the callee changes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from lmdbio.kernel_cache import KERNEL_MODULES, keyed_cache_dir, sources_digest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_every_module_that_imports_numba_is_a_kernel_module():
+    """A module that compiles kernels and is not listed would not key the cache: its
+    callers elsewhere could load a stale copy of it."""
+    found = {str(p.relative_to(REPO)) for top in ("lmdbio", "loaders")
+             for p in (REPO / top).rglob("*.py")
+             if re.search(r"^(from numba|import numba)", p.read_text(), re.M)}
+    assert found == set(KERNEL_MODULES)
+
+
+def test_keys_replace_an_earlier_key_and_follow_every_source(tmp_path):
+    key = "0123456789abcdef"
+    assert keyed_cache_dir("/c", key) == "/c/lmdbio-kernels-0123456789abcdef"
+    assert keyed_cache_dir("/c/lmdbio-kernels-fedcba9876543210/", key) == \
+        "/c/lmdbio-kernels-0123456789abcdef"
+    assert keyed_cache_dir("/c/lmdbio-kernels-x", key) == \
+        "/c/lmdbio-kernels-x/lmdbio-kernels-0123456789abcdef"
+    (tmp_path / "a.py").write_text("x = 1\n")
+    first = sources_digest(tmp_path, ["a.py", "b.py"])
+    assert sources_digest(tmp_path, ["b.py", "a.py"]) == first
+    (tmp_path / "b.py").write_text("")  # appears, empty
+    assert sources_digest(tmp_path, ["a.py", "b.py"]) != first
+    (tmp_path / "a.py").write_text("x = 2\n")
+    assert len({first, sources_digest(tmp_path, ["a.py", "b.py"])}) == 2
+
+
+CALLER = """
+from numba import njit
+from kpkg.callee import value
+
+@njit(cache=True)
+def caller():
+    return value() + 10
+"""
+
+RUN = """
+import sys
+if sys.argv[1] == "keyed":
+    from pathlib import Path
+    from lmdbio.kernel_cache import key_numba_cache
+    key_numba_cache(Path(sys.argv[2]), ["kpkg/caller.py", "kpkg/callee.py"])
+from kpkg.caller import caller
+print(caller())
+"""
+
+
+def _run(tmp_path: Path, mode: str, cache: Path) -> int:
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(cache),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    out = subprocess.run([sys.executable, "-c", RUN, mode, str(tmp_path)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    return int(out.stdout.split()[-1])
+
+
+def test_a_caller_is_compiled_again_when_only_its_callee_changed(tmp_path):
+    """numba alone loads the caller with the old callee inside (the plain cache below);
+    keyed, the caller sees the new callee."""
+    pkg = tmp_path / "kpkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "caller.py").write_text(CALLER)
+    (pkg / "callee.py").write_text("from numba import njit\n\n@njit(cache=True)\n"
+                                   "def value():\n    return 1\n")
+    results = {mode: _run(tmp_path, mode, tmp_path / f"cache-{mode}")
+               for mode in ("plain", "keyed")}
+    assert results == {"plain": 11, "keyed": 11}
+    (pkg / "callee.py").write_text("from numba import njit\n\n@njit(cache=True)\n"
+                                   "def value():\n    return 2\n")
+    results = {mode: _run(tmp_path, mode, tmp_path / f"cache-{mode}")
+               for mode in ("plain", "keyed")}
+    assert results == {"plain": 11, "keyed": 12}  # plain: numba's stale caller
