@@ -205,7 +205,7 @@ def test_indexed_asks_for_nothing_on_a_warm_file(cifar_like, open_strategy,
     db.advise_access(pf.MADV_RANDOM)
     db.gather_refs(db.locate(np.arange(len(db))))  # every page read: the file is warm
     asked: list = []
-    monkeypatch.setattr(s, "advise_pages", lambda a, b, **_: asked.append(a))
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: asked.append(a))
     plan = plan_epoch(len(db), 1, BATCH)
     s.fetch(plan, 0, plan.records(0, 0), IterationStats(0))
     s.read_ahead(plan, 1, plan.records(1, 0))
@@ -224,7 +224,7 @@ def test_indexed_asks_for_the_leaves_of_a_slot_it_did_not_read_ahead(tmp_path, o
     db.advise_access(pf.MADV_RANDOM)
     plan = plan_epoch(len(db), 1, 64)
     advised: list[list[int]] = []
-    monkeypatch.setattr(s, "advise_pages", lambda a, b, **_: advised.append(
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: advised.append(
         sorted(set(np.repeat(np.asarray(a), np.asarray(b)).tolist()))))
     # the file was just written (warm): what is asked for, as if it were not
     monkeypatch.setattr(s, "cached_sample", lambda pages, samples=16: False)
@@ -243,29 +243,6 @@ def test_indexed_asks_for_the_leaves_of_a_slot_it_did_not_read_ahead(tmp_path, o
     advised.clear()
     s.fetch(plan, 1, nxt, IterationStats(1))
     assert advised == []
-
-
-def test_a_sample_that_found_a_page_missing_is_not_taken_again(tmp_path, open_strategy,
-                                                                monkeypatch) -> None:
-    """indexed's leaves and dm's values (overflow, 3 KB): once the residency sample of a
-    slot found a page missing, the kernel is asked for the slot's pages without a second
-    residency test (which could only agree, or sample other pages and skip the advice)."""
-    write_db(tmp_path, random_items(300, 3000, seed=2), commit_every=100)
-    db, s = open_strategy(Indexed, tmp_path)
-    db.advise_access(pf.MADV_RANDOM)
-    samples: list[int] = []
-    monkeypatch.setattr(s, "cached_sample", lambda pages, samples_=16: (
-        samples.append(len(pages)), False)[1])
-    tests: list[int] = []
-    monkeypatch.setattr(pf, "pages_resident", lambda *a, **k: (tests.append(1), True)[1])
-    asked: list[int] = []
-    monkeypatch.setattr(pf, "advise_page_ranges", lambda t, a, b, p, **k: asked.append(
-        int(np.sum(b))))
-    plan = plan_epoch(len(db), 1, BATCH)
-    s.fetch(plan, 0, plan.records(0, 0), IterationStats(0))
-    assert len(samples) == 2 and len(asked) == 2 and tests == []  # leaves, then values
-    s.advise_pages(np.array([0]), np.array([1]))  # without a sample: tested, then skipped
-    assert tests == [1] and len(asked) == 2
 
 
 @pytest.mark.parametrize("advise, asked", [(True, True), (True, False), (False, False)])

@@ -138,18 +138,15 @@ class ReadStrategy(ABC):
         not refused it."""
         return self.ctx.advise and self.db.node_cache is None and not self._advice_refused
 
-    def advise_pages(self, starts: np.ndarray, counts: np.ndarray,
-                     known_missing: bool = False) -> bool:
+    def advise_pages(self, starts: np.ndarray, counts: np.ndarray) -> bool:
         """Ask the kernel for database pages ``[starts[i], starts[i] + counts[i])`` now, as
         a few large asynchronous reads (``MADV_WILLNEED``, one call per merged run), so that
         the reads that follow wait on them instead of faulting pages in one at a time; a
         no-op unless :attr:`advising`, and when every page is in the page cache already
         (:func:`~lmdbio.io.prefetch.pages_resident`, one ``mincore``: a warm file costs no
-        advice; counted in :attr:`resident_skips`). ``known_missing``: the caller's
-        :meth:`cached_sample` of these pages found one missing, so that test is not made
-        again. Advisory: if the kernel refuses (a buffer that is not a file mapping), a
-        warning is logged once and the reads fault pages in as before. Returns whether the
-        kernel was asked."""
+        advice; counted in :attr:`resident_skips`). Advisory: if the kernel refuses (a
+        buffer that is not a file mapping), a warning is logged once and the reads fault
+        pages in as before. Returns whether the kernel was asked."""
         from lmdbio.errors import LmdbioError
         from lmdbio.io.prefetch import advise_page_ranges, pages_resident
 
@@ -160,8 +157,7 @@ class ReadStrategy(ABC):
 
             self._advice_limit = readahead_limit(self.db.path)
         try:
-            if not known_missing and pages_resident(self.db.buf, starts, counts,
-                                                    self.db.psize):
+            if pages_resident(self.db.buf, starts, counts, self.db.psize):
                 self.resident_skips += 1
                 return False
             advise_page_ranges(self.db.buf, starts, counts, self.db.psize,
@@ -181,8 +177,7 @@ class ReadStrategy(ABC):
             return
         big = np.flatnonzero(refs.ovf_pages > 0)
         if big.size and not self.cached_sample(refs.val_off[big] // self.db.psize):
-            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize),
-                              known_missing=True)
+            self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
 
     def cached_sample(self, pages: np.ndarray, samples: int = 16) -> bool:
         """Whether ``samples`` of database ``pages``, spread evenly over them, are all in

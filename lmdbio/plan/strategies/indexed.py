@@ -242,7 +242,7 @@ class Indexed(ReadStrategy):
         if self.cached_sample(leaves[np.searchsorted(first, some, "right") - 1]):
             return  # a warm file: nothing to ask for
         pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
-        self.advise_pages(pages, np.ones_like(pages), known_missing=True)
+        self.advise_pages(pages, np.ones_like(pages))
 
     def read_ahead(self, plan: EpochPlan, iteration: int, ids: np.ndarray) -> None:
         """Ask for the next iteration's leaf pages (the directory names them: nothing is
