@@ -179,7 +179,7 @@ class ReadStrategy(ABC):
         # advise_pages samples again, other pages (over the runs): kept on purpose. Where
         # this sample found a page missing but that one finds all there (a file mostly in
         # the cache), the advice costs more than the few faults it saves: without the
-        # second sample, 8-rank cold runs of indexed were ~14 % slower (sixteenth
+        # second sample, 8-rank cold runs of indexed were ~15 % slower (sixteenth
         # session, docs/reading.md)
         if big.size and not self.cached_sample(refs.val_off[big] // self.db.psize):
             self.advise_pages(*refs.take(big).value_page_runs(self.db.psize))
