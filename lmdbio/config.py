@@ -401,7 +401,9 @@ class JobConfig:
             "Stop after this many iterations in all, counted across epochs, as Caffe's "
             "solver max_iter does: the epoch it falls in ends there and the readers read "
             "nothing past it (the job ends at whichever of epochs and max_iterations comes "
-            "first). 0: every epoch runs whole.",
+            "first). A resumed job counts the iterations it ran before. It applies where "
+            "the epochs come from loader.epochs() (lmdbio run, the Caffe-style trainer). "
+            "0: every epoch runs whole.",
             minimum=0,
         ),
     )

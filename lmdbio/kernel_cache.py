@@ -11,12 +11,19 @@ makes any change to any of them start a fresh cache, so no stale copy can load.
 
 :func:`key_numba_cache` runs when :mod:`lmdbio` is imported, before any kernel module is
 imported (they are all inside ``lmdbio`` or ``loaders``, which imports ``lmdbio`` first).
-It changes ``NUMBA_CACHE_DIR`` in the environment, so that subprocesses inherit it. If
-numba is already imported, it also changes ``numba.config.CACHE_DIR``. A directory that
-already carries a key is re-keyed, not nested, which covers a subprocess of another
-checkout. Without ``NUMBA_CACHE_DIR``, numba keeps its default (next to the sources, stamped
-per file), and nothing here changes it. The Makefile, the tests, the benchmarks and
-``launch/`` all set ``NUMBA_CACHE_DIR``.
+It changes ``NUMBA_CACHE_DIR`` in the environment, which numba reads when it is
+imported and subprocesses inherit. If numba is already imported, it changes
+``numba.config.CACHE_DIR`` instead and leaves the environment as it is: numba re-reads
+every ``NUMBA_*`` setting from the environment when that changes, which would undo
+settings made in code. Subprocesses then key the inherited directory themselves when they
+import lmdbio. A directory that already carries a key is re-keyed, not nested, which covers
+a subprocess of another checkout.
+
+The setting is process-wide: the cache of any other numba library in the process moves
+into the keyed directory too. Without ``NUMBA_CACHE_DIR``, numba keeps its default (next to
+the sources, stamped per file), and nothing here changes it. The Makefile, the tests, the
+benchmarks and ``launch/slurm-example.sbatch`` set ``NUMBA_CACHE_DIR``; ``lmdbio launch``
+passes on whatever the environment holds.
 """
 
 from __future__ import annotations
@@ -84,8 +91,9 @@ def key_numba_cache(root: Path | None = None,
         return None
     root = Path(__file__).resolve().parent.parent if root is None else root
     target = keyed_cache_dir(base, sources_digest(root, modules))
-    os.environ["NUMBA_CACHE_DIR"] = target
-    config = sys.modules.get("numba.core.config")  # numba read the variable already
-    if config is not None:
+    config = sys.modules.get("numba.core.config")
+    if config is None:  # numba reads it when imported
+        os.environ["NUMBA_CACHE_DIR"] = target
+    else:  # numba read the variable already; a changed environment would reset config
         config.CACHE_DIR = target
     return target

@@ -205,6 +205,10 @@ class Loader:
         self.stop_iteration = 0
         #: (epoch, iteration, stop) of a state loaded and not yet resumed
         self._resumed: tuple[int, int, int] | None = None
+        #: iterations of the job before the current epoch's batch 0 (each finished epoch
+        #: counts its length or its stop): the state's ``job_iteration`` is this plus
+        #: :attr:`position`, counted against ``max_iterations`` by :meth:`epochs`
+        self._job_base = 0
         self.position = 0  # batches consumed in the current epoch
         self.metrics = LoaderMetrics()
         self._last_good: tuple[Any, int] | None = None
@@ -277,14 +281,45 @@ class Loader:
                 for batch in loader: ...
 
         runs the job as configured, the readers reading nothing past its last batch. Run
-        it on every rank. After :meth:`load_state_dict` it starts at the state's epoch
-        (and, through :meth:`set_epoch`, at its batch)."""
-        first = self._resumed[0] if self._resumed is not None else 0
-        for epoch, stop in job_epochs(self.cfg.epochs, self.cfg.max_iterations,
-                                      self.session.epoch_iterations):
-            if epoch >= first:
-                self.set_epoch(epoch, stop)
-                yield epoch
+        it on every rank: every rank computes the same schedule from the plan (a trainer
+        that leaves an epoch early still counts it whole). ``max_iterations`` takes
+        effect only here; a loop of its own :meth:`set_epoch` calls runs what it asks for.
+
+        Each call starts the job from epoch 0, or after :meth:`load_state_dict` from the
+        state's batch, with the iterations the saved job had run (``job_iteration`` in
+        the state) counted against ``max_iterations``: a job resumed with a larger limit
+        runs up to it. Ending the job inside the epoch the state was saved in must cut it
+        where the saved run did (which records a cut epoch's batches carry depends on the
+        cut); otherwise a :class:`ConfigError` says which limits can resume there. A
+        state at or past the limit yields no epoch. When the generator ends, the loader
+        is left at the epoch after the last one."""
+        per = self.session.epoch_iterations
+        limit = self.cfg.max_iterations
+        epoch0, start0, stop0 = self._resumed if self._resumed is not None else (0, 0, 0)
+        base = self._job_base if self._resumed is not None else 0
+        schedule = job_epochs(self.cfg.epochs, limit, per, epoch=epoch0, iteration=start0,
+                              done=base + start0)
+        if start0 and schedule and schedule[0][1] != stop0:
+            raise ConfigError(self._cut_mismatch(schedule[0][1], epoch0, start0, stop0, base))
+        for epoch, stop in schedule:
+            self._job_base = base
+            self.set_epoch(epoch, stop)
+            yield epoch
+            base += stop or per
+            self._job_base = base
+
+    def _cut_mismatch(self, stop: int, epoch: int, start: int, saved: int, base: int) -> str:
+        """The error of a resume whose ``max_iterations`` cuts the saved epoch elsewhere."""
+        limit, per = self.cfg.max_iterations, self.session.epoch_iterations
+        ends = f"inside epoch {epoch} at batch {stop}" if stop else \
+            f"after epoch {epoch} whole"
+        fits = f"{base + saved}" if saved else f"0 or at least {base + per}"
+        return (f"max_iterations {limit} ends this job {ends}, but the state loaded was "
+                f"saved at batch {start} of epoch {epoch}, in a run that stopped that "
+                f"epoch {f'at batch {saved}' if saved else 'at its end'}: which records "
+                "a cut epoch's batches carry depends on where it is cut, so a run resumed "
+                f"inside it must cut it there too (max_iterations {fits}, or at most "
+                f"{base + start} to end the job where it was saved)")
 
     def set_scan_groups(self, k: int | None) -> None:
         """PCR: read scan groups 1..k of every record from now on (None: all). Call it on
@@ -309,6 +344,7 @@ class Loader:
         snap = self.session.db.snapshot
         return {
             "epoch": self.epoch, "iteration": self.position,
+            "job_iteration": self._job_base + self.position,
             "stop_iteration": self._delivered_stop() if self._open is not None
             else self.stop_iteration,
             "seed": self.opts.seed, "shuffle": self.opts.shuffle,
@@ -328,6 +364,10 @@ class Loader:
         self.epoch = int(state["epoch"])
         self.start_iteration = int(state["iteration"])
         self.stop_iteration = int(state.get("stop_iteration", 0))
+        # states saved before job_iteration was kept: every earlier epoch ran whole
+        job = int(state.get("job_iteration", self.epoch * self.session.epoch_iterations
+                            + self.start_iteration))
+        self._job_base = job - self.start_iteration
         self._resumed = (self.epoch, self.start_iteration, self.stop_iteration)
         self._epoch_chosen = True
 
@@ -619,6 +659,7 @@ class Loader:
             got.release()
 
     def _end_epoch(self) -> None:
+        self._job_base += self.session.epoch_stop  # its length, or the stop inside it
         self.epoch += 1
         self.position = 0
 

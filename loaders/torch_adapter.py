@@ -37,6 +37,8 @@ def _torch_dataset_base() -> type:
 class TorchBatches:
     """Wraps a :class:`loaders.Loader`; iterating yields ``(data, label)`` tensors per batch,
     or whole dicts with ``as_dict=True`` (adds keys, ids, padding, epoch, iteration).
+    ``set_epoch`` and ``epochs()`` are the loader's (:meth:`loaders.Loader.epochs` runs
+    the job's epochs and stops at its ``max_iterations``).
 
     It is an instance of ``torch.utils.data.IterableDataset`` (the class is built on first
     use so that importing this module does not import torch).
@@ -64,6 +66,7 @@ def _set_epoch(self: Any, epoch: int, stop_iteration: int | None = None) -> None
 
 
 def _epochs(self: Any) -> Iterator[int]:
+    """The job's epochs, each set before it is yielded (:meth:`loaders.Loader.epochs`)."""
     return self.loader.epochs()
 
 

@@ -84,3 +84,32 @@ def test_a_caller_is_compiled_again_when_only_its_callee_changed(tmp_path):
     results = {mode: _run(tmp_path, mode, tmp_path / f"cache-{mode}")
                for mode in ("plain", "keyed")}
     assert results == {"plain": 11, "keyed": 12}  # plain: numba's stale caller
+
+
+KEEP_SETTINGS = """
+import numba
+from numba import njit
+numba.config.BOUNDSCHECK = 1
+import lmdbio  # keys the cache after numba read its settings
+
+@njit(cache=True)
+def f(a):
+    return a[0]
+
+f(__import__("numpy").zeros(1))  # compiling reloads numba's config from the environment
+print(numba.config.BOUNDSCHECK, numba.config.CACHE_DIR)
+"""
+
+
+def test_keying_after_numba_was_imported_keeps_its_settings(tmp_path):
+    """Imported after numba, lmdbio moves the cache without changing the environment (a
+    changed ``NUMBA_*`` environment makes numba re-read every setting at its next compile,
+    which reset ``BOUNDSCHECK`` set in code)."""
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    script = tmp_path / "job.py"  # numba caches functions of source files only
+    script.write_text(KEEP_SETTINGS)
+    out = subprocess.run([sys.executable, str(script)], env=env, cwd=tmp_path,
+                         capture_output=True, text=True, timeout=120, check=True)
+    check, cache = out.stdout.split()
+    assert check == "1"
+    assert re.fullmatch(re.escape(str(tmp_path)) + r"/lmdbio-kernels-[0-9a-f]{16}", cache)

@@ -425,3 +425,45 @@ def test_max_iterations_ends_the_job_inside_an_epoch_and_resumes_there(clean_db)
         with loaders.open({**cfg, "max_iterations": limit}) as loader:
             ran = [(epoch, sum(1 for _ in loader)) for epoch in loader.epochs()]
         assert ran == [(e, 15) for e in epochs]
+
+
+def test_a_job_resumed_with_another_max_iterations_counts_what_it_ran(clean_db):
+    """Caffe's snapshot workflow: a job that ended at ``max_iterations`` 20 (epoch 1 cut
+    at 5) and is resumed with 40 runs 20 more; a state at or past the limit runs
+    nothing; a limit that would cut the saved epoch elsewhere is refused, naming the
+    limits that can resume there."""
+    path, _ = clean_db  # 60 records, batches of 4: 15 per epoch
+    cfg = {**config(path, batch__size=4, readers__batches_per_slot=4), "epochs": 4,
+           "max_iterations": 20}
+    with loaders.open(cfg) as loader:
+        ran = [(epoch, b.iteration) for epoch in loader.epochs() for b in loader]
+        end = loader.state_dict()
+    assert len(ran) == 20 and ran[-1] == (1, 4)
+    assert (end["epoch"], end["iteration"], end["job_iteration"]) == (2, 0, 20)
+
+    def resume(state, limit):
+        with loaders.open({**cfg, "max_iterations": limit}) as loader:
+            loader.load_state_dict(state)
+            got = [(epoch, b.iteration) for epoch in loader.epochs() for b in loader]
+            return got, loader.state_dict()
+
+    got, after = resume(end, 40)
+    assert got == [(2, i) for i in range(15)] + [(3, i) for i in range(5)]
+    assert after["job_iteration"] == 40
+    assert resume(end, 20)[0] == []
+    # a state of an uncut run, 25 iterations in (epoch 1, batch 10)
+    with loaders.open({**cfg, "max_iterations": 0}) as loader:
+        for epoch in loader.epochs():
+            for b in loader:
+                if (epoch, b.iteration) == (1, 9):
+                    mid = loader.state_dict()
+                    break
+            else:
+                continue
+            break
+    assert (mid["epoch"], mid["iteration"], mid["job_iteration"]) == (1, 10, 25)
+    assert resume(mid, 20)[0] == []  # past the limit: nothing to run
+    assert resume(mid, 30)[0] == [(1, i) for i in range(10, 15)]
+    with pytest.raises(ConfigError, match=r"max_iterations 28 ends this job inside epoch 1 "
+                       r"at batch 13.*max_iterations 0 or at least 30, or at most 25"):
+        resume(mid, 28)

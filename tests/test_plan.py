@@ -314,3 +314,34 @@ def test_job_epochs_examples_and_bad_counts():
     assert job_epochs(2, 5, 0) == [(0, 0), (1, 0)]
     with pytest.raises(ValueError, match="max_iterations=-1"):
         job_epochs(2, -1, 7)
+
+
+@settings(max_examples=300, deadline=None)
+@given(epochs=st.integers(1, 6), max_iterations=st.integers(0, 40),
+       per_epoch=st.integers(1, 9), data=st.data())
+def test_a_resumed_job_runs_the_rest_of_the_straight_one(epochs, max_iterations, per_epoch,
+                                                         data):
+    """Resumed at any batch of the straight schedule, with the iterations run before it,
+    the job runs exactly the rest of that schedule."""
+    straight = job_epochs(epochs, max_iterations, per_epoch)
+    batches = [(e, i) for e, stop in straight for i in range(stop or per_epoch)]
+    k = data.draw(st.integers(0, len(batches)))
+    if k == len(batches):  # saved after the last batch: at the next epoch's start
+        epoch, iteration = (straight[-1][0] + 1, 0) if straight else (0, 0)
+    else:
+        epoch, iteration = batches[k]
+    rest = job_epochs(epochs, max_iterations, per_epoch, epoch=epoch, iteration=iteration,
+                      done=k)
+    assert rest == [(e, stop) for e, stop in straight if e >= epoch]
+
+
+def test_a_resumed_job_counts_what_ran_before():
+    # ran 20 of 15-iteration epochs under max_iterations 20 (epoch 1 cut at 5), saved at
+    # epoch 2: a limit of 40 runs 20 more, whatever the cut epoch left out
+    assert job_epochs(4, 40, 15, epoch=2, iteration=0, done=20) == [(2, 0), (3, 5)]
+    assert job_epochs(4, 20, 15, epoch=2, iteration=0, done=20) == []  # reached
+    assert job_epochs(4, 20, 15, epoch=1, iteration=10, done=25) == []  # past it
+    assert job_epochs(4, 30, 15, epoch=1, iteration=10, done=25) == [(1, 0)]
+    assert job_epochs(4, 28, 15, epoch=1, iteration=10, done=25) == [(1, 13)]
+    with pytest.raises(ValueError, match="done=-1"):
+        job_epochs(2, 5, 7, done=-1)

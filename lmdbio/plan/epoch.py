@@ -158,22 +158,36 @@ def scheme_iterations(n_records: int, consumers: int, batch: int, last: str,
     return -(-per // batch) if last != "drop" else per // batch
 
 
-def job_epochs(epochs: int, max_iterations: int, epoch_iterations: int
-               ) -> list[tuple[int, int]]:
+def job_epochs(epochs: int, max_iterations: int, epoch_iterations: int, *,
+               epoch: int = 0, iteration: int = 0, done: int = 0) -> list[tuple[int, int]]:
     """``(epoch, stop_iteration)`` of every epoch a job runs: ``epochs`` of them, or fewer
     when ``max_iterations`` (counted across epochs, as Caffe's solver ``max_iter``; 0: no
     limit) ends the job first, in which case the last one stops inside itself (``stop``
     as :meth:`loaders.Loader.set_epoch` takes it; 0: the epoch runs whole). An epoch of
-    no iterations cannot bring the limit nearer, so it never shortens the job."""
-    if epochs < 0 or max_iterations < 0 or epoch_iterations < 0:
+    no iterations cannot bring the limit nearer, so it never shortens the job.
+
+    A resumed job starts at batch ``iteration`` of epoch ``epoch``, ``done`` iterations of
+    it having run before that batch (epochs cut by an earlier, smaller limit count what
+    they ran): the list is then the rest of the job, empty when the limit is reached."""
+    if min(epochs, max_iterations, epoch_iterations, epoch, iteration, done) < 0:
         raise ValueError(f"job_epochs: negative count (epochs={epochs}, max_iterations="
-                         f"{max_iterations}, epoch_iterations={epoch_iterations})")
-    if not max_iterations or not epoch_iterations:
-        return [(e, 0) for e in range(epochs)]
-    whole, rest = divmod(max_iterations, epoch_iterations)
-    out = [(e, 0) for e in range(min(epochs, whole))]
-    if rest and whole < epochs:
-        out.append((whole, rest))
+                         f"{max_iterations}, epoch_iterations={epoch_iterations}, epoch="
+                         f"{epoch}, iteration={iteration}, done={done})")
+    limited = bool(max_iterations and epoch_iterations)
+    out: list[tuple[int, int]] = []
+    for e in range(epoch, epochs):
+        start = iteration if e == epoch else 0
+        stop = 0
+        if limited:
+            left = max_iterations - done
+            if left <= 0:
+                break
+            if start + left < epoch_iterations:
+                stop = start + left
+        out.append((e, stop))
+        if stop:
+            break
+        done += epoch_iterations - start
     return out
 
 
