@@ -20,6 +20,7 @@ import pytest
 from lmdbgen import random_items, uneven_key_items, write_db
 from mpi_harness import CLI_SCRIPT, run_mpi
 
+from lmdbio.benchmarks.targets import check_document
 from lmdbio.plan.epoch import iterations_per_epoch
 
 pytestmark = pytest.mark.timeout(240)
@@ -65,6 +66,7 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
 
     assert (doc["strategy"], doc["ranks"], doc["nodes"]) == (strategy, RANKS, NODES)
     assert doc["mode"] == ("dedicated" if dedicated else "colocated")
+    assert check_document(doc) == []  # the targets bench/targets.py sweeps
     totals = doc["totals"]
     for key in ("records_per_second", "bytes_per_second", "extra_pages", "needed_pages",
                 "setup_pages", "symmetric_mapping_attempts", "load_kernels_seconds"):
