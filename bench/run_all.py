@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-ORDER = ["scan", "decode", "read", "service", "toc", "ibp", "pcr", "btable"]
+ORDER = ["scan", "decode", "read", "targets", "service", "toc", "ibp", "pcr", "btable"]
 
 
 def main() -> int:
