@@ -36,18 +36,12 @@ sys.path.insert(0, str(REPO))
 
 from lmdbio.benchmarks.targets import check_document  # noqa: E402
 from lmdbio.plan.epoch import iterations_per_epoch  # noqa: E402
+from tests.mpi_harness import OPENMPI_ENV  # noqa: E402
 
 BIN = REPO / ".venv" / "bin"
 STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
 BATCH = 32
-ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_osc": "^ucx",
-    "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache"),
-}
+ENV = {**OPENMPI_ENV, "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache")}
 
 
 def _names(rng: np.random.Generator, n: int) -> list[bytes]:

@@ -13,7 +13,6 @@ page beyond its records; the DM chains report their symmetric-mapping attempts.
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -66,7 +65,9 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
 
     assert (doc["strategy"], doc["ranks"], doc["nodes"]) == (strategy, RANKS, NODES)
     assert doc["mode"] == ("dedicated" if dedicated else "colocated")
-    assert check_document(doc) == []  # the targets bench/targets.py sweeps
+    # the targets bench/targets.py sweeps: every epoch's records exactly once with the
+    # declared padding, indexed without extra pages, dm-spec without missed pages
+    assert check_document(doc) == []
     totals = doc["totals"]
     for key in ("records_per_second", "bytes_per_second", "extra_pages", "needed_pages",
                 "setup_pages", "symmetric_mapping_attempts", "load_kernels_seconds"):
@@ -102,20 +103,9 @@ def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
     for key in ("setup", "loop"):  # the totals sum the ranks'
         assert totals["cpu_seconds"][key] == pytest.approx(
             sum(r["cpu_seconds"][key] for r in doc["per_rank"]))
-    per_consumer = per_epoch * BATCH
-    for epoch in range(2):
-        real: Counter[int] = Counter()
-        padded = 0
-        for r in workers:
-            assert len(r["records"]) == 2 * per_consumer
-            span = slice(epoch * per_consumer, (epoch + 1) * per_consumer)
-            for rec, pad in zip(r["records"][span], r["padding"][span], strict=True):
-                if pad:
-                    padded += 1
-                else:
-                    real[rec] += 1
-        assert real == Counter(range(RECORDS)), f"epoch {epoch}"
-        assert padded == per_epoch * consumers * BATCH - RECORDS
+    # every epoch's records exactly once with the declared padding: check_document above
+    for r in workers:
+        assert len(r["records"]) == 2 * per_epoch * BATCH
 
     readers = [r for r in doc["per_rank"] if r["reader"]]
     assert totals["needed_pages"] == sum(r["own_pages"] for r in readers) > 0
