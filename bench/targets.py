@@ -36,11 +36,13 @@ sys.path.insert(0, str(REPO))
 
 from lmdbio.benchmarks.targets import check_document  # noqa: E402
 from lmdbio.plan.epoch import iterations_per_epoch  # noqa: E402
+from tests.lmdbgen import write_db  # noqa: E402
 from tests.mpi_harness import OPENMPI_ENV  # noqa: E402
 
 BIN = REPO / ".venv" / "bin"
 STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
 BATCH = 32
+MAP_SIZE = 1 << 31
 ENV = {**OPENMPI_ENV, "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache")}
 
 
@@ -49,24 +51,6 @@ def _names(rng: np.random.Generator, n: int) -> list[bytes]:
     alphabet = np.frombuffer(b"abcdefghijklmnopqrstuvwxyz0123456789._-", np.uint8)
     return [b"%08d_" % i + alphabet[rng.integers(0, alphabet.size, int(rng.integers(5, 81)))]
             .tobytes() for i in range(n)]
-
-
-def _put(path: Path, batches: list[list[tuple[bytes, bytes | None]]]) -> None:
-    """Write ``batches`` of ``(key, value)`` one transaction each; ``None`` deletes."""
-    import lmdb
-
-    path.mkdir(parents=True, exist_ok=True)
-    env = lmdb.open(str(path), map_size=1 << 31)
-    try:
-        for items in batches:
-            with env.begin(write=True) as txn:
-                for key, value in items:
-                    if value is None:
-                        txn.delete(key)
-                    else:
-                        txn.put(key, value)
-    finally:
-        env.close()
 
 
 def generate(data: Path, seed: int) -> dict[str, Path]:
@@ -84,15 +68,17 @@ def generate(data: Path, seed: int) -> dict[str, Path]:
         if (path / "data.mdb").exists():
             continue
         print(f"generating {path}", flush=True)
+        path.mkdir(parents=True, exist_ok=True)
         if name == "overflow":
             keys = _names(rng, n)
             order = rng.permutation(n)
             vals = values(rng.integers(2_500, 3_501, n))
             items = [(keys[i], vals[i]) for i in order]
-            _put(path, [items[k:k + 500] for k in range(0, n, 500)])
+            write_db(path, items, commit_every=500, map_size=MAP_SIZE)
         elif name == "inline":
             vals = values(rng.integers(100, 1_201, n))
-            _put(path, [[(b"%08d" % i, v) for i, v in enumerate(vals)]])
+            write_db(path, [(b"%08d" % i, v) for i, v in enumerate(vals)], commit_every=n,
+                     map_size=MAP_SIZE)
         else:
             keys = _names(rng, n)
             sizes = np.where(rng.random(n) < 0.05, 0, rng.integers(0, 12_001, n))
@@ -103,7 +89,7 @@ def generate(data: Path, seed: int) -> dict[str, Path]:
             later = [(keys[i], None) for i in gone] + \
                 [(keys[i], v) for i, v in zip(redo, values(rng.integers(0, 12_001, redo.size)),
                                               strict=True)]
-            _put(path, [first, later])
+            write_db(path, first + later, commit_every=n, map_size=MAP_SIZE)  # 2 commits
     return out
 
 
@@ -127,10 +113,9 @@ def matrix(quick: bool) -> list[tuple[str, int, int, str]]:
     return runs
 
 
-def run_one(db: Path, strategy: str, ranks: int, nodes: int, shuffle: str, last: str,
-            out: Path) -> dict:
-    """One run and its check: a results row."""
-    n = _records(db)
+def run_one(db: Path, n: int, strategy: str, ranks: int, nodes: int, shuffle: str,
+            last: str, out: Path) -> dict:
+    """One run on ``db`` (``n`` records) and its check: a results row."""
     per_epoch = iterations_per_epoch(n, ranks, BATCH, last)  # colocated: every rank consumes
     iters = 2 * per_epoch + per_epoch // 3
     args = ["-n", str(ranks), "lmdbio", "bench", "read", str(db), "--strategy", strategy,
@@ -167,19 +152,20 @@ def main() -> int:
     dbs = generate(Path(args.data), args.seed)
     work = Path(args.data) / "runs"
     work.mkdir(parents=True, exist_ok=True)
+    records = {name: _records(db) for name, db in dbs.items()}
     rows = []
     for name, db in dbs.items():
         for strategy, ranks, nodes, shuffle in matrix(args.quick):
             for last in ("pad", "drop"):
                 out = work / f"{name}-{strategy}-{ranks}r{nodes}n-{shuffle}-{last}.json"
                 out.unlink(missing_ok=True)
-                row = run_one(db, strategy, ranks, nodes, shuffle, last, out)
+                row = run_one(db, records[name], strategy, ranks, nodes, shuffle, last, out)
                 rows.append(row)
                 verdict = "pass" if row["pass"] else "FAIL " + "; ".join(row["failures"])
                 print(f"{name} {strategy} {ranks}r/{nodes}n {shuffle} {last}: {verdict}",
                       flush=True)
     result = {"benchmark": "targets", "seed": args.seed, "quick": args.quick,
-              "databases": {k: {"path": str(v), "records": _records(v)}
+              "databases": {k: {"path": str(v), "records": records[k]}
                             for k, v in dbs.items()},
               "generated": "py-lmdb, random bytes (bench/targets.py)",
               "runs": rows, "totals": {"runs": len(rows),

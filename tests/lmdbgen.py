@@ -17,21 +17,29 @@ NODEMAX_4K = 2038  # largest inline node (8-byte header + key + value) on a 4 Ki
 
 def write_db(path: str | os.PathLike, items, *, version: int = 1, commit_every: int = 1000,
              map_size: int = 1 << 28, subdbs: dict | None = None, flags: dict | None = None):
-    """Write ``items`` (iterable of (key, value)) into a new environment at ``path``."""
+    """Write ``items`` (iterable of (key, value), ``commit_every`` a transaction) into a new
+    environment at ``path``; a value of ``None`` deletes the key. Returns the main
+    database's records, sorted."""
     kw = {"lib_version": 1} if version == 3 else {}
     env = lmdb.open(str(path), map_size=map_size, max_dbs=8 if subdbs else 0, **kw)
     items = list(items)
+    final: dict[bytes, bytes] = {}
     for i in range(0, max(len(items), 1), commit_every):
         with env.begin(write=True) as txn:
             for k, v in items[i:i + commit_every]:
-                txn.put(k, v)
+                if v is None:
+                    txn.delete(k)
+                    final.pop(k, None)
+                else:
+                    txn.put(k, v)
+                    final[k] = v
     for name, sub_items in (subdbs or {}).items():
         db = env.open_db(name, **(flags or {}).get(name, {}))
         with env.begin(write=True, db=db) as txn:
             for k, v in sub_items:
                 txn.put(k, v)
     env.close()
-    return sorted(items)
+    return sorted(final.items())
 
 
 def read_pylmdb(path: str | os.PathLike, subdb: bytes | None = None) -> list[tuple[bytes, bytes]]:
