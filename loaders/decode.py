@@ -9,6 +9,7 @@ decode under a ``skip``/``substitute`` policy (with ``raise`` the first failure 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -60,23 +61,37 @@ def _caffe_datum(cfg: Any, float32: bool = False, alloc: Allocator = np.empty) -
 STREAMING_MIN_BYTES = 8 << 20
 
 
-def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
-                           alloc: Allocator = np.empty, lengths: np.ndarray | None = None
-                           ) -> tuple[np.ndarray, np.ndarray] | None:
-    """``(N, C, H, W)`` float32 pixels and int64 labels of a batch of raw uint8 Datums of
-    one shape, in one compiled pass (the pixels widened as they are gathered); ``None`` when
-    the batch is anything else (encoded, float_data, mixed shapes, a bad record), which the
-    general decoder then handles and explains.
+@dataclass(frozen=True)
+class DatumSpans:
+    """Where a slot's Caffe Datum records lie in a buffer, and the shape the fused kernels
+    expect every one of them to have: the first record's, when it is a raw uint8 Datum.
+    Rows ``a:b`` (:meth:`rows`) are one batch; the kernels (:func:`uniform_datums_float32`,
+    :meth:`loaders.transform.DataTransformer.datums`) parse and check each batch's records
+    as they read them, and give up (``None``) on a batch with any other record."""
 
-    The values equal :func:`~lmdbio.codecs.datum.decode_datum_batch` followed by
-    ``astype(np.float32)``: what an identity Caffe transform produces. ``alloc(shape,
-    dtype)`` provides the uninitialised pixel array (e.g. :meth:`BufferPool.take
-    <loaders.buffer_pool.BufferPool.take>`). ``offsets`` are the ``N + 1`` record bounds in
-    ``payload``, or with ``lengths`` the ``N`` record starts (records anywhere in
-    ``payload``, e.g. spans of the database mapping).
-    """
+    starts: np.ndarray  # int64 (N,): where each record starts
+    lengths: np.ndarray  # int64 (N,)
+    shape: tuple[int, int, int]  # (C, H, W)
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    def rows(self, a: int, b: int) -> DatumSpans:
+        """Records ``a .. b - 1`` (views)."""
+        return DatumSpans(self.starts[a:b], self.lengths[a:b], self.shape)
+
+    def shape_array(self) -> np.ndarray:
+        return np.asarray(self.shape, np.int64)
+
+
+def datum_spans(payload: np.ndarray, offsets: np.ndarray,
+                lengths: np.ndarray | None = None) -> DatumSpans | None:
+    """The :class:`DatumSpans` of records in ``payload``, or ``None`` when the first one is
+    not a raw uint8 Datum (encoded, float_data, a bad record: the general decoder handles
+    and explains those). ``offsets`` are the ``N + 1`` record bounds in ``payload``, or with
+    ``lengths`` the ``N`` record starts (records anywhere in ``payload``, e.g. spans of the
+    database mapping). Only the first record is parsed here."""
     from lmdbio.codecs import _record_kernels as k
-    from loaders._decode_kernels import uniform_datums_f32
 
     if lengths is None:
         bounds = np.ascontiguousarray(offsets, np.int64)
@@ -86,18 +101,48 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray,
         lens = np.ascontiguousarray(lengths, np.int64)
         if lens.shape != starts.shape:
             return None
-    n = starts.shape[0]
-    if n <= 0 or payload.dtype != np.uint8 or payload.ndim != 1:
+    if starts.shape[0] <= 0 or payload.dtype != np.uint8 or payload.ndim != 1:
         return None
-    table = np.empty((n, k.NCOLS), np.int64)
-    k.parse_datums(payload, starts, lens, table)
-    shape = table[0, k.COL_CHANNELS:k.COL_WIDTH + 1].copy()
-    if (shape <= 0).any() or table[0, k.COL_DATA_LEN] != int(np.prod(shape.astype(object))):
+    head = np.empty((1, k.NCOLS), np.int64)
+    if k.parse_datums(payload, starts[:1], lens[:1], head):
+        return None
+    row = head[0]
+    shape = (int(row[k.COL_CHANNELS]), int(row[k.COL_HEIGHT]), int(row[k.COL_WIDTH]))
+    if row[k.COL_ENCODED] or min(shape) <= 0 or int(row[k.COL_DATA_LEN]) != \
+            shape[0] * shape[1] * shape[2]:
         return None  # a header that claims more than its pixels is never allocated
-    out = alloc((n, int(shape[0]), int(shape[1]), int(shape[2])), np.float32)
+    return DatumSpans(starts, lens, shape)
+
+
+def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans,
+                           alloc: Allocator = np.empty, lengths: np.ndarray | None = None
+                           ) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(N, C, H, W)`` float32 pixels and int64 labels of a batch of raw uint8 Datums of
+    one shape, in one compiled pass (each record parsed, then its pixels widened as they
+    are gathered); ``None`` when the batch is anything else (encoded, float_data, mixed
+    shapes, a bad record), which the general decoder then handles and explains.
+
+    The values equal :func:`~lmdbio.codecs.datum.decode_datum_batch` followed by
+    ``astype(np.float32)``: what an identity Caffe transform produces. ``alloc(shape,
+    dtype)`` provides the uninitialised pixel array (e.g. :meth:`BufferPool.take
+    <loaders.buffer_pool.BufferPool.take>`). ``offsets`` are the ``N + 1`` record bounds in
+    ``payload``, or with ``lengths`` the ``N`` record starts (records anywhere in
+    ``payload``, e.g. spans of the database mapping), or the records' :class:`DatumSpans`.
+    """
+    from lmdbio.codecs import _record_kernels as k
+    from loaders._decode_kernels import widen_datums
+
+    spans = offsets if isinstance(offsets, DatumSpans) else \
+        datum_spans(payload, offsets, lengths)
+    if spans is None:
+        return None
+    n = len(spans)
+    out = alloc((n, *spans.shape), np.float32)
     labels = np.empty(n, np.int64)
     streaming = out.nbytes >= STREAMING_MIN_BYTES
-    if uniform_datums_f32(payload, table, shape, out.reshape(n, -1), labels, streaming) >= 0:
+    table = np.empty((n, k.NCOLS), np.int64)
+    if widen_datums(payload, spans.starts, spans.lengths, spans.shape_array(),
+                    out.reshape(n, -1), labels, table, streaming) >= 0:
         return None
     return out, labels
 

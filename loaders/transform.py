@@ -37,6 +37,9 @@ from lmdbio.errors import ConfigError
 
 __all__ = ["DataTransformer", "TransformDraw", "transform_batch", "transform_rng"]
 
+#: the mean image argument of the compiled kernels when there is none
+_NO_MEAN = np.zeros((1, 1, 1), np.float32)
+
 _RNG_TAG = 0x5452414E  # "TRAN": keeps transform draws independent of other users of `seed`
 
 
@@ -99,6 +102,8 @@ class DataTransformer:
         self.crop_size = int(crop_size)
         self.mirror = bool(mirror)
         self.phase = phase
+        #: kernel arguments per (batch size, image shape): see :meth:`_datum_args`
+        self._datum_cache: dict[tuple[int, tuple[int, int, int]], tuple[Any, ...]] = {}
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataTransformer:
@@ -154,7 +159,8 @@ class DataTransformer:
         else:
             h_off = np.zeros(n, np.int64)
             w_off = np.zeros(n, np.int64)
-        return TransformDraw(h_off.astype(np.int64), w_off.astype(np.int64), mirror)
+        return TransformDraw(h_off.astype(np.int64), w_off.astype(np.int64),
+                             np.ascontiguousarray(mirror, np.bool_))
 
     def __call__(self, batch: Any, rng: np.random.Generator | None = None, *,
                  draw: TransformDraw | None = None, out: Any = None, xp: Any = np) -> Any:
@@ -178,6 +184,68 @@ class DataTransformer:
             mean_values = xp.asarray(mean_values)
         return transform_batch(batch, draw, crop_size=self.crop_size, scale=self.scale,
                                mean=mean, mean_values=mean_values, out=out, xp=xp)
+
+
+    def datums(self, buf: np.ndarray, spans: Any, rng: np.random.Generator | None = None,
+               *, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The transformed float32 batch ``(N, C, h, w)`` and int64 labels of the raw
+        uint8 Datums ``spans`` (:class:`loaders.decode.DatumSpans`) in ``buf``, in one
+        compiled pass over the records' bytes: the same values as decoding them to uint8
+        and calling this transformer, without the uint8 batch in between. Decisions are
+        drawn from ``rng`` as :meth:`__call__` draws them. ``None`` when a record is not a
+        raw uint8 Datum of ``spans.shape`` (the general decoder then explains it)."""
+        from lmdbio.codecs._record_kernels import NCOLS
+        from loaders import _transform_kernels as k
+
+        n = len(spans)
+        shape, dims, mode, mv, mean, fixed = self._datum_args(n, spans.shape)
+        draw = fixed if fixed is not None else self.draw(n, dims[1], dims[2], rng)
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ConfigError(f"transform: out must be C-contiguous float32 {shape}, got "
+                              f"{out.shape} {out.dtype}")
+        labels = np.empty(n, np.int64)
+        if k.transform_datums(buf, spans.starts, spans.lengths, dims, draw.h_off, draw.w_off,
+                              draw.mirror, mode, mean, mv, self.scale, out, labels,
+                              np.empty((n, NCOLS), np.int64)) >= 0:
+            return None
+        return out, labels
+
+    def output_shape(self, n: int, image: tuple[int, int, int]) -> tuple[int, int, int, int]:
+        """The ``(N, C, h, w)`` output of ``n`` images of ``image`` = ``(C, H, W)`` (checked
+        as :meth:`check` does)."""
+        return self._datum_args(n, image)[0]
+
+    def _datum_args(self, n: int, image: tuple[int, int, int]) -> tuple[Any, ...]:
+        """What :meth:`datums` passes to the kernel for ``n`` images of ``image``, checked
+        once per batch size and shape: the output shape, the image shape as an array, the
+        mean arguments, and the draw when it is not random (no mirror, no train crop)."""
+        key = (n, image)
+        args = self._datum_cache.get(key)
+        if args is None:
+            c, oh, ow = self.check((n, *image))
+            mode, mv, mean = self._kernel_mean(c)
+            fixed = None
+            if not (self.mirror or (self.crop_size and self.phase == "train")):
+                d = self.draw(n, image[1], image[2], None)
+                fixed = TransformDraw(d.h_off, d.w_off, np.ascontiguousarray(d.mirror, np.bool_))
+            args = ((n, c, oh, ow), np.asarray(image, np.int64), mode, mv, mean, fixed)
+            if len(self._datum_cache) > 64:  # batch sizes and shapes seen: a handful
+                self._datum_cache.clear()
+            self._datum_cache[key] = args
+        return args
+
+    def _kernel_mean(self, c: int) -> tuple[int, np.ndarray, np.ndarray]:
+        """The compiled kernels' mean arguments: mode, per-channel values, mean image."""
+        from loaders import _transform_kernels as k
+
+        if self.mean is not None:
+            return k.MEAN_FILE, np.zeros(c, np.float32), self.mean
+        if self.mean_values.size:
+            return (k.MEAN_VALUES, np.ascontiguousarray(
+                np.broadcast_to(self.mean_values, (c,)), np.float32), _NO_MEAN)
+        return k.MEAN_NONE, np.zeros(c, np.float32), _NO_MEAN
 
 
 def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale: np.float32,

@@ -192,3 +192,77 @@ def test_array_api_path_equals_the_compiled_kernel(crop, mean, dtype):
     xp_path = transform_batch(batch, d, crop_size=crop, scale=t.scale, mean=mean_file,
                               mean_values=np.asarray(means, np.float32) if means else None)
     np.testing.assert_array_equal(kernel, xp_path)
+
+
+def _datum_buffer(images: np.ndarray, labels: list[int], rng, *, gap: int = 11):
+    """Caffe Datum records of ``images`` back to back with ``gap`` junk bytes between them
+    (records anywhere in a buffer, as spans of a mapping are): (buffer, starts, lengths)."""
+    from lmdbio.codecs.datum import datum_from_array, encode_datum
+
+    parts, starts, lengths, at = [], [], [], 0
+    for img, label in zip(images, labels, strict=True):
+        junk = rng.integers(0, 256, gap, dtype=np.uint8).tobytes()
+        rec = encode_datum(datum_from_array(img, label))
+        parts += [junk, rec]
+        starts.append(at + gap)
+        lengths.append(len(rec))
+        at += gap + len(rec)
+    return (np.frombuffer(b"".join(parts), np.uint8), np.array(starts, np.int64),
+            np.array(lengths, np.int64))
+
+
+@pytest.mark.parametrize(
+    ("crop", "mirror", "phase", "mean", "scale"),
+    list(itertools.product([0, 3, 7], [False, True], ["train", "test"],
+                           ["none", "values1", "valuesC", "file"], [1.0, 0.00390625])),
+)
+def test_datums_straight_from_their_bytes_match_caffes_loop(crop, mirror, phase, mean, scale):
+    """``DataTransformer.datums``: Datum bytes -> the transformed batch in one kernel,
+    checked pixel by pixel against Caffe's loop (not against the array kernel)."""
+    from loaders.decode import datum_spans
+
+    rng = np.random.default_rng(zlib.crc32(repr((crop, mirror, phase, mean, scale)).encode()))
+    N, C, H, W = 6, 3, 7, 9
+    images = rng.integers(0, 256, (N, C, H, W), dtype=np.uint8)
+    labels = [int(x) for x in rng.integers(-3, 1000, N)]
+    buf, starts, lengths = _datum_buffer(images, labels, rng)
+    mean_file = (rng.random((C, H, W)) * 255).astype(np.float32) if mean == "file" else None
+    mean_values = {"none": (), "values1": (117.3,), "valuesC": (104.0, 117.0, 123.5),
+                   "file": ()}[mean]
+    t = DataTransformer(scale=scale, mean_values=mean_values, mean_file=mean_file,
+                        crop_size=crop, mirror=mirror, phase=phase)
+    spans = datum_spans(buf, starts, lengths)
+    assert spans is not None and spans.shape == (C, H, W)
+    out, got_labels = t.datums(buf, spans, transform_rng(3, 0, 5, 1))
+    draw = t.draw(N, H, W, transform_rng(3, 0, 5, 1))  # the same decisions, drawn again
+    assert out.shape == (N, C, crop or H, crop or W) and out.dtype == np.float32
+    assert got_labels.tolist() == labels
+    for i in range(N):
+        ref = caffe_reference(images[i], crop_size=crop, scale=scale, mean_file=mean_file,
+                              mean_values=mean_values, do_mirror=bool(draw.mirror[i]),
+                              h_off=int(draw.h_off[i]), w_off=int(draw.w_off[i]))
+        np.testing.assert_array_equal(out[i], ref)  # bit-exact float32
+
+
+def test_datums_give_up_on_a_record_of_another_kind():
+    """A record of another shape, an encoded one or a broken one: ``None`` (the loader then
+    decodes that batch on the general path, which explains the record), never a read past
+    the record."""
+    from lmdbio.codecs.datum import datum_from_array, encode_datum
+    from loaders.decode import DatumSpans, datum_spans
+
+    rng = np.random.default_rng(5)
+    images = rng.integers(0, 256, (4, 3, 5, 5), dtype=np.uint8)
+    buf, starts, lengths = _datum_buffer(images, [0, 1, 2, 3], rng)
+    t = DataTransformer(scale=0.5)
+    spans = datum_spans(buf, starts, lengths)
+    assert t.datums(buf, spans) is not None
+    other = np.frombuffer(encode_datum(datum_from_array(images[0][:, :4], 1)), np.uint8)
+    mixed = np.concatenate([buf, other])
+    s2 = np.append(starts, buf.size)
+    l2 = np.append(lengths, other.size)
+    assert t.datums(mixed, DatumSpans(s2, l2, spans.shape)) is None  # a 3x4x5 image
+    cut = lengths.copy()
+    cut[2] -= 7  # the last pixels of record 2 fall outside its record
+    assert t.datums(buf, DatumSpans(starts, cut, spans.shape)) is None
+    assert datum_spans(buf, starts[:1], cut[:1] - 80) is None  # first record broken

@@ -280,6 +280,24 @@ def gather_headers(buf, starts, lengths, nbytes, out):
 
 
 @njit(cache=True, nogil=True)
+def parse_uniform(buf, starts, lengths, shape, table):
+    """Parse the Datum records at ``buf[starts[i] : starts[i] + lengths[i]]`` into
+    ``table`` (``parse_datums``) and return -1 when every one is a raw uint8 Datum of
+    ``shape`` (C, H, W) without error, else the index of the first that is not: the check
+    the fused kernels make on a batch before they read its pixels (every ``data`` field then
+    lies inside ``buf``)."""
+    parse_datums(buf, starts, lengths, table)
+    size = shape[0] * shape[1] * shape[2]
+    for i in range(table.shape[0]):
+        row = table[i]
+        if (row[COL_ERROR] != 0 or row[COL_ENCODED] != 0 or row[COL_DATA_LEN] != size
+                or row[COL_CHANNELS] != shape[0] or row[COL_HEIGHT] != shape[1]
+                or row[COL_WIDTH] != shape[2]):
+            return i
+    return -1
+
+
+@njit(cache=True, nogil=True)
 def uniform_datums(buf, table, size, shape, out, labels):
     """The common case in one pass: every parsed record is a raw uint8 Datum of ``shape``
     (C, H, W) with ``size`` data bytes and no error. Copies the pixels into the flat uint8
