@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -24,3 +26,37 @@ def shared_lmdbs() -> list[Path]:
     if not root.is_dir():
         return []
     return sorted(p for p in root.iterdir() if (p / "data.mdb").exists())
+
+
+if os.environ.get("LMDBIO_TEST_FAKE_GPU") == "1":
+    # the run a GPU host gives (workers.device: auto finds a device), minus the device:
+    # see tests/fake_gpu.py
+    from tests import fake_gpu
+
+    sys.modules["cupy"] = fake_gpu.make_module()
+
+
+def _real_gpu() -> str | None:
+    """None when cupy finds a real device, else why not (for the ``gpu`` marker's skip)."""
+    if os.environ.get("LMDBIO_TEST_FAKE_GPU") == "1":
+        return "the cupy stand-in is installed (LMDBIO_TEST_FAKE_GPU=1)"
+    try:
+        import cupy
+
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return None
+        return "cupy finds no device"
+    except Exception as exc:  # no cupy, no driver
+        return f"no usable GPU ({type(exc).__name__}: {exc})"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` run wherever cupy finds a device, and are skipped (saying why)
+    elsewhere."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    why = _real_gpu()
+    if why is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=f"needs a GPU: {why}"))

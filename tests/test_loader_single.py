@@ -28,9 +28,12 @@ def db_with_corrupt_record(tmp_path_factory):
 
 
 def config(path, **over):
+    """A one-rank job over ``path``; ``section__key=value`` overrides. Workers are pinned to
+    the CPU: these tests compare values with numpy, and on a GPU host ``auto`` would pick
+    the device (the device path: test_auto_device_on_a_gpu_host)."""
     cfg = {"dataset": {"path": str(path), "layout": "caffe-datum"},
            "batch": {"size": 8, "last": "pad"}, "readers": {"strategy": "indexed"},
-           "metrics": {"every": 0}}
+           "metrics": {"every": 0}, "workers": {"device": "cpu"}}
     for k, v in over.items():
         section, key = k.split("__")
         cfg.setdefault(section, {})[key] = v
@@ -467,3 +470,27 @@ def test_a_job_resumed_with_another_max_iterations_counts_what_it_ran(clean_db):
     with pytest.raises(ConfigError, match=r"max_iterations 28 ends this job inside epoch 1 "
                        r"at batch 13.*max_iterations 0 or at least 30, or at most 25"):
         resume(mid, 28)
+
+
+def test_auto_device_on_a_gpu_host(db_with_corrupt_record, monkeypatch):
+    """``workers.device: auto`` on a host where cupy finds a device (the stand-in of
+    tests/fake_gpu.py): batches are device arrays (no implicit numpy conversion) holding
+    exactly what the CPU run delivers, after Caffe's transform."""
+    from tests import fake_gpu
+
+    over = {"on_error": "skip", "transform": {"scale": 0.5, "mean_values": [3]}}
+    with loaders.open({**config(db_with_corrupt_record), **over}) as loader:
+        cpu = [(b.data.copy(), b.label.copy(), b.ids.copy()) for b in loader]
+    fake_gpu.install(monkeypatch)
+    cfg = {**config(db_with_corrupt_record), **over, "workers": {"device": "auto"}}
+    with loaders.open(cfg) as loader:
+        assert loader.xp.__name__ == "cupy"
+        gpu = list(loader)
+    assert len(gpu) == len(cpu) > 0
+    for b, (data, label, ids) in zip(gpu, cpu, strict=True):
+        assert isinstance(b.data, fake_gpu.DeviceArray)
+        with pytest.raises(TypeError, match="Implicit conversion"):
+            np.asarray(b.label)
+        np.testing.assert_array_equal(b.data.get(), data)
+        np.testing.assert_array_equal(b.label.get(), label)
+        np.testing.assert_array_equal(b.ids, ids)
