@@ -76,6 +76,28 @@ def store_fence(typingctx):
     return types.void(), codegen
 
 
+@intrinsic
+def prefetch_line(typingctx, arr, offset):
+    """Ask the CPU to bring the cache line holding ``arr[offset]`` (a 1-D array) into the
+    cache ahead of its use (``llvm.prefetch``, read, high locality). A hint: it never
+    faults, so an offset past the array's end is harmless; it only costs the instruction.
+    Kernels that read records scattered over a mapping ask for the next record's lines
+    while they work on the current one, so its cache misses overlap that work."""
+
+    def codegen(context, builder, sig, args):
+        a, off = args
+        ary = context.make_array(sig.args[0])(context, builder, a)
+        ptr = builder.bitcast(builder.gep(ary.data, [off]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [ir.IntType(8).as_pointer(), ir.IntType(32),
+                                               ir.IntType(32), ir.IntType(32)])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0i8")
+        builder.call(fn, [ptr, ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 3),
+                          ir.Constant(ir.IntType(32), 1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, types.int64), codegen
+
+
 @njit(cache=True, nogil=True)
 def widen_u8_f32(src, src_off, dst, streaming):
     """``dst[:] = src[src_off:src_off+dst.size]`` as float32 (``src`` uint8, ``dst`` a

@@ -9,7 +9,6 @@ decode under a ``skip``/``substitute`` policy (with ``raise`` the first failure 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -61,17 +60,21 @@ def _caffe_datum(cfg: Any, float32: bool = False, alloc: Allocator = np.empty) -
 STREAMING_MIN_BYTES = 8 << 20
 
 
-@dataclass(frozen=True)
 class DatumSpans:
     """Where a slot's Caffe Datum records lie in a buffer, and the shape the fused kernels
     expect every one of them to have: the first record's, when it is a raw uint8 Datum.
     Rows ``a:b`` (:meth:`rows`) are one batch; the kernels (:func:`uniform_datums_float32`,
     :meth:`loaders.transform.DataTransformer.datums`) parse and check each batch's records
-    as they read them, and give up (``None``) on a batch with any other record."""
+    as they read them, and give up (``None``) on a batch with any other record. A plain
+    class with slots: one is made per batch, on the hot path."""
 
-    starts: np.ndarray  # int64 (N,): where each record starts
-    lengths: np.ndarray  # int64 (N,)
-    shape: tuple[int, int, int]  # (C, H, W)
+    __slots__ = ("lengths", "shape", "starts")
+
+    def __init__(self, starts: np.ndarray, lengths: np.ndarray,
+                 shape: tuple[int, int, int]) -> None:
+        self.starts = starts  # int64 (N,): where each record starts
+        self.lengths = lengths  # int64 (N,)
+        self.shape = shape  # (C, H, W)
 
     def __len__(self) -> int:
         return int(self.starts.shape[0])

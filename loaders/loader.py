@@ -622,6 +622,7 @@ class Loader:
         """The batches of the slot ``got`` just received, from iteration ``first``. A slot
         whose batches are assembled as they are asked for (:meth:`_fused_batch`) is held
         until its last one is; any other is released now."""
+        self._forget_decoded()  # nothing is left of the slot before (a no-op but for drains)
         self._decoded = (first, batches)
         if any(isinstance(b, partial) for b in batches):
             self._held = got
