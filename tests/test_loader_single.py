@@ -494,3 +494,37 @@ def test_auto_device_on_a_gpu_host(db_with_corrupt_record, monkeypatch):
         np.testing.assert_array_equal(b.data.get(), data)
         np.testing.assert_array_equal(b.label.get(), label)
         np.testing.assert_array_equal(b.ids, ids)
+
+
+@pytest.mark.parametrize("transfer", ["spans", "copy"])
+@pytest.mark.parametrize("transform", [{"scale": 0.5}, {"crop_size": 3, "mirror": True}])
+@pytest.mark.parametrize("on_error", ["skip", "substitute"])
+def test_batches_assembled_ahead_on_the_thread_equal_those_assembled_in_line(
+        db_with_corrupt_record, monkeypatch, transform, on_error, transfer):
+    """Each batch of raw Datums is assembled when asked for, or on the decoding thread
+    while the trainer works on the one before (``Loader._ahead_pays``: when its step is
+    at least as long as an assembly). Both give the same batches, the bad record's batch
+    included, and every slot goes back to the reader (the epochs after it run)."""
+    from loaders.loader import Loader
+
+    cfg = config(db_with_corrupt_record, batch__size=6, readers__batches_per_slot=3,
+                 shuffle__mode="global", readers__transfer=transfer)
+    cfg.update(on_error=on_error, transform=transform, epochs=3)
+    runs = {}
+    for ahead in (False, True):
+        monkeypatch.setattr(Loader, "_ahead_pays", lambda self, ahead=ahead: ahead)
+        got = []
+        with loaders.open(cfg) as loader:
+            try:
+                for epoch in loader.epochs():
+                    for b in loader:
+                        got.append((epoch, b.iteration, b.ids.tolist(), b.label.tolist(),
+                                    b.data.copy()))
+                        del b  # the pool may reuse its memory for the next one
+            except LmdbioError as exc:  # substitute with no good record before the bad one
+                got.append((type(exc).__name__, str(exc), None, None, np.empty(0)))
+        runs[ahead] = got
+    assert len(runs[True]) == len(runs[False]) > 0
+    for a, b in zip(runs[False], runs[True], strict=True):
+        assert a[:4] == b[:4]
+        np.testing.assert_array_equal(a[4], b[4])
