@@ -168,6 +168,15 @@ class Delivered:
             self.database.check_value_spans(self.offsets, self.lengths)
             self.values_checked = True
 
+    def check_value_rows(self, a: int, b: int) -> None:
+        """:meth:`check_values` for records ``a .. b - 1`` only: a consumer that reads
+        the slot batch by batch checks each batch's headers just before it reads the values
+        (the header shares its cache line with the value's first bytes). A no-op once the
+        whole delivery is checked."""
+        if not self.values_checked:
+            assert self.lengths is not None and self.database is not None
+            self.database.check_value_spans(self.offsets[a:b], self.lengths[a:b])
+
     def copy_batches(self, out: np.ndarray, batch: int) -> int:
         """Copy a by-reference delivery's values ``batch`` records at a time into ``out``,
         each batch from ``out[0]`` on (a consumer taking the slot's batches one after

@@ -469,6 +469,12 @@ class Loader:
         """
         if self.xp is not np or self._have(it) or not self.session.poll():
             return
+        if self._fuses_datums() and not self._ahead_pays():
+            # its batches are assembled one by one as asked for: the slot's own work
+            # (checks, keys) is little, and a hand-off to the thread for it costs more
+            # than it hides unless the trainer's step is long (one process, CIFAR-like:
+            # the trainer's thread waited on it 10% of the time)
+            return
         got = self._receive(defer_verify=True)  # verified on the decoding thread
         if got is None:  # the reader stopped: said when this batch is asked for
             self._ahead = (it, None, None)
@@ -564,7 +570,7 @@ class Loader:
             self._set_decoded(it, batches, got)
         if not self._have(it):
             if self._ahead is None:
-                got = self._receive()
+                got = self._receive(defer_values=self._fuses_datums())
                 if got is None:
                     raise LmdbioError(f"the reader stopped before epoch {self.epoch} "
                                       f"iteration {it}")
@@ -650,13 +656,15 @@ class Loader:
             s.read_group(*self._groups[self._published])
             self._published += 1
 
-    def _receive(self, defer_verify: bool = False) -> Any:
-        """The next slot from the session, timed (``wait_seconds``, ``blocked_seconds``)."""
+    def _receive(self, defer_verify: bool = False, defer_values: bool = False) -> Any:
+        """The next slot from the session, timed (``wait_seconds``, ``blocked_seconds``).
+        ``defer_values``: the overflow page headers of records delivered by reference are
+        checked later (:meth:`_make_batches`: the whole slot, or each fused batch's own)."""
         t0 = time.perf_counter()
         # deferred with the checksum: the overflow page headers of records delivered by
         # reference, checked with it on the decoding thread (_make_batches)
         got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify,
-                                   defer_value_check=defer_verify)
+                                   defer_value_check=defer_verify or defer_values)
         self.metrics.wait_seconds += time.perf_counter() - t0
         ring = self.session.ring
         if ring is not None:
@@ -734,7 +742,9 @@ class Loader:
 
         t0 = time.perf_counter()
         got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
-        got.check_values()  # and the overflow page headers of records by reference
+        fused = self._parse_fused(got)
+        if fused is None:  # (fused batches check their own records, as they read them)
+            got.check_values()  # the overflow page headers of records by reference
         count = got.batches
         if expected is None and self._open is not None:
             expected = self._expected_batches(first)
@@ -749,7 +759,6 @@ class Loader:
         bounds = self._batch_bounds(first, count, n, plan)
         out: list[Any] = []
         whole = None
-        fused = self._parse_fused(payload, offsets, lengths)
         if fused is not None:  # each batch assembled when asked for, or just ahead of it
             self.metrics.decode_seconds += time.perf_counter() - t0
             return [partial(self._fused_batch, got, first + j, int(bounds[j]),
@@ -783,6 +792,7 @@ class Loader:
         until its last batch is assembled."""
         t0 = time.perf_counter()
         try:
+            got.check_value_rows(a, b)  # overflow page headers, just before the values
             part = self._assemble_datums(payload, fused.rows(a, b), iteration, epoch)
             self._assemble_s += _EWMA * (time.perf_counter() - t0 - self._assemble_s)
             # None: a record of another kind or shape, or a bad one: the general path
@@ -793,17 +803,25 @@ class Loader:
         finally:
             self.metrics.decode_seconds += time.perf_counter() - t0
 
-    def _parse_fused(self, payload: np.ndarray, offsets: np.ndarray,
-                     lengths: np.ndarray | None) -> Any:
+    def _fuses_datums(self) -> bool:
+        """Whether this worker's batches may be assembled by the fused Datum kernels
+        (Caffe Datums with a transform, on the CPU): see :meth:`_parse_fused`."""
+        return (self.transform is not None and self.xp is np
+                and self.cfg.dataset.layout == "caffe-datum")
+
+    def _parse_fused(self, got: Any) -> Any:
         """The slot's records as :class:`~loaders.decode.DatumSpans` where they may go
         from their bytes to the transformed float32 batch in one compiled pass (Caffe
         Datums whose first is raw uint8, a CPU worker); ``None`` otherwise."""
-        if (self.transform is None or self.xp is not np
-                or self.cfg.dataset.layout != "caffe-datum"):
+        if not self._fuses_datums():
             return None
         from loaders.decode import datum_spans
 
-        return datum_spans(payload, offsets, lengths)
+        payload = np.asarray(got.payload)
+        if got.lengths is None:
+            return datum_spans(payload, np.asarray(got.offsets, np.int64))
+        got.check_value_rows(0, 1)  # the first record's header, before it is parsed
+        return datum_spans(payload, np.asarray(got.offsets, np.int64), got.lengths)
 
     def _assemble_datums(self, payload: np.ndarray, spans: Any, iteration: int,
                          epoch: int | None) -> tuple[np.ndarray, np.ndarray] | None:
