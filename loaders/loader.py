@@ -202,8 +202,10 @@ class Loader:
         #: decoded slots and transformed batches land in reused host memory (see
         #: loaders.buffer_pool: fresh arrays cost a kernel page-zeroing pass each)
         self.buffers = BufferPool(_POOLED_ARRAYS if self.xp is np else 0)
+        # (on a GPU worker the pixels cross to the device as uint8: no float32 on the host)
         self.decode = make_decoder(cfg, float32=self.transform is not None
-                                   and self.transform.is_identity, alloc=self.buffers.take)
+                                   and self.transform.is_identity and self.xp is np,
+                                   alloc=self.buffers.take)
         self.epoch = 0
         self.start_iteration = 0
         #: where the next loop's epoch stops (set_epoch; 0: its end)
@@ -910,9 +912,14 @@ class Loader:
                     ko = np.zeros(keep.size + 1, np.int64)
                     np.cumsum(lens, out=ko[1:])
         if self.transform is not None and not isinstance(data, list) and not transformed:
-            data = self._transform(data, iteration, epoch)
-        if self.xp is not np and isinstance(data, np.ndarray):
-            data, labels = self.xp.asarray(data), self.xp.asarray(labels)
+            if self.xp is not np and isinstance(data, np.ndarray):
+                data = self._transform_on_device(data, iteration, epoch)
+            else:
+                data = self._transform(data, iteration, epoch)
+        if self.xp is not np:
+            if isinstance(data, np.ndarray):
+                data = self.xp.asarray(data)
+            labels = self.xp.asarray(labels)
         return Batch(data, labels, ids, padding, epoch, iteration, ko, kd), nbytes
 
     def _transform(self, data: np.ndarray, iteration: int, epoch: int) -> np.ndarray:
@@ -930,6 +937,17 @@ class Loader:
         if self.xp is np and isinstance(data, np.ndarray) and data.ndim == 4:
             out = self.buffers.take((data.shape[0], *t.check(data.shape)), np.float32)
         return t(data, rng=rng, out=out)
+
+    def _transform_on_device(self, data: np.ndarray, iteration: int, epoch: int) -> Any:
+        """Caffe's transform of a decoded batch on the worker's device: the pixels cross
+        as they are (uint8 for Datums: a quarter of float32's bytes), and crop, mirror,
+        mean and scale run there (:func:`loaders.transform.transform_batch`, the same
+        float32 operations in the same order as the CPU kernel, so the same values). The
+        decisions are drawn on the host from the same generator as on a CPU worker."""
+        device = self.xp.asarray(data)
+        if not data.shape[0]:
+            return device.astype(self.xp.float32)
+        return self.transform(device, self._transform_rng(iteration, epoch), xp=self.xp)
 
     def _apply_policy(self, data, labels, valid, errors, key) -> np.ndarray | None:
         """Apply ``on_error`` to the records that failed: ``skip`` returns the indices to

@@ -104,6 +104,8 @@ class DataTransformer:
         self.phase = phase
         #: kernel arguments per (batch size, image shape): see :meth:`_datum_args`
         self._datum_cache: dict[tuple[int, tuple[int, int, int]], tuple[Any, ...]] = {}
+        #: the means on each device array module (:meth:`_means_on`)
+        self._device_means: dict[tuple[int, bytes | None], tuple[Any, Any]] = {}
 
     @classmethod
     def from_config(cls, cfg: Any) -> DataTransformer:
@@ -179,12 +181,20 @@ class DataTransformer:
         if xp is np and isinstance(batch, np.ndarray) and batch.dtype.kind in "uif":
             return _transform_cpu(batch, draw, self.crop_size, self.scale, self.mean,
                                   mean_values, out)
-        mean = None if self.mean is None else xp.asarray(self.mean)
-        if mean_values is not None:
-            mean_values = xp.asarray(mean_values)
+        mean, mean_values = self._means_on(xp, mean_values)
         return transform_batch(batch, draw, crop_size=self.crop_size, scale=self.scale,
                                mean=mean, mean_values=mean_values, out=out, xp=xp)
 
+    def _means_on(self, xp: Any, mean_values: np.ndarray | None) -> tuple[Any, Any]:
+        """The mean image and per-channel means as arrays of ``xp``, copied to a device
+        once (a mean file is as large as an image: not a copy per batch)."""
+        key = (id(xp), None if mean_values is None else mean_values.tobytes())
+        hit = self._device_means.get(key)
+        if hit is None:
+            hit = (None if self.mean is None else xp.asarray(self.mean),
+                   None if mean_values is None else xp.asarray(mean_values))
+            self._device_means[key] = hit
+        return hit
 
     def datums(self, buf: np.ndarray, spans: Any, rng: np.random.Generator | None = None,
                *, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:

@@ -472,28 +472,35 @@ def test_a_job_resumed_with_another_max_iterations_counts_what_it_ran(clean_db):
         resume(mid, 28)
 
 
-def test_auto_device_on_a_gpu_host(db_with_corrupt_record, monkeypatch):
+@pytest.mark.parametrize("transform", [{}, {"scale": 0.5, "mean_values": [3]},
+                                       {"crop_size": 3, "mirror": True, "scale": 0.25}])
+def test_auto_device_on_a_gpu_host(db_with_corrupt_record, monkeypatch, transform):
     """``workers.device: auto`` on a host where cupy finds a device (the stand-in of
     tests/fake_gpu.py): batches are device arrays (no implicit numpy conversion) holding
-    exactly what the CPU run delivers, after Caffe's transform."""
+    exactly what the CPU run delivers after Caffe's transform, which ran on the device:
+    the pixels crossed as uint8, never as float32."""
     from tests import fake_gpu
 
-    over = {"on_error": "skip", "transform": {"scale": 0.5, "mean_values": [3]}}
+    over = {"on_error": "skip", "transform": transform}
     with loaders.open({**config(db_with_corrupt_record), **over}) as loader:
         cpu = [(b.data.copy(), b.label.copy(), b.ids.copy()) for b in loader]
-    fake_gpu.install(monkeypatch)
+    cupy = fake_gpu.install(monkeypatch)
     cfg = {**config(db_with_corrupt_record), **over, "workers": {"device": "auto"}}
     with loaders.open(cfg) as loader:
-        assert loader.xp.__name__ == "cupy"
+        assert loader.xp is cupy
         gpu = list(loader)
     assert len(gpu) == len(cpu) > 0
     for b, (data, label, ids) in zip(gpu, cpu, strict=True):
-        assert isinstance(b.data, fake_gpu.DeviceArray)
+        assert isinstance(b.data, fake_gpu.DeviceArray) and b.data.dtype == np.float32
         with pytest.raises(TypeError, match="Implicit conversion"):
             np.asarray(b.label)
-        np.testing.assert_array_equal(b.data.get(), data)
+        np.testing.assert_array_equal(b.data.get(), data)  # bit for bit
         np.testing.assert_array_equal(b.label.get(), label)
         np.testing.assert_array_equal(b.ids, ids)
+    kinds = {np.dtype(dtype).kind for dtype, _ in cupy.transfers}
+    assert kinds <= {"u", "i", "f"} and np.dtype(np.uint8) in {d for d, _ in cupy.transfers}
+    floats = [n for dtype, n in cupy.transfers if np.dtype(dtype).kind == "f"]
+    assert len(floats) <= 1 and sum(floats) <= 4  # the mean value, copied once: no pixels
 
 
 @pytest.mark.parametrize("transfer", ["spans", "copy"])
