@@ -157,7 +157,7 @@ def test_loader_batches_are_the_pixels_as_float32(small_db, checksum, scale):
     cfg = {"dataset": {"path": str(path), "layout": "caffe-datum"},
            "batch": {"size": 8, "last": "pad"}, "readers": {"strategy": "indexed"},
            "shuffle": {"mode": "global", "seed": 4}, "transform": {"scale": scale},
-           "metrics": {"every": 0}}
+           "metrics": {"every": 0}, "workers": {"device": "cpu"}}  # compared with numpy
     seen = 0
     with loaders.open(cfg, slot_checksum=checksum) as loader:
         for batch in loader:
