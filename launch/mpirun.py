@@ -15,14 +15,19 @@ more ranks than    ``--oversubscribe`` (or the            allowed by default
 cores                ``:oversubscribe`` map modifier)
 running as root    ``OMPI_ALLOW_RUN_AS_ROOT=1`` and       allowed
                      ``OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1``
+one host           ``OMPI_MCA_osc=^ucx`` unless set       nothing
+                     (no UCX one-sided component: it
+                     prints errors where there is no
+                     network for it)
 =================  =====================================  ===========================
 
 The ranks receive ``LMDBIO_CONFIG`` (absolute path of the job file) and, with
 ``--simulate-nodes K``, ``LMDBIO_SIMULATE_NODES=K`` (read by ``Topology.build``). Without a
 command after ``--`` the job runs ``python -m lmdbio.cli run CONFIG``. The MPI flavour is
 the one the installed mpi4py loads (``MPI.Get_library_version()``, read without
-initializing MPI), unless ``--mpi`` says otherwise. The launcher replaces itself with
-``mpiexec`` (``exec``), so signals from a scheduler reach ``mpiexec`` directly.
+initializing MPI), unless ``--mpi`` says otherwise. With MPICH the launcher replaces
+itself with ``mpiexec`` (``exec``), so signals from a scheduler reach ``mpiexec`` directly;
+Open MPI's ``mpiexec`` runs as its child (:func:`run_with_private_shm`), which forwards them.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ FLAVORS = ("openmpi", "mpich")
 CONFIG_ENV = "LMDBIO_CONFIG"
 SIMULATE_NODES_ENV = "LMDBIO_SIMULATE_NODES"
 OPENMPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+#: Open MPI on one host: its UCX one-sided component is for networks (InfiniBand); where
+#: there is none its component query prints ``osc_ucx_component.c ... Error`` lines in
+#: every rank. The shared-memory component serves the ranks of one host.
+OPENMPI_ONE_HOST_ENV = {"OMPI_MCA_osc": "^ucx"}
 
 
 @dataclass
@@ -157,15 +166,36 @@ def detect_mpi_flavor(mpiexec: str | None = None) -> str:
     return flavor
 
 
-def _cores() -> int:
+def _cores(sysfs: str | os.PathLike[str] = "/sys/devices/system/cpu") -> int:
+    """Cores this process may use, counted as Open MPI's mapper counts its slots: physical
+    cores, not hardware threads (a 4-core laptop with 8 threads has 4 slots, so 8 ranks
+    need ``--oversubscribe`` there). Logical CPUs where the topology is unreadable."""
     try:
-        return len(os.sched_getaffinity(0))
+        cpus = sorted(os.sched_getaffinity(0))
     except AttributeError:  # pragma: no cover - not Linux
         return os.cpu_count() or 1
+    cores = set()
+    for cpu in cpus:
+        topo = Path(sysfs) / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(((topo / "physical_package_id").read_text().strip(),
+                       (topo / "core_id").read_text().strip()))
+        except OSError:
+            return len(cpus)
+    return max(len(cores), 1)
 
 
 def _is_root() -> bool:
     return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def _slurm_nodes(environ: Mapping[str, str]) -> int:
+    """Nodes of the Slurm allocation this runs in (1 outside Slurm or when unreadable)."""
+    raw = (environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES") or "1").strip()
+    try:
+        return int(raw)
+    except ValueError:
+        return 1
 
 
 # --------------------------------------------------------------------------- building
@@ -185,12 +215,18 @@ def build_launch(
     is_root: bool | None = None,
     mpi_args: Sequence[str] = (),
     export: Mapping[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> LaunchPlan:
     """The ``mpiexec`` line that runs ``command`` on ``nprocs`` ranks.
 
     ``cores`` (default: CPUs this process may use) and ``is_root`` (default: the effective
     uid) are parameters so the line can be built for another machine or tested.
-    ``export`` adds variables for the ranks. Raises :class:`~lmdbio.errors.ConfigError` for
+    ``export`` adds variables for the ranks. ``environ`` (default ``os.environ``) is the
+    environment ``mpiexec`` will start in: Open MPI settings the user set there are kept.
+    Open MPI jobs on one host (no host file, no ``--per-node`` below ``nprocs``, not a
+    multi-node Slurm allocation) get ``OMPI_MCA_osc=^ucx`` unless it is set (see
+    :data:`OPENMPI_ONE_HOST_ENV`); jobs run as root get :data:`OPENMPI_ROOT_ENV`; more ranks
+    than cores get ``--oversubscribe``. Raises :class:`~lmdbio.errors.ConfigError` for
     impossible requests (``nprocs < 1``, ``simulate_nodes > nprocs``, missing files).
     """
     if nprocs < 1:
@@ -210,6 +246,7 @@ def build_launch(
         raise ConfigError(f"--mpi must be one of {(*FLAVORS, 'auto')}, got {flavor!r}")
     cores = _cores() if cores is None else cores
     is_root = _is_root() if is_root is None else is_root
+    environ = os.environ if environ is None else environ
 
     ranks_env: dict[str, str] = {}
     if config is not None:
@@ -247,6 +284,9 @@ def build_launch(
             plan.argv += ["-x", f"{name}={value}"]
         if is_root:
             plan.env.update(OPENMPI_ROOT_ENV)
+        if host_path is None and (per_node is None or per_node >= nprocs) \
+                and _slurm_nodes(environ) <= 1:
+            plan.env.update({k: v for k, v in OPENMPI_ONE_HOST_ENV.items() if k not in environ})
     else:
         if per_node is not None:
             plan.argv += ["-ppn", str(per_node)]
@@ -254,7 +294,7 @@ def build_launch(
             plan.argv += ["-f", str(host_path)]
         for name, value in ranks_env.items():
             plan.argv += ["-genv", name, value]
-    if per_node is not None and host_path is None and per_node < nprocs and not os.environ.get(
+    if per_node is not None and host_path is None and per_node < nprocs and not environ.get(
         "SLURM_JOB_NODELIST"
     ):
         plan.notes.append(
@@ -369,6 +409,8 @@ def run_with_private_shm(argv: Sequence[str], env: dict[str, str]) -> int:
     Open MPI unlinks its segments when ranks exit normally, but a rank killed with SIGKILL
     (or an aborted job) leaves them in /dev/shm; with the folder removed afterwards, a job
     leaves no shared memory behind however it ends. Folders set by the user are kept.
+    A job ended by Ctrl-C (SIGINT) returns 130 and says "interrupted" (``mpiexec`` ends
+    its ranks with SIGTERM and reports 1).
     """
     import shutil
     import signal
@@ -382,14 +424,20 @@ def run_with_private_shm(argv: Sequence[str], env: dict[str, str]) -> int:
             (folder / sub).mkdir()
             env[key] = str(folder / sub)
     child = subprocess.Popen(list(argv), env=env)
+    received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
+        received.append(signum)
         child.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward)
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
-        return child.wait()
+        code = child.wait()
+        if signal.SIGINT in received and code != 0:
+            print("lmdbio launch: interrupted", file=sys.stderr)
+            return 130
+        return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

@@ -51,8 +51,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._module.main(args) or 0)
     except LmdbioError as exc:
-        print(f"lmdbio {args.command}: error: {exc}", file=sys.stderr)
-        return 2
+        from lmdbio.mpiutil import interrupted
+
+        # a JobError carries the code every rank agreed on (and is quiet but on rank 0);
+        # an error raised while a Ctrl-C unwound (a ring call finding the ring the signal
+        # aborted) is the interruption
+        code = getattr(exc, "exit_code", 2)
+        if interrupted(exc):
+            code = 130
+        if not getattr(exc, "quiet", False):
+            what = "interrupted" if code == 130 else f"error: {exc}"
+            print(f"lmdbio {args.command}: {what}", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print(f"lmdbio {args.command}: interrupted", file=sys.stderr)
         return 130

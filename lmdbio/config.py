@@ -352,11 +352,13 @@ class WorkersConfig:
 class TopologyConfig:
     """How ranks are grouped into nodes."""
 
-    simulate_nodes: int = field(
-        default=0,
+    simulate_nodes: int | None = field(
+        default=None,
         metadata=_meta(
             "Split the ranks of one host into this many simulated nodes (testing multi-node "
-            "behaviour on one machine); 0 uses the real nodes.",
+            "behaviour on one machine); 0 uses the real nodes. null (the default): the "
+            "number `lmdbio launch --simulate-nodes K` exports to the ranks "
+            "(`LMDBIO_SIMULATE_NODES`), else 0; a number set here wins over it.",
             minimum=0,
         ),
     )

@@ -38,3 +38,16 @@ class RecordError(LmdbioError):
         self.key = key
         self.what = what
         super().__init__(f"record {key!r}: {what}")
+
+
+class JobError(LmdbioError):
+    """A failure every rank of a job agreed on (:class:`lmdbio.mpiutil.fail_together`).
+
+    The message is what rank 0 reports; ``quiet`` is set on the other ranks, which exit
+    with the same ``exit_code`` without printing it again.
+    """
+
+    def __init__(self, message: str, *, exit_code: int = 2, quiet: bool = False) -> None:
+        super().__init__(message)
+        self.exit_code = int(exit_code)
+        self.quiet = bool(quiet)

@@ -2,7 +2,7 @@
 
 The worst failure of an MPI job is a hang: one rank raises, the others wait forever in the
 next collective, and the job burns its allocation. This module gives every lmdbio component
-the same four tools against that:
+the same tools against that:
 
 * :func:`agree` / :func:`agreed` - a collective check: every rank says whether its local step
   worked; if any failed, *every* rank raises :class:`AgreementError` naming the failing ranks
@@ -16,6 +16,10 @@ the same four tools against that:
   share the core), and raise :class:`MPITimeoutError` after a deadline.
 * :func:`on_shutdown` - a registry of cleanup callbacks run once, at interpreter exit, on
   SIGTERM/SIGINT, and before an abort (e.g. the shared-memory ring frees its windows).
+* :class:`fail_together` - around a command's main code: a failure on every rank is
+  reported once, by rank 0, and every rank exits with the same code; a failure on some ranks
+  only (the others still at work, or waiting on the failed ones) aborts the job after a
+  short grace.
 
 ``mpi4py`` is imported lazily, only by the functions that need it.
 """
@@ -35,18 +39,22 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.errors import ConfigError, JobError, LmdbioError
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
 
 __all__ = [
+    "FAILURE_GRACE_ENV",
     "AgreementError",
     "MPITimeoutError",
     "abort_on_error",
     "agree",
     "agreed",
     "barrier_with_timeout",
+    "exit_code_for",
+    "fail_together",
+    "interrupted",
     "on_shutdown",
     "rank_prefix",
     "remove_shutdown",
@@ -91,6 +99,24 @@ def _world() -> MPI.Comm:
     from mpi4py import MPI
 
     return MPI.COMM_WORLD
+
+
+def _mpi_running() -> bool:
+    """Whether MPI was started in this process (and not finalized), without starting it."""
+    mpi = sys.modules.get("mpi4py.MPI")
+    return mpi is not None and bool(mpi.Is_initialized()) and not bool(mpi.Is_finalized())
+
+
+def _launched_ranks() -> int:
+    """Ranks of the MPI job this process was launched in (``mpiexec``, ``srun``), read from
+    the launcher's variables without starting MPI; 1 for a process started by hand."""
+    from launch.detect import MPI_LAUNCHERS, detect_launcher
+
+    try:
+        info = detect_launcher()
+    except LmdbioError:  # malformed launcher variables: MPI will say what it sees
+        return 1
+    return info.size if info is not None and info.name in MPI_LAUNCHERS else 1
 
 
 def rank_prefix(comm: MPI.Comm | None = None) -> str:
@@ -153,7 +179,9 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
     traceback (for a :class:`~lmdbio.errors.ConfigError` its message alone), every line
     prefixed with the rank and host, runs the :func:`on_shutdown`
     callbacks with reason ``"abort"``, and calls ``comm.Abort(exit_code)``. With a
-    communicator of size 1 nothing can hang, so the exception propagates normally.
+    communicator of size 1 nothing can hang, so the exception propagates normally; so it
+    does, without starting MPI, in a process started by hand (no launcher) that raised
+    before MPI started (starting it only to abort would leave Open MPI's files behind).
     """
 
     def __init__(self, comm: MPI.Comm | None = None, exit_code: int = 1) -> None:
@@ -168,6 +196,8 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
             return False
         if isinstance(exc, SystemExit) and exc.code in (0, None):
             return False
+        if self.comm is None and not _mpi_running() and _launched_ranks() <= 1:
+            return False  # a process of its own: nobody waits for it
         comm = _world() if self.comm is None else self.comm
         if comm.Get_size() == 1:
             return False
@@ -187,6 +217,155 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
         run_shutdown("abort")
         comm.Abort(self.exit_code)
         os._exit(self.exit_code)  # Abort does not return; be sure anyway
+
+
+# --------------------------------------------------------------------------- fail together
+
+#: environment variable: seconds :class:`fail_together` waits for every rank to fail
+FAILURE_GRACE_ENV = "LMDBIO_FAILURE_GRACE"
+#: its default: ranks that fail together (a missing file, a bad configuration) fail within
+#: moments of each other; the grace only delays the end of a job where some did not
+_FAILURE_GRACE = 10.0
+
+
+def interrupted(exc: BaseException | None = None) -> bool:
+    """Whether this process was interrupted (SIGINT): ``exc`` is a ``KeyboardInterrupt`` or
+    was raised while one propagated, or the shutdown handler saw SIGINT (and ran the
+    callbacks: a ring the signal aborted then fails the next call, even in a process that
+    inherited SIGINT ignored, as a shell's background job does)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return _interrupted
+
+
+def exit_code_for(exc: BaseException) -> int:
+    """The exit status a command reports for ``exc``: 130 interrupted (as a shell reports
+    SIGINT), 2 an error lmdbio raises on purpose (bad input: config, files, data), 1 a
+    bug (any other exception)."""
+    if interrupted(exc):
+        return 130
+    return 2 if isinstance(exc, LmdbioError) else 1
+
+
+def _failure_text(exc: BaseException) -> str:
+    if isinstance(exc, LmdbioError):
+        return str(exc)
+    return "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+
+
+def _secondary(exc: BaseException) -> bool:
+    """An error a rank raised only because another rank failed first (it aborted the
+    node's batch ring): not what the report is about."""
+    from lmdbio.shm.errors import RingAbortedError
+
+    return isinstance(exc, RingAbortedError)
+
+
+def _ranks_text(ranks: Sequence[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def quiet_cleanup_warnings() -> None:
+    """After a failure was reported: the warnings of the cleanup that follows (batch rings
+    aborted at exit, their memory returned) would only bury the report."""
+    logging.getLogger("lmdbio").setLevel(logging.ERROR)
+
+
+class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as a statement
+    """Around the main code of a command that runs as one rank of a job (``lmdbio run``):
+    report a failure once and exit every rank alike, or end the job when ranks disagree.
+
+    Entering it in a process an MPI launcher started as one of several ranks starts MPI
+    and keeps a duplicate of ``COMM_WORLD`` used for nothing but this (collective: every
+    rank enters it first, before anything that can fail on one rank only). In a process of
+    its own it does nothing: MPI starts only if the command gets that far, and an error
+    before that leaves no Open MPI files behind.
+
+    On an exception (``KeyboardInterrupt`` included; ``SystemExit(0)`` passes through):
+
+    * one process: the exception propagates (the command line prints it);
+    * every rank failed (a missing or corrupt file, a bad configuration, a decode error
+      whose node's peers then found the batch ring aborted): the ranks find out with a
+      barrier on the duplicate, gather what each raised, and raise :class:`JobError` with
+      one message on rank 0 (what the ranks raised, each distinct error once, naming the
+      ranks unless all said the same) and ``quiet`` on the others; the exit code is 130
+      when interrupted, 2 for lmdbio's errors, 1 for any other exception (a bug);
+    * some ranks only (the others still at work or waiting for the failed ones): after
+      ``grace`` seconds (``LMDBIO_FAILURE_GRACE``, default 10) without the barrier
+      completing, a failed rank prints its error prefixed with its rank, runs the
+      :func:`on_shutdown` callbacks and aborts the job (``Abort``) with that code. Ranks
+      whose error is only the consequence of another's (the ring aborted) wait twice as
+      long, so that the rank where the failure began is the one that reports it.
+    """
+
+    def __init__(self, grace: float | None = None) -> None:
+        if grace is None:
+            raw = os.environ.get(FAILURE_GRACE_ENV, "").strip()
+            try:
+                grace = float(raw) if raw else _FAILURE_GRACE
+            except ValueError:
+                raise ConfigError(f"{FAILURE_GRACE_ENV}={raw!r} is not a number") from None
+        self.grace = max(float(grace), 0.0)
+        self.comm: MPI.Comm | None = None
+
+    def __enter__(self) -> fail_together:
+        if _launched_ranks() > 1:
+            from mpi4py import MPI  # a launched rank: no singleton settings to apply
+
+            if MPI.COMM_WORLD.Get_size() > 1:
+                self.comm = MPI.COMM_WORLD.Dup()
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if exc is None:
+            return False
+        if isinstance(exc, SystemExit) and exc.code in (0, None):
+            return False
+        quiet_cleanup_warnings()
+        if self.comm is None or not _mpi_running():
+            return False  # one process: the command line reports it
+        code, secondary = exit_code_for(exc), _secondary(exc)
+        text = "interrupted" if code == 130 else _failure_text(exc)
+        try:
+            wait_with_timeout(self.comm.Ibarrier(), self.grace * (2 if secondary else 1),
+                              "every rank to fail", max_sleep=0.05)
+        except MPITimeoutError:
+            self._abort(code, text)
+        reports = self.comm.allgather((code, text, secondary))
+        primary = [(r, c, t) for r, (c, t, s) in enumerate(reports) if not s] or \
+            [(r, c, t) for r, (c, t, _) in enumerate(reports)]
+        codes = {c for _, c, _ in primary}
+        code = 130 if 130 in {c for c, _, _ in reports} else 1 if 1 in codes else 2
+        if code == 130:
+            message = "interrupted"
+        else:
+            by_text: dict[str, list[int]] = {}
+            for r, _, t in primary:
+                by_text.setdefault(t, []).append(r)
+            if len(by_text) == 1 and len(primary) == len(reports):
+                message = next(iter(by_text))
+            else:
+                message = "; ".join(f"{_ranks_text(r)}: {t}" for t, r in by_text.items())
+        raise JobError(message, exit_code=code, quiet=self.comm.Get_rank() != 0) from None
+
+    def _abort(self, code: int, text: str) -> None:
+        world = _world()
+        prefix = rank_prefix(world)
+        lines = "\n".join(f"{prefix} {line}" for line in f"error: {text}".split("\n"))
+        try:
+            sys.stderr.write(f"{lines}\n{prefix} the other ranks did not fail with it within "
+                             f"{self.grace:g} s: aborting the MPI job (exit code {code})\n")
+            sys.stderr.flush()
+            sys.stdout.flush()
+        except Exception:  # a closed stream must not stop the abort
+            pass
+        run_shutdown("abort")
+        world.Abort(code)
+        os._exit(code)  # Abort does not return; be sure anyway
 
 
 # --------------------------------------------------------------------------- timeouts
@@ -257,6 +436,8 @@ _callbacks: list[ShutdownCallback] = []
 _installed = False
 _previous_handlers: dict[int, Any] = {}
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
+#: SIGINT reached the handler (which ran the callbacks: the job cannot go on)
+_interrupted = False
 
 
 def on_shutdown(callback: ShutdownCallback) -> ShutdownCallback:
@@ -322,9 +503,12 @@ def _install() -> None:
 
 
 def _handle_signal(signum: int, frame: Any) -> None:
+    global _interrupted
     name = signal.Signals(signum).name
     run_shutdown(f"signal:{name}")
     previous = _previous_handlers.get(signum, signal.SIG_DFL)
+    if signum == signal.SIGINT:  # the callbacks ended what they guard (e.g. the rings)
+        _interrupted = True
     if callable(previous) and previous is not _handle_signal:
         previous(signum, frame)
     elif previous == signal.SIG_IGN:

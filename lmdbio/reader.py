@@ -503,6 +503,7 @@ class ReadSession:
             self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
             self.consumers_per_node = (1,) * topo.size
+        self._check_batch_fits()
         if _pins_snapshot(topo, pin_key, [s[2] for s in seen], pinner):
             # the snapshot the readers opened (a worker that pins may have opened a later
             # one, if a writer committed in between: the pin then says it is not held)
@@ -547,6 +548,30 @@ class ReadSession:
         self.epoch_stop = 0  # set by begin_epoch
         self.plan: EpochPlan | None = None
         self._unshuffled_plan: EpochPlan | None = None
+
+    def _check_batch_fits(self) -> None:
+        """A global batch larger than the data set: under ``drop`` no batch would ever be
+        delivered (a :class:`ConfigError`, on every rank alike); under ``pad`` and
+        ``partial`` every epoch is one padded or short batch (a warning, from world rank 0
+        only)."""
+        n, per, consumers = len(self.db), self.opts.batch_size, self.consumers
+        total = per * consumers
+        if n >= total:
+            return
+        split = f" ({per} per consuming rank x {consumers} ranks)" if consumers > 1 else ""
+        what = (f"the batch (batch.size) of {total} records{split} is larger than the data "
+                f"set: {self.db.path} holds {n} records")
+        if self.epoch_iterations == 0:
+            raise ConfigError(f"{what}; with batch.last: drop every record would be dropped "
+                              "and no batch delivered: make batch.size at most "
+                              f"{n} or use batch.last: pad or partial")
+        if self.topo.rank == 0:
+            if self.opts.last == "pad":
+                log.warning("%s: every epoch is one batch of %d records padded with %d "
+                            "repeated ones (batch.last: pad)", what, total, total - n)
+            else:
+                log.warning("%s: every epoch is one batch of %d records (batch.last: %s)",
+                            what, n, self.opts.last)
 
     def _set_read_around(self) -> None:
         """Apply :attr:`ReadOptions.read_around` to this reading rank's mapping."""

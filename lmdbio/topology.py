@@ -15,7 +15,8 @@ derives, for every rank:
   ranks); with one reader per node its rank equals the node index.
 * workers - the ranks that train. ``"dedicated"`` mode: the reader does not train, workers
   are the other local ranks; a node where every rank would be a reader (e.g. a node with a
-  single rank) falls back to ``"colocated"`` with a logged warning. ``"colocated"`` mode:
+  single rank) falls back to ``"colocated"`` with a logged warning (none in a job of one
+  process, which has no other way to run). ``"colocated"`` mode:
   every rank is a worker and the readers also read. ``workers`` is the communicator of all
   workers ordered by world rank (the trainer's data-parallel group).
 
@@ -88,7 +89,8 @@ def _check_params(
     """Normalized ``(simulate_nodes, readers_per_node, mode)``; ConfigError when invalid."""
     if mode not in MODES:
         raise ConfigError(f"topology mode must be one of {MODES}, got {mode!r}")
-    if simulate_nodes is None:
+    from_env = simulate_nodes is None
+    if from_env:
         raw = os.environ.get(SIMULATE_NODES_ENV, "").strip() or "0"
         try:
             simulate_nodes = int(raw)
@@ -96,11 +98,18 @@ def _check_params(
             raise ConfigError(f"{SIMULATE_NODES_ENV}={raw!r} is not an integer") from None
     simulate_nodes = _as_int("simulate_nodes", simulate_nodes)
     readers_per_node = _as_int("readers_per_node", readers_per_node)
-    if simulate_nodes < 0:
-        raise ConfigError(f"topology.simulate_nodes (--simulate-nodes) must be >= 0, got "
-                          f"{simulate_nodes}")
-    if simulate_nodes:
-        simulated_node_bounds(world_size, simulate_nodes)  # raises when > world size
+    try:
+        if simulate_nodes < 0:
+            raise ConfigError(f"topology.simulate_nodes (--simulate-nodes) must be >= 0, got "
+                              f"{simulate_nodes}")
+        if simulate_nodes:
+            simulated_node_bounds(world_size, simulate_nodes)  # raises when > world size
+    except ConfigError as exc:
+        if not from_env:
+            raise
+        raise ConfigError(f"{SIMULATE_NODES_ENV}={simulate_nodes} in the environment (what "
+                          f"lmdbio launch --simulate-nodes exports; topology.simulate_nodes "
+                          f"is not set): {exc}") from None
     if readers_per_node < 1:
         raise ConfigError(f"readers_per_node must be >= 1, got {readers_per_node}")
     return simulate_nodes, readers_per_node, mode
@@ -259,7 +268,7 @@ class Topology:
         node_mode = mode
         if mode == "dedicated" and local_size <= n_local_readers:
             node_mode = "colocated"
-            if local_rank == 0:
+            if local_rank == 0 and size > 1:  # one process: nothing else was to be had
                 log.warning(
                     "node %d has %d rank(s) and %d reader(s) per node: no rank would be left "
                     "to train, so this node runs in colocated mode (its reader also trains)",

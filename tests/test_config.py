@@ -40,7 +40,7 @@ def test_defaults_match_the_documented_schema():
         1.0, (), None, 0, False, "train")
     assert cfg.codec.name == "none" and cfg.codec.options == ()
     assert cfg.workers.device == "auto"
-    assert cfg.topology.simulate_nodes == 0
+    assert cfg.topology.simulate_nodes is None  # LMDBIO_SIMULATE_NODES, else 0 (Topology.build)
     assert (cfg.epochs, cfg.on_error, cfg.metrics.every) == (1, "raise", 50)
 
 

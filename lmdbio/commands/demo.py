@@ -16,9 +16,22 @@ import subprocess
 import sys
 from pathlib import Path
 
+#: where ``make run`` (and ``lmdbio demo`` from the project root) writes the data set;
+#: configs/quickstart.yaml reads it from there
+DEFAULT_WORKDIR = "build/demo"
+#: the LMDB's folder inside the work directory
+DATASET = "digits-datum"
+
+
+def dataset_path(workdir: str | Path) -> Path:
+    """The Caffe Datum LMDB the demo writes in ``workdir``."""
+    return Path(workdir) / DATASET
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--workdir", default="build/demo", help="where the LMDB is written")
+    parser.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                        help="where the LMDB is written (default: %(default)s, which "
+                        "configs/quickstart.yaml reads)")
     parser.add_argument("-n", "--nprocs", type=int, default=4)
     parser.add_argument("--simulate-nodes", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=8)
@@ -35,7 +48,7 @@ def main(args: argparse.Namespace) -> int:
     from lmdbio.lmdb.report import inspect_database
 
     work = Path(args.workdir)
-    db = work / "digits-datum"
+    db = dataset_path(work)
     _step(f"1. scikit-learn digits -> Caffe Datum LMDB at {db}")
     if not (db / "data.mdb").exists():
         subprocess.run([sys.executable, "-m", "lmdbio.cli", "convert", "sklearn:digits",

@@ -13,13 +13,20 @@ Figures are reported twice: over the whole run (from opening the loader: setup i
 and in steady state (after each worker's first ``--warmup`` batches, which carry the
 one-off costs: compiled-kernel cache loads, the first page faults, the first read-ahead).
 Startup (interpreter and imports, opening the loader, the first batch) is reported apart.
+
+Errors: a mistake every rank finds (a bad configuration, a missing or corrupt file) is
+reported once, by rank 0, and the command exits 2 on every rank; Ctrl-C exits 130
+("interrupted"); an error on some ranks only ends the whole job (see
+``lmdbio.mpiutil.fail_together``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -195,20 +202,37 @@ def totals(summaries: list[dict[str, Any]], nodes: int, strategy: str, mode: str
     return total
 
 
+@contextlib.contextmanager
+def _quiet_on_error() -> Iterator[None]:
+    """Silence lmdbio's cleanup warnings once the block raised (the error is reported)."""
+    from lmdbio.mpiutil import quiet_cleanup_warnings
+
+    try:
+        yield
+    except BaseException:
+        quiet_cleanup_warnings()
+        raise
+
+
 def main(args: argparse.Namespace) -> int:
-    from lmdbio.mpiutil import abort_on_error
+    from lmdbio.mpiutil import fail_together
     from loaders import open as open_loader
 
     step = float(getattr(args, "step_seconds", 0.0) or 0.0)
     warmup = int(getattr(args, "warmup", 2))
-    with abort_on_error():
+    # an error on every rank (a bad config, a missing or corrupt file) is reported once, by
+    # rank 0, and every rank exits 2 (130 interrupted); an error on some ranks only ends
+    # the job (Abort) after a short grace; one process starts MPI only if it gets that far
+    with fail_together():
         age0 = process_age()
         t_open = time.perf_counter()
         checksum = getattr(args, "slot_checksum", None)
         loader = open_loader(args.config, args.overrides, slot_checksum=checksum)
         checksum = loader.cfg.readers.checksum if checksum is None else checksum
         open_seconds = time.perf_counter() - t_open
-        with loader:
+        # an error inside is reported by fail_together: the warnings of the ring's abort
+        # on the way out (the loader's __exit__, after _quiet_on_error's) would repeat it
+        with loader, _quiet_on_error():
             log = None
             if args.record_log and loader.is_worker:
                 d = Path(args.record_log)

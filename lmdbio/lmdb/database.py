@@ -148,6 +148,19 @@ def _resolve_file(path: str | os.PathLike) -> Path:
     return p
 
 
+def _past_the_end(meta_page: int, last_pg: int, file_size: int, psize: int) -> str:
+    """What is wrong with a file shorter than its meta page says (the error's text)."""
+    pages = file_size // psize
+    holds = f"pages 0..{pages - 1}" if pages else "no whole page"
+    spare = file_size - pages * psize
+    size = f"{file_size} bytes: {pages} page(s) of {psize} bytes" + \
+        (f" and {spare} byte(s) of a page cut short" if spare else "")
+    return (f"truncated file: meta page {meta_page} says the database ends at page {last_pg}, "
+            f"but the file holds only {holds} ({size}), so page {last_pg} is past its end; "
+            "the file was likely cut short (a copy or a write that did not finish): copy it "
+            "again from its source")
+
+
 class Database:
     """A read-only snapshot of an LMDB database (the main one or a named sub-database).
 
@@ -197,10 +210,8 @@ class Database:
             self.fmt = self.layout.as_array(self.psize)
             self.last_pg = min(self.meta.last_pg, self.file_size // self.psize - 1)
             if self.meta.last_pg >= self.file_size // self.psize:
-                raise LmdbFormatError(
-                    self.path, f"meta page {self.meta.page} says the last page is "
-                    f"{self.meta.last_pg} but the file holds {self.file_size // self.psize} "
-                    "pages (truncated file?)")
+                raise LmdbFormatError(self.path, _past_the_end(
+                    self.meta.page, self.meta.last_pg, self.file_size, self.psize))
             self.accounting = PageAccounting(self.file_size // self.psize, enabled=accounting)
             self.subdb_name = subdb.encode() if isinstance(subdb, str) else subdb
             self.db = self._resolve_db(self.subdb_name)
