@@ -190,6 +190,21 @@ def read_all(db: str, parser: str) -> tuple[np.ndarray, np.ndarray]:
     return pix, lab
 
 
+def dataloader_epoch(dl: Any) -> Any:
+    """``epoch(e, check)`` for :func:`timed_epochs` over a torch ``DataLoader``: iterate it
+    once, counting the samples (and adding them to ``check`` when one is given)."""
+
+    def epoch(_e: int, check: Check | None) -> int:
+        n = 0
+        for x, y in dl:
+            n += x.shape[0]
+            if check:
+                check.add(x, y)
+        return n
+
+    return epoch
+
+
 def timed_epochs(epoch: Callable[[int, Check | None], int]) -> dict[str, Any]:
     """Run ``epoch(0, check)`` untimed, then ``epoch(1, None)`` timed (wall and CPU)."""
     check = Check()
@@ -319,13 +334,7 @@ def child_torch(p: dict[str, Any]) -> dict[str, Any]:
         dl = DataLoader(ds, batch_size=p["batch"], shuffle=True, num_workers=cfg["workers"],
                         generator=torch.Generator().manual_seed(p["seed"]))
 
-        def epoch(_e: int, check: Check | None, dl: DataLoader = dl) -> int:
-            n = 0
-            for x, y in dl:
-                n += x.shape[0]
-                if check:
-                    check.add(x, y)
-            return n
+        epoch = dataloader_epoch(dl)
 
         t0 = time.perf_counter()
         r = timed_epochs(epoch)
@@ -410,13 +419,7 @@ def child_streaming(p: dict[str, Any]) -> dict[str, Any]:
                     batch_size=p["batch"])
         dl = DataLoader(ds, batch_size=p["batch"], num_workers=cfg["workers"])
 
-        def epoch(_e: int, check: Check | None, dl: DataLoader = dl) -> int:
-            n = 0
-            for x, y in dl:
-                n += x.shape[0]
-                if check:
-                    check.add(x, y)
-            return n
+        epoch = dataloader_epoch(dl)
 
         t0 = time.perf_counter()
         r = timed_epochs(epoch)
