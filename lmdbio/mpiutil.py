@@ -192,31 +192,39 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc_type is None:
-            return False
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
+        if not _failed(exc):
             return False
         if self.comm is None and not _mpi_running() and _launched_ranks() <= 1:
             return False  # a process of its own: nobody waits for it
         comm = _world() if self.comm is None else self.comm
         if comm.Get_size() == 1:
             return False
-        prefix = rank_prefix(comm)
         # a configuration mistake is named by its message; a traceback would read as a crash
         parts = traceback.format_exception_only(exc_type, exc) \
             if isinstance(exc, ConfigError) else traceback.format_exception(exc_type, exc, tb)
-        lines = "".join(parts).rstrip("\n").split("\n")
-        text = "\n".join(f"{prefix} {line}" for line in lines)
-        try:
-            sys.stderr.write(f"{text}\n{prefix} aborting the MPI job (exit code "
-                             f"{self.exit_code})\n")
-            sys.stderr.flush()
-            sys.stdout.flush()
-        except Exception:  # a closed stream must not stop the abort
-            pass
-        run_shutdown("abort")
-        comm.Abort(self.exit_code)
-        os._exit(self.exit_code)  # Abort does not return; be sure anyway
+        _abort_job(comm, self.exit_code, "".join(parts).rstrip("\n"),
+                   f"aborting the MPI job (exit code {self.exit_code})")
+
+
+def _failed(exc: BaseException | None) -> bool:
+    """Whether a block ended by ``exc`` failed (``SystemExit(0)`` is a normal exit)."""
+    return exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
+
+
+def _abort_job(comm: MPI.Comm, code: int, text: str, last: str) -> None:
+    """Print ``text`` and ``last``, each line prefixed with the rank and host, run the
+    :func:`on_shutdown` callbacks, and abort the job with ``code``; never returns."""
+    prefix = rank_prefix(comm)
+    lines = "\n".join(f"{prefix} {line}" for line in text.split("\n"))
+    try:
+        sys.stderr.write(f"{lines}\n{prefix} {last}\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+    except Exception:  # a closed stream must not stop the abort
+        pass
+    run_shutdown("abort")
+    comm.Abort(code)
+    os._exit(code)  # Abort does not return; be sure anyway
 
 
 # --------------------------------------------------------------------------- fail together
@@ -321,9 +329,7 @@ class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if exc is None:
-            return False
-        if isinstance(exc, SystemExit) and exc.code in (0, None):
+        if not _failed(exc):
             return False
         quiet_cleanup_warnings()
         if self.comm is None or not _mpi_running():
@@ -353,19 +359,9 @@ class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as
         raise JobError(message, exit_code=code, quiet=self.comm.Get_rank() != 0) from None
 
     def _abort(self, code: int, text: str) -> None:
-        world = _world()
-        prefix = rank_prefix(world)
-        lines = "\n".join(f"{prefix} {line}" for line in f"error: {text}".split("\n"))
-        try:
-            sys.stderr.write(f"{lines}\n{prefix} the other ranks did not fail with it within "
-                             f"{self.grace:g} s: aborting the MPI job (exit code {code})\n")
-            sys.stderr.flush()
-            sys.stdout.flush()
-        except Exception:  # a closed stream must not stop the abort
-            pass
-        run_shutdown("abort")
-        world.Abort(code)
-        os._exit(code)  # Abort does not return; be sure anyway
+        _abort_job(_world(), code, f"error: {text}",
+                   f"the other ranks did not fail with it within {self.grace:g} s: "
+                   f"aborting the MPI job (exit code {code})")
 
 
 # --------------------------------------------------------------------------- timeouts
