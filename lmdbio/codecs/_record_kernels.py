@@ -299,7 +299,14 @@ def parse_uniform(buf, starts, lengths, shape, table):
         for line in range(PREFETCH_LINES):
             prefetch_line(buf, starts[i] + 64 * line)
     parse_datums(buf, starts, lengths, table)
-    size = shape[0] * shape[1] * shape[2]
+    return first_misfit(table, shape[0] * shape[1] * shape[2], shape)
+
+
+@njit(cache=True, nogil=True)
+def first_misfit(table, size, shape):
+    """-1 when every parsed record (``table`` from ``parse_datums``) is a raw uint8 Datum
+    of ``shape`` (C, H, W) with ``size`` data bytes and no error; else the first that is
+    not."""
     for i in range(table.shape[0]):
         row = table[i]
         if (row[COL_ERROR] != 0 or row[COL_ENCODED] != 0 or row[COL_DATA_LEN] != size
@@ -315,14 +322,10 @@ def uniform_datums(buf, table, size, shape, out, labels):
     (C, H, W) with ``size`` data bytes and no error. Copies the pixels into the flat uint8
     ``out`` and the labels into ``labels``; returns -1, or the index of the first record that
     does not fit the case (nothing is promised about ``out`` then)."""
-    n = table.shape[0]
-    for i in range(n):
-        row = table[i]
-        if (row[COL_ERROR] != 0 or row[COL_ENCODED] != 0 or row[COL_DATA_LEN] != size
-                or row[COL_CHANNELS] != shape[0] or row[COL_HEIGHT] != shape[1]
-                or row[COL_WIDTH] != shape[2]):
-            return i
-    for i in range(n):
+    bad = first_misfit(table, size, shape)
+    if bad >= 0:
+        return bad
+    for i in range(table.shape[0]):
         copy_bytes(out, np.int64(i) * size, buf, table[i, COL_DATA_OFF], size)
         labels[i] = table[i, COL_LABEL]
     return -1
