@@ -744,7 +744,10 @@ class Loader:
 
         t0 = time.perf_counter()
         got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
-        fused = self._parse_fused(got)
+        offsets = np.asarray(got.offsets, np.int64)
+        payload = np.asarray(got.payload)
+        lengths = got.lengths  # by reference: spans of the database mapping
+        fused = self._parse_fused(got, payload, offsets, lengths)
         if fused is None:  # (fused batches check their own records, as they read them)
             got.check_values()  # the overflow page headers of records by reference
         count = got.batches
@@ -754,9 +757,6 @@ class Loader:
             raise LmdbioError(f"internal: slot of epoch {got.epoch} iteration {got.iteration} "
                               f"({count} batches) where iteration {first} was expected")
         ko, kd = got.packed_keys()  # copies: the slot is released before the batch is used
-        offsets = np.asarray(got.offsets, np.int64)
-        payload = np.asarray(got.payload)
-        lengths = got.lengths  # by reference: spans of the database mapping
         n = offsets.shape[0] - (1 if lengths is None else 0)
         bounds = self._batch_bounds(first, count, n, plan)
         out: list[Any] = []
@@ -811,7 +811,8 @@ class Loader:
         return (self.transform is not None and self.xp is np
                 and self.cfg.dataset.layout == "caffe-datum")
 
-    def _parse_fused(self, got: Any) -> Any:
+    def _parse_fused(self, got: Any, payload: np.ndarray, offsets: np.ndarray,
+                     lengths: np.ndarray | None) -> Any:
         """The slot's records as :class:`~loaders.decode.DatumSpans` where they may go
         from their bytes to the transformed float32 batch in one compiled pass (Caffe
         Datums whose first is raw uint8, a CPU worker); ``None`` otherwise."""
@@ -819,11 +820,9 @@ class Loader:
             return None
         from loaders.decode import datum_spans
 
-        payload = np.asarray(got.payload)
-        if got.lengths is None:
-            return datum_spans(payload, np.asarray(got.offsets, np.int64))
-        got.check_value_rows(0, 1)  # the first record's header, before it is parsed
-        return datum_spans(payload, np.asarray(got.offsets, np.int64), got.lengths)
+        if lengths is not None:
+            got.check_value_rows(0, 1)  # the first record's header, before it is parsed
+        return datum_spans(payload, offsets, lengths)
 
     def _assemble_datums(self, payload: np.ndarray, spans: Any, iteration: int,
                          epoch: int | None) -> tuple[np.ndarray, np.ndarray] | None:
