@@ -1,7 +1,8 @@
 """Fuzz the page engine with mutated LMDB files (run in a subprocess by test_lmdb_fuzz.py).
 
-Each example takes a real database (generated here with py-lmdb, v1 and v3), truncates it
-or overwrites bytes (biased towards page headers, node pointer arrays, node headers and
+Each example takes a real database (generated here with py-lmdb, v1 and v3, or the files
+``--base`` names: test_page_sizes.py passes 32 and 64 KiB-page ones), truncates it or
+overwrites bytes (biased towards page headers, node pointer arrays, node headers and
 meta fields), then opens and reads it fully: every record, cursors both ways, seeks,
 serialized cursors and gathers. The only acceptable outcomes are data or an
 ``LmdbioError``; anything else (another exception, a crash, a hang) fails. The parent
@@ -24,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lmdbio
 from lmdbio.errors import LmdbioError
+from lmdbio.lmdb.format import LAYOUTS, sniff_version
 from tests.lmdbgen import random_items, write_db
 
 OUTCOMES = {"ok": 0, "error": 0}
@@ -74,12 +76,25 @@ class Mutated(bytes):
         return f"<{len(self)} bytes>"
 
 
+def page_size(data: bytes) -> int:
+    """The page size meta page 0 of ``data`` gives (4096 when it is not readable: the
+    mutations then aim at 4 KiB pages)."""
+    version = sniff_version(data[:256])
+    if version is None:
+        return 4096
+    psize = struct.unpack_from("<I", data, LAYOUTS[version].header_size + 24)[0]
+    return psize if 512 <= psize <= 65536 and not psize & (psize - 1) else 4096
+
+
 def mutation(bases: list[bytes]):
+    sizes = [page_size(b) for b in bases]
+
     @st.composite
     def draw(draw_fn):
         base = draw_fn(st.sampled_from(range(len(bases))))
         data = bytearray(bases[base])
-        npages = len(data) // 4096
+        psize = sizes[base]  # offsets inside a page scale with it (4096: the cases of old)
+        npages = len(data) // psize
         kind = draw_fn(st.sampled_from(["truncate", "header", "ptrs", "node", "meta", "u64",
                                         "random"]))
         edits = []
@@ -89,15 +104,15 @@ def mutation(bases: list[bytes]):
         for _ in range(draw_fn(st.integers(1, 4))):
             page = draw_fn(st.integers(0, npages - 1))
             if kind == "header":
-                off = page * 4096 + draw_fn(st.integers(0, 23))
+                off = page * psize + draw_fn(st.integers(0, 23))
             elif kind == "ptrs":
-                off = page * 4096 + draw_fn(st.integers(16, 80))
-            elif kind == "node":
-                off = page * 4096 + draw_fn(st.integers(3000, 4095))
+                off = page * psize + draw_fn(st.integers(16, 80))
+            elif kind == "node":  # nodes sit at the end of a page
+                off = page * psize + draw_fn(st.integers(psize - 1096, psize - 1))
             elif kind == "meta":
-                off = draw_fn(st.sampled_from([0, 4096])) + draw_fn(st.integers(0, 180))
+                off = draw_fn(st.sampled_from([0, psize])) + draw_fn(st.integers(0, 180))
             elif kind == "u64":
-                off = page * 4096 + draw_fn(st.integers(0, 4088))
+                off = page * psize + draw_fn(st.integers(0, psize - 8))
                 val = draw_fn(st.sampled_from([0, 1, 2, npages - 1, npages, 2**32, 2**63,
                                                2**64 - 1, page]))
                 data[off:off + 8] = struct.pack("<Q", val)
@@ -118,10 +133,13 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=200)
     parser.add_argument("--random", action="store_true",
                         help="explore new cases (default: the same cases every run, for CI)")
+    parser.add_argument("--base", action="append", type=Path, default=[],
+                        help="mutate this data.mdb (repeatable; any page size) instead of "
+                        "the generated 4 KiB-page v1 and v3 files")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        bases = make_bases(root)
+        bases = [p.read_bytes() for p in args.base] or make_bases(root)
         target = root / "mutated" / "data.mdb"
         target.parent.mkdir()
 
