@@ -26,6 +26,11 @@ class CodecError(LmdbioError):
     """A compressed payload or an encoded record could not be decoded."""
 
 
+class CodecTypeError(CodecError, TypeError):
+    """A codec was handed a buffer of a type it cannot take (an object array): a
+    :class:`TypeError` too, as numcodecs' codecs raise and its test helpers expect."""
+
+
 class ConfigError(LmdbioError):
     """A job configuration names an unknown key, has a wrong type or an impossible value."""
 

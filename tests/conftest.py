@@ -28,6 +28,21 @@ def shared_lmdbs() -> list[Path]:
     return sorted(p for p in root.iterdir() if (p / "data.mdb").exists())
 
 
+def _private_cache() -> None:
+    """The suite's sidecar cache (``LMDBIO_CACHE``: indexed runs' leaf directories) is a
+    folder of this run's own, removed at exit: tests neither read a user's
+    ``~/.cache/lmdbio`` nor leave files in it. The MPI jobs tests start inherit it."""
+    import atexit
+    import shutil
+    import tempfile
+
+    folder = tempfile.mkdtemp(prefix="lmdbio-test-cache-")
+    os.environ["LMDBIO_CACHE"] = folder
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+
+
+_private_cache()
+
 if os.environ.get("LMDBIO_TEST_FAKE_GPU") == "1":
     # the run a GPU host gives (workers.device: auto finds a device), minus the device:
     # see tests/fake_gpu.py

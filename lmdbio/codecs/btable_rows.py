@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs._numcodecs import ConfigEquality, as_input, refuse_object_out
 from lmdbio.errors import CodecError
 
 # ---- status codes shared by the kernels and their callers -------------------------------------
@@ -200,7 +201,7 @@ def rows_to_dense_tensor(
     return out
 
 
-class SparseRowCodec:
+class SparseRowCodec(ConfigEquality):
     """numcodecs-style codec of one sparse row record: a dense 1-D row <-> record bytes.
 
     ``encode`` keeps the entries that are != 0.0 (so -0.0 is dropped and NaN kept, as BTables
@@ -213,7 +214,7 @@ class SparseRowCodec:
         self.n_cols = int(n_cols)
 
     def encode(self, buf: Any) -> bytes:
-        row = np.asarray(buf, dtype=np.float64).reshape(-1)
+        row = as_input(buf, "sparse row codec").astype(np.float64).reshape(-1)
         if row.shape[0] != self.n_cols:
             raise CodecError(f"row has {row.shape[0]} entries, codec expects {self.n_cols}")
         cols = np.flatnonzero(row != 0.0)
@@ -221,6 +222,7 @@ class SparseRowCodec:
         return out.tobytes()
 
     def decode(self, buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+        refuse_object_out(out, "sparse row codec")
         b = np.frombuffer(buf, np.uint8)
         m = decode_row_records(b, np.zeros(1, np.int64), np.array([b.shape[0]]), self.n_cols)
         row = np.zeros(self.n_cols, np.float64) if out is None else out.reshape(-1)

@@ -37,6 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbio.codecs._batch import KeySource, as_spans, as_u8, key_of, pack_values
+from lmdbio.codecs._numcodecs import ConfigEquality, as_input, refuse_object_out
 from lmdbio.codecs.protobuf import get_varint, put_varint
 from lmdbio.errors import CodecError, RecordError
 
@@ -520,7 +521,7 @@ def _uniform_batch(k: Any, u8: np.ndarray, off: np.ndarray, ln: np.ndarray,
 # -------------------------------------------------------------------------------- codec
 
 
-class DatumCodec:
+class DatumCodec(ConfigEquality):
     """numcodecs-style codec between a ``(C, H, W)`` array and a serialized Datum.
 
     ``encode`` writes what ``convert_imageset`` writes (with ``label``); ``decode`` returns the
@@ -533,9 +534,10 @@ class DatumCodec:
         self.label = int(label)
 
     def encode(self, buf: Any) -> bytes:
-        return encode_datum(datum_from_array(np.asarray(buf), self.label))
+        return encode_datum(datum_from_array(as_input(buf, "Datum codec"), self.label))
 
     def decode(self, buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+        refuse_object_out(out, "Datum codec")
         arr = decode_datum(buf).to_array()
         if out is not None:
             np.copyto(out.reshape(arr.shape), arr, casting="unsafe")

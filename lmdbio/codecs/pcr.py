@@ -61,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs._numcodecs import ConfigEquality, as_input, refuse_object_out
 from lmdbio.errors import CodecError
 
 MAGIC = b"LPCR"
@@ -452,7 +453,7 @@ def decode_pcr_value(value_prefix: bytes | memoryview | np.ndarray, k: int, *,
     return images, hdr.labels, hdr.keys
 
 
-class PCRCodec:
+class PCRCodec(ConfigEquality):
     """numcodecs-style codec of one PCR value of same-sized images.
 
     ``encode`` takes a uint8 array ``(N, H, W)`` or ``(N, H, W, 3)`` and stores each image as
@@ -467,7 +468,7 @@ class PCRCodec:
         self.quality = int(quality)
 
     def encode(self, buf: Any) -> bytes:
-        a = np.asarray(buf)
+        a = as_input(buf, "PCRCodec")
         if a.dtype != np.uint8 or a.ndim not in (3, 4):
             raise CodecError(f"PCRCodec encodes uint8 (N, H, W[, 3]) arrays, got {a.dtype} "
                              f"{a.shape}")
@@ -476,6 +477,7 @@ class PCRCodec:
         return encode_pcr_images(jpegs, np.zeros(a.shape[0], np.int64), keys)
 
     def decode(self, buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+        refuse_object_out(out, "PCRCodec")
         k = self.scan_groups or 65535
         images, _, _ = decode_pcr_value(np.frombuffer(buf, np.uint8), k)
         stacked = np.stack(images)

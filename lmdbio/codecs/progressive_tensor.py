@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs import pcr
+from lmdbio.codecs._numcodecs import ConfigEquality, as_input, fill_out, refuse_object_out
 from lmdbio.errors import CodecError
 
 _EXP_BITS = {2: 5, 4: 8, 8: 11}  # float itemsize -> exponent bits
@@ -135,7 +136,7 @@ def decode_planes_value(value_prefix: bytes | memoryview | np.ndarray, k: int,
     return from_planes(planes, hdr.dtype, fill).reshape((hdr.n_items, *hdr.item_shape))
 
 
-class ProgressiveTensorCodec:
+class ProgressiveTensorCodec(ConfigEquality):
     """numcodecs-style codec: an array (axis 0 = items) <-> a kind-2 PCR value.
 
     ``decode`` uses ``planes`` planes (``None`` = all), or fewer when ``buf`` is a prefix that
@@ -149,10 +150,11 @@ class ProgressiveTensorCodec:
         self.fill = fill
 
     def encode(self, buf: Any) -> bytes:
-        a = np.asarray(buf)
+        a = as_input(buf, "progressive tensor codec")
         return encode_planes_value(a.reshape(1, *a.shape) if a.ndim == 0 else a)
 
     def decode(self, buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+        refuse_object_out(out, "progressive tensor codec")
         b = np.frombuffer(buf, np.uint8)
         hdr = pcr.parse_header(b)
         complete = int(np.searchsorted(hdr.group_end.astype(np.int64), b.shape[0], "right"))
@@ -161,8 +163,7 @@ class ProgressiveTensorCodec:
         k = min(self.planes or hdr.n_groups, complete)
         a = decode_planes_value(b, k, hdr, self.fill)
         if out is not None:
-            out[...] = a.reshape(out.shape)
-            return out
+            return fill_out(a, out, "progressive tensor codec")
         return a
 
     def get_config(self) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbio.codecs._batch import KeySource, as_spans, as_u8, key_of, pack_values
+from lmdbio.codecs._numcodecs import ConfigEquality, as_input, fill_out, refuse_object_out
 from lmdbio.errors import CodecError, RecordError
 
 __all__ = [
@@ -330,7 +331,7 @@ def _uniform_batch(k: Any, u8: np.ndarray, off: np.ndarray, ln: np.ndarray,
     return TensorBatch(out, labels, np.ones(n, bool), [], h.label is not None)
 
 
-class TensorCodec:
+class TensorCodec(ConfigEquality):
     """numcodecs-style codec between an array and one tensor record (``label`` optional)."""
 
     codec_id = "lmdbio_tensor"
@@ -339,13 +340,13 @@ class TensorCodec:
         self.label = None if label is None else int(label)
 
     def encode(self, buf: Any) -> bytes:
-        return encode_tensor(np.asarray(buf), self.label)
+        return encode_tensor(as_input(buf, "tensor codec"), self.label)
 
     def decode(self, buf: Any, out: np.ndarray | None = None) -> np.ndarray:
+        refuse_object_out(out, "tensor codec")
         arr, _ = decode_tensor(buf)
         if out is not None:
-            np.copyto(out.reshape(arr.shape), arr, casting="unsafe")
-            return out
+            return fill_out(arr, out, "tensor codec")
         return arr
 
     def get_config(self) -> dict[str, Any]:

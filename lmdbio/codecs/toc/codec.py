@@ -9,8 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs._numcodecs import as_input, copy_out, refuse_object_out
 from lmdbio.codecs.toc import Buffer, TocMatrix, _as_memoryview, compress
-from lmdbio.errors import CodecError
 
 __all__ = ["TocCodec"]
 
@@ -27,8 +27,13 @@ class TocCodec(_codec_base()):  # type: ignore[misc]
     """TOC as a numcodecs codec (zarr, etc.): chunks are compressed as 2-D matrices.
 
     A chunk of shape ``(n0, n1, ...)`` is compressed as the ``n0 x (n1*...)`` matrix (a 1-D
-    chunk as one row); ``decode`` returns the flat array of the chunk's dtype, which zarr
-    reshapes. ``verify`` controls the CRC check on decode.
+    chunk as one row), in the chunk's memory order (a Fortran-ordered chunk as its
+    transpose), as numcodecs compresses a buffer's bytes; ``decode`` returns the flat array
+    of the chunk's dtype, which zarr reshapes. Values of other kinds (complex, datetime) and
+    raw buffers (``bytes``, ``bytearray``) are compressed as their bytes. An object array
+    raises :class:`TypeError` (:class:`~lmdbio.errors.CodecTypeError`): its memory holds
+    references, so a round trip would hand back dangling pointers. ``verify`` controls the
+    CRC check on decode.
     """
 
     codec_id = "lmdbio_toc"
@@ -37,26 +42,25 @@ class TocCodec(_codec_base()):  # type: ignore[misc]
         self.verify = bool(verify)
 
     def encode(self, buf: Any) -> bytes:
-        arr = np.asarray(buf)
-        if arr.dtype == object or arr.dtype.kind not in "fiub":
-            arr = np.frombuffer(memoryview(buf).cast("B"), np.uint8)
-        mat = arr.reshape(1, -1) if arr.ndim <= 1 else arr.reshape(arr.shape[0], -1)
+        """The TOC bytes of the chunk ``buf`` (see the class docstring)."""
+        arr = as_input(buf, "TOC codec")
+        if arr.ndim > 1 and arr.flags.f_contiguous and not arr.flags.c_contiguous:
+            arr = arr.T  # its memory order: numcodecs' codecs work on the buffer's bytes
+        arr = np.ascontiguousarray(arr)
+        if arr.dtype.kind not in "fiub":
+            arr = arr.reshape(-1).view(np.uint8)
+        mat = arr.reshape(1, -1) if arr.ndim <= 1 else \
+            arr.reshape(arr.shape[0], int(np.prod(arr.shape[1:], dtype=np.int64)))
         return compress(mat)
 
     def decode(self, buf: Any, out: Any = None, xp: Any = None) -> Any:
+        """The chunk's values, flat (``out``, any buffer of the chunk's byte size, is filled
+        and returned when given; ``xp`` an array module to return the values in)."""
+        refuse_object_out(out, "TOC codec")
         dense = TocMatrix.from_bytes(_as_memoryview(_to_buffer(buf)), verify=self.verify)
         flat = dense.to_dense().reshape(-1)
         if out is not None:
-            target = np.asarray(out)
-            if not target.flags.c_contiguous or not target.flags.writeable:
-                raise CodecError("TOC decode: out must be a writeable C-contiguous array")
-            dst = target.reshape(-1).view(np.uint8)
-            src = flat.view(np.uint8)
-            if dst.size != src.size:
-                raise CodecError(
-                    f"TOC decode: out holds {dst.size} bytes, the chunk {src.size}")
-            dst[...] = src
-            return out
+            return copy_out(flat, out, "TOC decode")
         if xp is not None and xp is not np:
             return xp.asarray(flat)
         return flat

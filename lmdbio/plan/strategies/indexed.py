@@ -3,10 +3,14 @@
 The leaf directory holds the index of the first record of every leaf page. Reader 0 walks
 the branch pages to list the leaves (branch pages only) and broadcasts the list; each reader
 reads the headers of its share of the leaves (each leaf read by exactly one rank); an
-allgather assembles the counts. The directory is saved as a sidecar keyed by the snapshot
-identity (format, txnid, root, file size) and reused by later runs; a changed database has
-another identity, so its directory is rebuilt. With it, any record is one binary search and
-one leaf read away: O(1) seeks, exact page ranges, shuffled epochs, zero extra pages.
+allgather assembles the counts. The directory is saved as a sidecar in lmdbio's cache
+directory (:func:`cache_root`: ``$LMDBIO_CACHE``, else ``$XDG_CACHE_HOME/lmdbio``, else
+``~/.cache/lmdbio``), never beside ``data.mdb`` (datasets often live on read-only or
+shared file systems), in a folder keyed by the snapshot identity (:func:`sidecar_key`:
+the file's identity and modification time, format, txnid and size) and reused by later
+runs; a changed database has another identity, so its directory is rebuilt. With it, any
+record is one binary search and one leaf read away: O(1) seeks, exact page ranges,
+shuffled epochs, zero extra pages.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import contextlib
 import hashlib
 import logging
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -28,36 +34,110 @@ from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
 
 log = logging.getLogger(__name__)
 
+#: the environment variable naming lmdbio's cache directory (sidecars such as the leaf
+#: directories of ``indexed``); pointing it at the dataset's own folder keeps them there
+CACHE_ENV = "LMDBIO_CACHE"
+#: the folder of the cache directory that holds the leaf directories
+INDEX_FOLDER = "index"
 
-def sidecar_path(db: Database) -> Path:
-    """Where the leaf directory of this snapshot is kept: beside ``data.mdb`` when that
-    folder is writable, else under ``$XDG_CACHE_HOME/lmdbio`` (``~/.cache/lmdbio``)."""
+
+def cache_root() -> Path | None:
+    """lmdbio's cache directory: ``$LMDBIO_CACHE``, else ``$XDG_CACHE_HOME/lmdbio`` (an
+    absolute ``XDG_CACHE_HOME`` only, as the XDG specification says), else
+    ``~/.cache/lmdbio``; ``None`` when none can be named (no home directory)."""
+    named = os.environ.get(CACHE_ENV)
+    if named:
+        return Path(named).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / "lmdbio"
+    try:
+        return Path.home() / ".cache" / "lmdbio"
+    except (RuntimeError, KeyError):  # no HOME and no password entry
+        return None
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _file_id(db: Database) -> str:
+    """The database file's identity (resolved path, device, inode): one cache folder
+    prefix per file, whatever its snapshots."""
+    st = os.stat(db.path)
+    return _digest(f"{db.path.resolve()}\0{st.st_dev}\0{st.st_ino}")
+
+
+def sidecar_key(db: Database) -> str:
+    """The cache folder of this snapshot of the database: ``<file>-<snapshot>``, two
+    digests. ``<file>`` is the file's identity (:func:`_file_id`); ``<snapshot>`` adds what
+    changes when a writer commits or the file is replaced in place (modification time,
+    format version, txnid, size). A changed database therefore has another key and its
+    directory is rebuilt (and one that names the snapshot but holds other contents is
+    still caught by the spot check of :func:`load_sidecar`)."""
+    st = os.stat(db.path)
+    s = db.snapshot
+    snap = _digest(f"{st.st_mtime_ns}\0{st.st_size}\0{s.format_version}\0{s.txnid}"
+                   f"\0{s.file_size}")
+    return f"{_file_id(db)}-{snap}"
+
+
+def _sidecar_name(db: Database) -> str:
+    """The file name of the leaf directory of this snapshot's tree (the named
+    sub-database's, if any): the name older versions wrote beside ``data.mdb``."""
     s = db.snapshot
     name = f"lmdbio-index-v{s.format_version}-t{s.txnid}-r{s.root}-s{s.file_size}.npz"
     if db.subdb_name:
         name = name.replace(".npz", f"-db{db.subdb_name.hex()}.npz")
-    folder = db.path.parent
-    if not os.access(folder, os.W_OK):
-        base = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "lmdbio"
-        folder = base / hashlib.sha256(str(db.path.resolve()).encode()).hexdigest()[:16]
-    return folder / name
+    return name
+
+
+def sidecar_path(db: Database) -> Path | None:
+    """Where the leaf directory of this snapshot is kept: ``<cache>/index/<key>/<name>``
+    (:func:`cache_root`, :func:`sidecar_key`); ``None`` when there is no cache directory
+    or the file cannot be looked at."""
+    root = cache_root()
+    try:
+        key = sidecar_key(db)
+    except OSError:
+        return None
+    return None if root is None else root / INDEX_FOLDER / key / _sidecar_name(db)
+
+
+def legacy_sidecar_path(db: Database) -> Path:
+    """Where versions before the cache directory wrote the leaf directory: beside
+    ``data.mdb``. Still read (when valid: the same checks as the cache's) so an existing
+    one is not rebuilt; nothing is written there any more."""
+    return db.path.parent / _sidecar_name(db)
+
+
+def _load(path: Path) -> tuple[np.ndarray, np.ndarray] | None:
+    try:
+        with np.load(path) as z:
+            return z["leaves"], z["first"]
+    except Exception as exc:  # a cache: whatever is wrong with it, the directory is rebuilt
+        # (raising here would leave the other readers waiting for reader 0); no file, or a
+        # cache path through a file (reported once, by the save), is quietly a miss
+        if not isinstance(exc, (FileNotFoundError, NotADirectoryError)):
+            log.warning("%s: leaf directory sidecar unreadable (%s); rebuilding", path, exc)
+        return None
 
 
 def load_sidecar(db: Database) -> tuple[np.ndarray, np.ndarray] | None:
-    path = sidecar_path(db)
-    try:
-        with np.load(path) as z:
-            leaves, first = z["leaves"], z["first"]
-    except Exception as exc:  # a cache: whatever is wrong with it, the directory is rebuilt
-        # (raising here would leave the other readers waiting for reader 0)
-        if not isinstance(exc, FileNotFoundError):
-            log.warning("%s: leaf directory sidecar unreadable (%s); rebuilding", path, exc)
-        return None
-    if first.shape != (leaves.shape[0] + 1,) or int(first[-1]) != len(db) \
-            or not _spot_check(db, leaves.astype(np.int64), first.astype(np.int64)):
-        log.warning("%s: leaf directory does not match the database; rebuilding", path)
-        return None
-    return leaves.astype(np.int64), first.astype(np.int64)
+    """The leaf directory ``(leaves, first)`` of this snapshot from the cache (or from an
+    older version's sidecar beside ``data.mdb``), if one is there and matches the file;
+    else ``None`` (a warning for one that exists but is unreadable or does not match)."""
+    for path in (sidecar_path(db), legacy_sidecar_path(db)):
+        got = _load(path) if path is not None else None
+        if got is None:
+            continue
+        leaves, first = got
+        if first.shape != (leaves.shape[0] + 1,) or int(first[-1]) != len(db) \
+                or not _spot_check(db, leaves.astype(np.int64), first.astype(np.int64)):
+            log.warning("%s: leaf directory does not match the database; rebuilding", path)
+            return None
+        return leaves.astype(np.int64), first.astype(np.int64)
+    return None
 
 
 def _spot_check(db: Database, leaves: np.ndarray, first: np.ndarray, samples: int = 8) -> bool:
@@ -90,16 +170,49 @@ def _spot_check(db: Database, leaves: np.ndarray, first: np.ndarray, samples: in
 
 
 def save_sidecar(db: Database, leaves: np.ndarray, first: np.ndarray) -> Path | None:
+    """Keep the leaf directory of this snapshot in the cache directory, for later runs:
+    written to a temporary file of the key's folder and renamed into place (atomic: a
+    concurrent run reads the old file, the new one or none, never half of one). Other
+    snapshots' folders of the same file are stale (the file has changed since) and are
+    removed. Called by reader 0 alone. A cache that cannot be written (read-only, full,
+    a path through a file) costs a warning and nothing else: the directory built in
+    memory serves this run. Returns the path written, or ``None``."""
     path = sidecar_path(db)
+    if path is None:
+        log.warning("no cache directory for the leaf directory (set %s): it is kept in "
+                    "memory for this run only", CACHE_ENV)
+        return None
+    tmp: str | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, leaves=leaves, first=first)
+        fd, tmp = tempfile.mkstemp(prefix=".lmdbio-index-", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, leaves=leaves, first=first)
         os.replace(tmp, path)
-        return path
+        tmp = None
     except OSError as exc:
-        log.warning("could not save the leaf directory to %s: %s", path, exc)
+        log.warning("lmdbio cache %s is not writable (%s): the leaf directory is kept in "
+                    "memory for this run only (rebuilt by the next one); set %s to a "
+                    "writable folder to keep it", path.parents[2], exc, CACHE_ENV)
         return None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    _prune_stale(path.parent)
+    return path
+
+
+def _prune_stale(folder: Path) -> None:
+    """Remove the cache folders of this file's other snapshots (``<file>-*`` beside
+    ``folder``, whose name is ``<file>-<snapshot>``): the file has changed since they were
+    written, so no run reads them again. Best effort: a folder another process removes or
+    still writes is left to it."""
+    prefix = folder.name.split("-", 1)[0] + "-"
+    with contextlib.suppress(OSError):
+        for other in folder.parent.iterdir():
+            if other.name.startswith(prefix) and other.name != folder.name and other.is_dir():
+                shutil.rmtree(other, ignore_errors=True)
 
 
 def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: float = 120.0
