@@ -1,4 +1,4 @@
-"""The ``lmdbio`` command line: ``inspect | convert | bench | run | launch | demo``.
+"""The ``lmdbio`` command line: ``inspect | convert | bench | run | launch | demo | plan-scale``.
 
 Each sub-command lives in its own module under :mod:`lmdbio.commands` and exposes
 ``add_arguments(parser)`` and ``main(args) -> int``; this file only dispatches, so importing
@@ -21,6 +21,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("lmdbio.commands.run", "run a data-loading job from a YAML config"),
     "launch": ("lmdbio.commands.launch", "build and run the mpiexec line for a job"),
     "demo": ("lmdbio.commands.demo", "the quickstart: convert a bundled data set, read it"),
+    "plan-scale": ("lmdbio.commands.plan_scale", "project every read strategy to R ranks "
+                   "on N nodes (a model, no MPI)"),
 }
 
 

@@ -1,0 +1,142 @@
+"""Project every strategy to 16-512 ranks on a Lustre-like file system (lmdbio.scale).
+
+Databases (tests/lmdbgen.py's writer, py-lmdb, 1,000 records a commit, as bench/read.py):
+  scale-cifar     40,960 records of 3,072 B   (CIFAR10-Large-like: the paper's 3 KB)
+  scale-imagenet   8,192 records of 192,000 B (ImageNet-like: the paper's ~192 KB)
+The paper's job: global batch 4,096 (4096 / R per rank), 16 ranks per node, R = 16..512;
+one batch per read (Caffe and LMDBIO read iteration by iteration). One epoch is traced
+(10 and 2 iterations), the costs are lmdbio/scale/lustre.yaml with the fitted CPU costs
+(bench/results/scale/fitted-costs.yaml when there), and each uncertain cost is moved to
+both ends of its range (``ranges:``), one at a time.
+
+Output: bench/results/scale/projection.json, docs/figures/scale-*.png.
+Run: .venv/bin/python bench/scale_project.py [--ranks 16,32,...] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from lmdbio.scale.costs import costs_from_mapping, load_costs, load_ranges  # noqa: E402
+from lmdbio.scale.model import epoch_time  # noqa: E402
+from lmdbio.scale.project import ALL_STRATEGIES, Job, sensitivity, summarize  # noqa: E402
+from lmdbio.scale.project import traces as make_traces  # noqa: E402
+from tests.lmdbgen import random_items, write_db  # noqa: E402
+
+SHAPES = {"cifar": (40_960, 3072), "imagenet": (8_192, 192_000)}
+PER_NODE = 16
+GLOBAL_BATCH = 4096
+
+
+def generate(data: Path, name: str) -> Path:
+    n, size = SHAPES[name]
+    d = data / f"scale-{name}"
+    if not (d / "data.mdb").exists():
+        d.mkdir(parents=True, exist_ok=True)
+        print(f"generating {d}: {n} records of {size} random bytes", flush=True)
+        step = 1024  # in pieces: the values of a piece in memory at once
+        import lmdb
+
+        env = lmdb.open(str(d), map_size=1 << 34)
+        for lo in range(0, n, step):
+            items = random_items(min(step, n - lo), size, seed=3 + lo)
+            items = [(b"%08d" % (lo + i), v) for i, (_, v) in enumerate(items)]
+            for c in range(0, len(items), 1000):
+                with env.begin(write=True) as txn:
+                    for k, v in items[c:c + 1000]:
+                        txn.put(k, v)
+        env.close()
+    return d
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="16,32,64,128,256,512")
+    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--fs", default=str(REPO / "lmdbio" / "scale" / "lustre.yaml"))
+    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "scale"))
+    parser.add_argument("--dbs", default="cifar,imagenet")
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    costs = load_costs(args.fs)
+    fitted = out / "fitted-costs.yaml"
+    if fitted.exists():
+        costs = load_costs(fitted, costs)
+    ranges = load_ranges(args.fs)
+    cpu_names = [k for k in costs.as_dict() if k.startswith(("cpu_", "copy_", "handoff_"))]
+    result = {"costs": costs.as_dict(), "ranges": ranges, "fitted_costs": fitted.exists(),
+              "runs": []}
+    assert write_db  # the generator's writer (one import with random_items)
+    for name in args.dbs.split(","):
+        db = generate(Path(args.data), name)
+        for r in [int(x) for x in args.ranks.split(",")]:
+            t0 = time.perf_counter()
+            job = Job(r, max(1, r // PER_NODE), max(1, GLOBAL_BATCH // r), None, 1)
+            tr = make_traces(db, job, ALL_STRATEGIES)
+            res = {s: summarize(epoch_time(t, costs)) for s, t in tr.items()}
+            for s in res:
+                res[s].pop("pages_per_reader")
+            sens = sensitivity(tr, costs, ranges)
+            # CPU up to 2x slower (a 2012 core): every CPU cost doubled at once
+            slow = costs_from_mapping({k: 2 * getattr(costs, k) for k in cpu_names}, costs)
+            for s, t in tr.items():
+                v = epoch_time(t, slow).samples_per_second
+                sens[s]["by_cost"]["cpu_x2"] = (v, v)
+                sens[s]["low"] = min(sens[s]["low"], v)
+            any_t = next(iter(tr.values()))
+            result["runs"].append({"db": name, "ranks": r, "nodes": job.nodes,
+                                   "batch": job.batch, "records": any_t.n_records,
+                                   "iterations": any_t.epoch_iterations,
+                                   "strategies": res, "sensitivity": sens})
+            print(f"{name} R={r}: {time.perf_counter() - t0:.1f} s  " + "  ".join(
+                f"{s} {res[s]['samples_per_second']:.0f}/s x{res[s]['extra_pages_total']}"
+                for s in res), flush=True)
+            (out / "projection.json").write_text(json.dumps(result, indent=1, default=float))
+    plot(result)
+    return 0
+
+
+def plot(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figs = REPO / "docs" / "figures"
+    for name in sorted({r["db"] for r in result["runs"]}):
+        runs = [r for r in result["runs"] if r["db"] == name]
+        ranks = [r["ranks"] for r in runs]
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+        for s in ALL_STRATEGIES:
+            ax[0].plot(ranks, [r["strategies"][s]["extra_pages_total"] * 4096 / 2**20
+                               for r in runs], marker="o", label=s)
+            y = [r["sensitivity"][s]["samples_per_second"] for r in runs]
+            lo = [r["sensitivity"][s]["low"] for r in runs]
+            hi = [r["sensitivity"][s]["high"] for r in runs]
+            ax[1].plot(ranks, y, marker="o", label=s)
+            ax[1].fill_between(ranks, lo, hi, alpha=0.12)
+        ax[0].set(xscale="log", xlabel="ranks (16 per node)", yscale="symlog",
+                  ylabel="extra MiB read per epoch (all readers)",
+                  title=f"{name}-like: extra pages (cf. paper Fig. 10)")
+        ax[1].set(xscale="log", yscale="log", xlabel="ranks (16 per node)",
+                  ylabel="samples/s (band: parameter ranges)",
+                  title=f"{name}-like: projected throughput (cf. Fig. 8)")
+        for a in ax:
+            a.set_xticks(ranks, [str(x) for x in ranks])
+            a.grid(alpha=0.3)
+        ax[1].legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(figs / f"scale-{name}.png", dpi=110)
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

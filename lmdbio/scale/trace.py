@@ -1,0 +1,390 @@
+"""Trace what every simulated rank of a job reads, by running the real read strategies.
+
+A projection is only as good as its page sets, so they are not derived from formulas: this
+module opens the real database once and runs each strategy's own code
+(:mod:`lmdbio.plan.strategies`) for every simulated reader, one after the other in one
+process, over the real epoch plan (:func:`~lmdbio.plan.epoch.plan_epoch`) and the same
+slot grouping, node split (:func:`~lmdbio.topology.simulated_node_bounds`) and page
+accounting (:class:`~lmdbio.lmdb.accounting.PageAccounting`, reset per read as
+:meth:`lmdbio.reader.ReadSession.read_group` resets it) that ``lmdbio bench read`` runs
+under ``mpiexec``. What replaces MPI:
+
+* the DM cursor hand-off is a mailbox: readers run in chain order within each slot, so the
+  cursor reader ``r`` sends is there when reader ``r + 1`` asks for it;
+* the kernel's page cache: advice (``MADV_WILLNEED``) is recorded, not sent, and every
+  page is taken as absent (a cold node), so the advised ranges are the exact read requests
+  of ``dm-spec`` and ``indexed``.
+
+The result, a :class:`Trace`, lists one :class:`Step` per reader and read (a ring slot of
+one or more iterations): its records, the pages its walk and its values touched, the pages
+it asked for ahead, the records its cursor stepped over, and its cursor messages. It is
+deterministic: a pure function of the file and the arguments.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lmdbio.errors import ConfigError
+
+_EMPTY = np.empty(0, np.int64)
+
+
+@dataclass
+class Step:
+    """One reader's read of one slot (``batches`` consecutive iterations)."""
+
+    slot: int
+    epoch: int
+    first_iteration: int
+    batches: int
+    #: index into :attr:`Trace.actors`
+    actor: int
+    records: int = 0
+    bytes: int = 0
+    #: records a cursor stepped over one at a time (``walk_collect``: the naive
+    #: strategies, LMM, the DM chains' collection), own records included
+    walked: int = 0
+    #: records passed leaf by leaf (``walk_skip``: the DM chain's walk over its share)
+    skipped: int = 0
+    #: records located through the leaf directory (``indexed``)
+    located: int = 0
+    #: pages the locate/walk read (branch and leaf pages; the accounting before values)
+    tree_pages: np.ndarray = field(default_factory=lambda: _EMPTY)
+    #: pages of the records' values (marked as the workers read them)
+    value_pages: np.ndarray = field(default_factory=lambda: _EMPTY)
+    #: pages holding the records: their leaves and every value page
+    own_pages: np.ndarray = field(default_factory=lambda: _EMPTY)
+    #: pages asked for ahead of the reads (dm-spec's prefetch, indexed's advice): exact
+    #: asynchronous read requests
+    advised: np.ndarray = field(default_factory=lambda: _EMPTY)
+    #: pages the walk read before the cursor went on (DM: on the chain's critical path)
+    chain_pages: np.ndarray = field(default_factory=lambda: _EMPTY)
+    chain_walked: int = 0
+    chain_skipped: int = 0
+    messages: int = 0
+    message_bytes: int = 0
+    prefetched_pages: int = 0
+    missed_pages: int = 0
+    redundant_pages: int = 0
+
+
+@dataclass
+class Actor:
+    """A reading rank: a node's reader (node-level strategies) or any rank (naive)."""
+
+    index: int
+    rank: int
+    node: int
+    #: the node's consumer ranks this actor reads for (1 for a naive rank)
+    consumers: int
+    setup_pages: np.ndarray = field(default_factory=lambda: _EMPTY)
+
+
+@dataclass
+class Trace:
+    """Everything the simulated readers of one job read (see the module docstring)."""
+
+    strategy: str
+    path: str
+    ranks: int
+    nodes: int
+    batch: int
+    psize: int
+    n_pages: int
+    n_records: int
+    record_bytes: float
+    batches_per_slot: int
+    iterations: int
+    epoch_iterations: int
+    shared: bool
+    #: the strategy faults pages with the kernel's read-around (it does not advise)
+    read_around: bool
+    chained: bool
+    actors: list[Actor]
+    steps: list[Step]
+    #: ranks per node
+    node_ranks: tuple[int, ...]
+
+    def actor_steps(self, actor: int) -> list[Step]:
+        return [s for s in self.steps if s.actor == actor]
+
+    def page_totals(self) -> list[dict[str, int]]:
+        """Per actor, over the traced iterations, the figures ``bench read`` reports per
+        rank: distinct pages touched, pages holding its records, touched pages holding none
+        of them (``extra``), and the pages read outside every iteration (``setup``)."""
+        out = []
+        for a in self.actors:
+            steps = self.actor_steps(a.index)
+            touched = _union([s.tree_pages for s in steps] + [s.value_pages for s in steps])
+            own = _union([s.own_pages for s in steps])
+            extra = np.setdiff1d(touched, own, assume_unique=True)
+            out.append({"rank": a.rank, "node": a.node, "pages_touched": int(touched.size),
+                        "own_pages": int(own.size), "extra_pages": int(extra.size),
+                        "setup_pages": int(a.setup_pages.size)})
+        return out
+
+
+def _union(arrays: list[np.ndarray]) -> np.ndarray:
+    arrays = [a for a in arrays if a.size]
+    return np.unique(np.concatenate(arrays)) if arrays else _EMPTY
+
+
+def _runs_to_pages(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    starts = np.asarray(starts, np.int64)
+    counts = np.asarray(counts, np.int64)
+    keep = counts > 0
+    starts, counts = starts[keep], counts[keep]
+    if not starts.size:
+        return _EMPTY
+    total = int(counts.sum())
+    offsets = np.repeat(starts - np.cumsum(counts) + counts, counts)
+    return np.unique(offsets + np.arange(total))
+
+
+class _Recorder:
+    """Counters and advice shared by a traced strategy and its database wrappers."""
+
+    def __init__(self) -> None:
+        self.walked = 0
+        self.skipped = 0
+        self.advised: list[np.ndarray] = []
+        self.chain: tuple[np.ndarray, int, int] | None = None
+        self.messages = 0
+        self.message_bytes = 0
+
+    def take_advised(self) -> np.ndarray:
+        pages, self.advised = _union(self.advised), []
+        return pages
+
+
+def _traced_class(cls: type, recorder_attr: str = "_rec") -> type:
+    """A subclass of strategy ``cls`` whose advice is recorded instead of sent and whose
+    page-cache tests say "absent"; for the DM chains, a mailbox instead of MPI."""
+    from lmdbio.plan.strategies.dm import DmSerial
+
+    def advise_pages(self, starts, counts) -> bool:
+        if not self.advising or not np.any(counts):
+            return False
+        self._rec.advised.append(_runs_to_pages(starts, counts))
+        return True
+
+    def cached_sample(self, pages, samples: int = 16) -> bool:
+        return False
+
+    body: dict[str, Any] = {"advise_pages": advise_pages, "cached_sample": cached_sample}
+    if issubclass(cls, DmSerial):
+        def _receive(self, iteration, stats) -> None:
+            r, n = self.ctx.reader_index, self.ctx.n_readers
+            if n == 1 or (r == 0 and iteration == self.first_iteration):
+                return
+            data = self._mail.pop(r)
+            self._at = int.from_bytes(data[:8], "little")
+            self.cursor = self.db.cursor_from_bytes(data[8:])
+
+        def _send(self, last_iteration) -> None:
+            rec = self._rec
+            rec.chain = (np.flatnonzero(self.db.accounting.touched), rec.walked, rec.skipped)
+            r, n = self.ctx.reader_index, self.ctx.n_readers
+            if n == 1 or (r == n - 1 and last_iteration == self.iterations - 1):
+                return
+            msg = self._at.to_bytes(8, "little") + self.cursor.to_bytes()
+            self._mail[(r + 1) % n] = msg
+            rec.messages += 1
+            rec.message_bytes += len(msg)
+
+        body.update(_receive=_receive, _send=_send, _drain=lambda self: None,
+                    close=lambda self: None)
+    return type(f"Traced{cls.__name__}", (cls,), body)
+
+
+def _instrument(db: Any, rec: _Recorder) -> None:
+    """Count the records the cursor kernels pass (instance attributes over the methods)."""
+    collect, skip = db.walk_collect, db.walk_skip
+
+    def walk_collect(cursor, n, wrap=False):
+        rec.walked += int(n)
+        return collect(cursor, n, wrap)
+
+    def walk_skip(cursor, n, wrap=False):
+        rec.skipped += int(n)
+        return skip(cursor, n, wrap)
+
+    db.walk_collect, db.walk_skip = walk_collect, walk_skip
+
+
+@contextlib.contextmanager
+def _alone(ctx: Any) -> Iterator[None]:
+    """The reader as the only one (index 0 of 1) for the collectives of setup and
+    ``begin_epoch`` (a leaf directory built by this one process: its setup pages are then
+    an upper bound, every leaf instead of ``1 / readers`` of them)."""
+    saved = ctx.reader_index, ctx.n_readers
+    ctx.reader_index, ctx.n_readers = 0, 1
+    try:
+        yield
+    finally:
+        ctx.reader_index, ctx.n_readers = saved
+
+
+def default_batches_per_slot(db: Any, batch: int, node_ranks: tuple[int, ...]) -> int:
+    """The slot size ``batches_per_slot: 0`` gives node rings of record spans (``bench
+    read``'s default): :func:`lmdbio.reader.choose_batches_per_slot` per node from the
+    file's bytes per record, the smallest over the nodes (the readers agree on it)."""
+    from lmdbio.reader import choose_batches_per_slot
+
+    per_record = db.psize * (db.meta.last_pg + 1) // max(len(db), 1)
+    return min(choose_batches_per_slot(batch, per_record * batch * c, spans=True, consumers=c)
+               for c in node_ranks)
+
+
+class _Shim:
+    """The attributes :class:`lmdbio.reader.ReadSession`'s slot methods use, so that the
+    tracer runs those methods themselves (node share, slot run, fetch, read-ahead)."""
+
+    def __init__(self, **kw: Any) -> None:
+        self.__dict__.update(kw)
+
+
+def _session_methods() -> type:
+    from lmdbio.reader import ReadSession
+
+    return type("_SimSession", (_Shim,), {
+        name: getattr(ReadSession, name)
+        for name in ("_node_share", "_fetch_group", "_slot_run", "_read_ahead")})
+
+
+def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *,
+          iterations: int | None = None, batches_per_slot: int = 0, last: str = "pad",
+          subdb: str | None = None, max_ranks: int = 4096) -> Trace:
+    """Run ``strategy`` for ``ranks`` ranks on ``nodes`` nodes (every rank a consumer of
+    ``batch`` records per iteration, one reader per node for the node-level strategies,
+    as ``bench read --mode colocated``) over the database at ``path`` for ``iterations``
+    iterations (default: one epoch; more wrap into further epochs, as ``bench read
+    --iters``), and record every read (see the module docstring).
+
+    ``batches_per_slot`` 0 takes a job's default (:func:`default_batches_per_slot`); the
+    naive strategies always read one batch at a time."""
+    from lmdbio.benchmarks.read import _schedule, _slots
+    from lmdbio.lmdb import Database
+    from lmdbio.plan.epoch import plan_epoch, scheme_iterations
+    from lmdbio.plan.strategies import IterationStats, ReaderContext, strategy_class
+    from lmdbio.topology import simulated_node_bounds
+
+    if not isinstance(ranks, int) or ranks < 1:
+        raise ConfigError(f"ranks must be a positive integer, got {ranks!r}")
+    if ranks > max_ranks:
+        raise ConfigError(f"ranks {ranks} is more than this tracer runs ({max_ranks})")
+    if not isinstance(nodes, int) or not 1 <= nodes <= ranks:
+        raise ConfigError(f"nodes must be in 1..ranks ({ranks}), got {nodes!r}")
+    if batch < 1:
+        raise ConfigError(f"batch must be >= 1, got {batch}")
+    cls = strategy_class(strategy)
+    bounds = simulated_node_bounds(ranks, nodes)
+    node_ranks = tuple(b - a for a, b in bounds)
+    db = Database(path, subdb, pin_snapshot=False, accounting=True)
+    try:
+        return _trace(db, cls, ranks, nodes, batch, bounds, node_ranks, iterations,
+                      batches_per_slot, last, _schedule, _slots, plan_epoch,
+                      scheme_iterations, IterationStats, ReaderContext)
+    finally:
+        db.close()
+
+
+def _trace(db, cls, ranks, nodes, batch, bounds, node_ranks, iterations, batches_per_slot,
+           last, _schedule, _slots, plan_epoch, scheme_iterations, IterationStats,
+           ReaderContext) -> Trace:
+    n = len(db)
+    if n == 0:
+        raise ConfigError(f"{db.path}: the database holds no records")
+    shared = cls.shared
+    rec = _Recorder()
+    _instrument(db, rec)
+    traced = _traced_class(cls)
+    db.read_around = not cls.advises
+    if shared:
+        per_slot = batches_per_slot or default_batches_per_slot(db, batch, node_ranks)
+        actors = [Actor(k, a, k, b - a) for k, (a, b) in enumerate(bounds)]
+    else:
+        per_slot = 1
+        actors = [Actor(r, r, k, 1) for k, (a, b) in enumerate(bounds) for r in range(a, b)]
+    group = per_slot if shared and cls.walks_slots else 1
+    per_epoch = scheme_iterations(n, ranks, batch, last, cls.scheme)
+    schedule = _schedule(per_epoch, iterations or per_epoch)
+    stops = {schedule[-1][0]: schedule[-1][1] + 1} if schedule and \
+        schedule[-1][1] + 1 < per_epoch else {}
+    mail: dict[int, bytes] = {}
+    Session = _session_methods()
+    sims = []
+    acc = db.accounting
+    for a in actors:
+        ctx = ReaderContext(db, None, a.index, len(actors), 60.0, advise=True)
+        strat = traced(ctx)
+        strat._rec, strat._mail = rec, mail
+        acc.reset()
+        with _alone(ctx):
+            strat.setup()
+        a.setup_pages = np.flatnonzero(acc.touched)
+        sims.append(Session(strategy=strat, db=db, shared=shared,
+                            batches_per_slot=per_slot,
+                            first_consumer=bounds[a.node][0] if shared else a.rank,
+                            node_consumers=a.consumers,
+                            topo=_Shim(rank=a.rank), epoch_stop=0, plan=None))
+    steps: list[Step] = []
+    pending: list[np.ndarray] = [_EMPTY] * len(actors)
+    epoch_now = -1
+    for slot_index, (epoch, first, count) in enumerate(_slots(schedule, per_slot)):
+        if epoch != epoch_now:
+            epoch_now = epoch
+            stop = stops.get(epoch, 0)
+            plan = plan_epoch(n, ranks, batch, last, "none", 0, epoch, None,
+                              scheme=cls.scheme, group=group, node_consumers=node_ranks,
+                              split=stop)
+            for a, sim in zip(actors, sims, strict=True):
+                sim.plan = plan
+                sim.epoch_stop = stop if 0 < stop < plan.iterations else plan.iterations
+                acc.reset()
+                with _alone(sim.strategy.ctx):
+                    sim.strategy.begin_epoch(plan)
+                a.setup_pages = np.union1d(a.setup_pages, np.flatnonzero(acc.touched))
+                rec.take_advised()
+        for a, sim in zip(actors, sims, strict=True):
+            stats = IterationStats(first, batches=count)
+            acc.reset()
+            w0, s0, m0, b0 = rec.walked, rec.skipped, rec.messages, rec.message_bytes
+            rec.chain = None
+            if shared:
+                ids = sim._node_share(plan, first, count)[0]
+            else:
+                ids = plan.records(first, a.rank)
+            refs = sim._fetch_group(plan, first, count, ids, stats)
+            chain, cw, cs = rec.chain if rec.chain is not None else (_EMPTY, w0, s0)
+            advised = _union([pending[a.index], rec.take_advised()])
+            # the next slot's pages, asked for now (counted for the slot they serve); what
+            # asking reads is in this read's pages, as the session accounts it
+            sim._read_ahead(plan, first + count)
+            pending[a.index] = rec.take_advised()
+            tree = np.flatnonzero(acc.touched)
+            walked, skipped = rec.walked - w0, rec.skipped - s0
+            step = Step(slot_index, epoch, first, count, a.index, records=len(refs),
+                        bytes=refs.nbytes, walked=walked, skipped=skipped,
+                        located=len(refs) if cls.shuffles else 0,
+                        tree_pages=tree, value_pages=refs.value_pages(db.psize),
+                        own_pages=refs.pages(db.psize), advised=advised,
+                        chain_pages=chain, chain_walked=cw - w0, chain_skipped=cs - s0,
+                        messages=rec.messages - m0, message_bytes=rec.message_bytes - b0,
+                        prefetched_pages=stats.prefetched_pages,
+                        missed_pages=stats.missed_pages,
+                        redundant_pages=stats.redundant_pages)
+            steps.append(step)
+    return Trace(strategy=cls.name, path=str(db.path), ranks=ranks, nodes=nodes, batch=batch,
+                 psize=db.psize, n_pages=db.file_size // db.psize, n_records=n,
+                 record_bytes=float(db.file_size) / n, batches_per_slot=per_slot,
+                 iterations=len(schedule), epoch_iterations=per_epoch, shared=shared,
+                 read_around=not cls.advises, chained=cls.name.startswith("dm"),
+                 actors=actors, steps=steps, node_ranks=node_ranks)

@@ -1,0 +1,159 @@
+"""lmdbio.scale: the traced page sets, the model's sanity, the cost files, plan-scale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from lmdbio.errors import ConfigError
+from lmdbio.lmdb import Database
+from lmdbio.scale import Costs, epoch_time, load_costs, trace
+from lmdbio.scale.costs import costs_from_mapping
+from tests.lmdbgen import random_items, write_db
+
+FS = Costs(fs_latency_s=5e-4, fs_node_bandwidth_bps=2e9, fs_aggregate_bandwidth_bps=2e10,
+           readahead_bytes=128 << 10, cpu_walk_s=1e-7, cpu_skip_s=1e-8, cpu_page_s=1e-7,
+           cpu_step_s=1e-5, copy_s_per_byte=1e-10, handoff_s_per_slot=1e-5)
+
+
+@pytest.fixture(scope="module")
+def cifar(tmp_path_factory) -> Path:
+    """3,000 records of 3,072 B (one overflow page each), 1,000 a commit."""
+    d = tmp_path_factory.mktemp("scale") / "cifar"
+    d.mkdir()
+    write_db(d, random_items(3000, 3072, seed=3), map_size=1 << 28, commit_every=1000)
+    return d
+
+
+def _table(path: Path):
+    with Database(path, pin_snapshot=False) as db:
+        return db.record_table(), db.psize, db.leaves()
+
+
+def test_indexed_reads_exactly_its_records_pages(cifar: Path) -> None:
+    """Independent count from the record table: a reader of ``indexed`` touches its
+    records' leaves and value pages, nothing else."""
+    tr = trace(cifar, "indexed", 4, 2, 16, iterations=10, batches_per_slot=1)
+    table, psize, _ = _table(cifar)
+    for a in tr.actors:
+        steps = tr.actor_steps(a.index)
+        touched = np.unique(np.concatenate([np.r_[s.tree_pages, s.value_pages]
+                                            for s in steps]))
+        # node a.node's consumers are ranks 2a, 2a+1: 32 consecutive records an iteration
+        ids = np.concatenate([np.arange(it * 64 + 32 * a.node, it * 64 + 32 * a.node + 32)
+                              for it in range(10)])
+        first = table.val_off[ids] // psize
+        last = (table.val_off[ids] + table.val_len[ids] - 1) // psize
+        expect = np.unique(np.r_[table.leaf_pg[ids], first, last])
+        assert np.array_equal(touched, expect)
+    assert all(p["extra_pages"] == 0 for p in tr.page_totals())
+
+
+def test_lmm_walks_the_leaves_of_every_record_before_its_last(cifar: Path) -> None:
+    """LMM's reader 1 walks record by record from the first record: its leaf pages are
+    those of records 0 .. its last one (and at most the next leaf, where the cursor
+    stops)."""
+    tr = trace(cifar, "lmm", 4, 4, 8, iterations=6, batches_per_slot=1)
+    table, _, leaves = _table(cifar)
+    a = tr.actors[1]
+    steps = tr.actor_steps(a.index)
+    got = np.intersect1d(np.unique(np.concatenate([s.tree_pages for s in steps])), leaves)
+    last = 5 * 32 + 8 + 7  # iteration 5, node 1's 8 records
+    expect = np.unique(table.leaf_pg[:last + 1])
+    assert np.isin(expect, got).all()
+    assert np.setdiff1d(got, expect).size <= 1
+
+
+def test_pages_match_the_strategies_own_counts(cifar: Path) -> None:
+    """The traced totals agree with the counts the strategies report (dm-spec's own
+    prefetch figures come from the strategy itself) and are consistent."""
+    for s in ("naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"):
+        tr = trace(cifar, s, 4, 2, 8, iterations=8, batches_per_slot=1)
+        for p in tr.page_totals():
+            assert p["pages_touched"] == p["own_pages"] + p["extra_pages"]
+        assert sum(st.records for st in tr.steps) == 8 * 4 * 8
+
+
+def test_lmm_extra_pages_grow_with_readers_dm_stay_near_zero(cifar: Path) -> None:
+    def extra(strategy: str, readers: int) -> int:
+        tr = trace(cifar, strategy, readers, readers, max(1, 256 // readers),
+                   iterations=8, batches_per_slot=1)
+        return sum(p["extra_pages"] for p in tr.page_totals())
+
+    lmm = [extra("lmm", r) for r in (2, 4, 8)]
+    assert lmm[0] < lmm[1] < lmm[2]
+    for s in ("dm-serial", "dm-spec"):
+        assert all(extra(s, r) <= 2 * r for r in (2, 8))  # the leaf the cursor stops on
+    assert extra("indexed", 8) == 0
+
+
+def test_model_sanity(cifar: Path) -> None:
+    tr = trace(cifar, "dm-serial", 8, 4, 8, iterations=8, batches_per_slot=1)
+    free = epoch_time(tr, Costs(mpi_latency_s=0.0, mpi_bandwidth_bps=float("inf")))
+    assert free.seconds == 0.0
+    slow = epoch_time(tr, FS.replace(fs_latency_s=2e-3)).seconds
+    assert slow > epoch_time(tr, FS).seconds > 0
+    spec = epoch_time(trace(cifar, "dm-spec", 8, 4, 8, iterations=8, batches_per_slot=1),
+                      FS)
+    assert spec.seconds < epoch_time(tr, FS).seconds  # the prefetch takes I/O off the chain
+    # every node reads at least the pages of its own records
+    assert sum(free.node_fs_bytes) >= sum(p["own_pages"] for p in free.pages) * tr.psize
+    lmm4 = epoch_time(trace(cifar, "lmm", 4, 4, 8, iterations=8, batches_per_slot=1), FS)
+    assert lmm4.breakdown["io"] > 0 and lmm4.samples_per_second > 0
+
+
+def test_cost_files(tmp_path: Path) -> None:
+    good = tmp_path / "fs.yaml"
+    good.write_text("source: a note\ncosts:\n  fs_latency_s: 0.001\n  readahead_bytes: 8192\n")
+    c = load_costs(good)
+    assert c.fs_latency_s == 0.001 and c.readahead_bytes == 8192
+    for text, msg in (("fs_latncy_s: 1\n", "unknown cost"), ("fs_latency_s: -1\n", ">= 0"),
+                      ("fs_latency_s: fast\n", "must be a number"), ("[1, 2\n", "YAML"),
+                      ("- 1\n", "mapping"), ("fs_async_depth: 0\n", "> 0")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(text)
+        with pytest.raises(ConfigError, match=msg):
+            load_costs(bad)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_costs(tmp_path / "none.yaml")
+    with pytest.raises(ConfigError):
+        costs_from_mapping({"cpu_walk_s": True})
+
+
+def test_bad_jobs(cifar: Path) -> None:
+    with pytest.raises(ConfigError, match="nodes"):
+        trace(cifar, "lmm", 2, 3, 8)
+    with pytest.raises(ConfigError, match="unknown strategy"):
+        trace(cifar, "fast", 2, 1, 8)
+    with pytest.raises(ConfigError, match="ranks"):
+        trace(cifar, "lmm", 0, 1, 8)
+
+
+def test_plan_scale_cli(cifar: Path, tmp_path: Path, capsys) -> None:
+    from lmdbio.cli import main
+
+    out = tmp_path / "p.json"
+    assert main(["plan-scale", str(cifar), "--ranks", "8", "--nodes", "2",
+                 "--iterations", "4", "--json", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert set(doc["strategies"]) == {"naive-stride", "naive-contig", "lmm", "dm-serial",
+                                      "dm-spec", "indexed"}
+    for r in doc["strategies"].values():
+        assert r["epoch_seconds"] > 0 and r["samples_per_second"] > 0
+        assert len(r["fs_bytes_per_node"]) == 2
+    assert doc["job"]["global_batch"] == 8 * 512
+    assert "samples/s" in capsys.readouterr().out
+    assert main(["plan-scale", str(cifar), "--ranks", "2", "--nodes", "4"]) == 2
+    assert "more than --ranks" in capsys.readouterr().err
+    assert main(["plan-scale", str(tmp_path / "nodb"), "--ranks", "2", "--nodes", "1"]) == 2
+    assert "no such LMDB" in capsys.readouterr().err
+    fs = tmp_path / "fs.yaml"
+    fs.write_text("fs_latncy_s: 1\n")
+    assert main(["plan-scale", str(cifar), "--ranks", "2", "--nodes", "1",
+                 "--fs", str(fs)]) == 2
+    assert "unknown cost" in capsys.readouterr().err
+    assert main(["plan-scale", str(cifar), "--ranks", "2", "--nodes", "1",
+                 "--strategies", "lmm,fast"]) == 2
