@@ -109,6 +109,7 @@ def plot(result: dict) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
     figs = REPO / "docs" / "figures"
     for name in sorted({r["db"] for r in result["runs"]}):
@@ -123,14 +124,17 @@ def plot(result: dict) -> None:
             hi = [r["sensitivity"][s]["high"] for r in runs]
             ax[1].plot(ranks, y, marker="o", label=s)
             ax[1].fill_between(ranks, lo, hi, alpha=0.12)
-        ax[0].set(xscale="log", xlabel="ranks (16 per node)", yscale="symlog",
+        ax[0].set(xscale="log", xlabel="ranks (16 per node)",
                   ylabel="extra MiB read per epoch (all readers)",
                   title=f"{name}-like: extra pages (cf. paper Fig. 10)")
+        ax[0].set_yscale("symlog", linthresh=1.0)
+        ax[0].set_ylim(bottom=0)
         ax[1].set(xscale="log", yscale="log", xlabel="ranks (16 per node)",
                   ylabel="samples/s (band: parameter ranges)",
                   title=f"{name}-like: projected throughput (cf. Fig. 8)")
         for a in ax:
             a.set_xticks(ranks, [str(x) for x in ranks])
+            a.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
             a.grid(alpha=0.3)
         ax[1].legend(fontsize=7)
         fig.tight_layout()
