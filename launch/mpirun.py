@@ -1,6 +1,7 @@
 """``lmdbio-mpirun``: build (and run) the right ``mpiexec`` line for an lmdbio job.
 
     lmdbio-mpirun -n 8 --per-node 4 --hostfile hosts job.yaml -- python train.py --lr 0.1
+    lmdbio launch -n 4 --hosts node1:2,node2:2 job.yaml
     lmdbio launch -n 4 --simulate-nodes 2 --dry-run job.yaml
 
 Open MPI and MPICH (Hydra) spell the same request differently; this module knows both:
@@ -10,6 +11,7 @@ request            Open MPI (5.x, 4.x)                    MPICH / Hydra
 =================  =====================================  ===========================
 ranks per node     ``--map-by ppr:P:node``                ``-ppn P``
 host file          ``--hostfile F``                       ``-f F``
+host list          ``--host h1:2,h2:2 --map-by slot``     ``-hosts h1:2,h2:2``
 export a variable  ``-x NAME=value``                      ``-genv NAME value``
 more ranks than    ``--oversubscribe`` (or the            allowed by default
 cores                ``:oversubscribe`` map modifier)
@@ -27,7 +29,9 @@ command after ``--`` the job runs ``python -m lmdbio.cli run CONFIG``. The MPI f
 the one the installed mpi4py loads (``MPI.Get_library_version()``, read without
 initializing MPI), unless ``--mpi`` says otherwise. With MPICH the launcher replaces
 itself with ``mpiexec`` (``exec``), so signals from a scheduler reach ``mpiexec`` directly;
-Open MPI's ``mpiexec`` runs as its child (:func:`run_with_private_shm`), which forwards them.
+Open MPI's ``mpiexec`` runs as its child (:func:`run_openmpi`), which forwards them, gives a
+one-host job a private /dev/shm folder, and turns a lost host into a non-zero exit (Open
+MPI 5 ends such a job but exits 0).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -42,6 +47,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 from launch.detect import MPI_LAUNCHERS, detect_launcher
 from lmdbio.errors import ConfigError, LmdbioError
@@ -55,7 +61,9 @@ __all__ = [
     "find_mpiexec",
     "flavor_from_version_text",
     "main",
+    "parse_hosts",
     "run",
+    "run_openmpi",
     "split_command",
 ]
 
@@ -79,6 +87,10 @@ class LaunchPlan:
     argv: list[str]
     env: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    #: every rank runs on the launching host (no host list or file, no --per-node below -n,
+    #: not a multi-node Slurm allocation): only then can the launcher own the folder Open
+    #: MPI's shared-memory files go to (a folder made here does not exist on other hosts)
+    one_host: bool = True
 
     def shell_line(self) -> str:
         """The line as a shell would run it (``NAME=value ... mpiexec ...``)."""
@@ -198,6 +210,37 @@ def _slurm_nodes(environ: Mapping[str, str]) -> int:
         return 1
 
 
+_HOST_ENTRY = re.compile(r"^[A-Za-z0-9_.\[\]-]+(:[1-9][0-9]*)?$")
+
+
+def parse_hosts(text: str) -> list[tuple[str, int | None]]:
+    """``"h1:2,h2:2"`` -> ``[("h1", 2), ("h2", 2)]`` (slots ``None`` where not given).
+
+    The syntax both Open MPI's ``--host`` and Hydra's ``-hosts`` take. Raises
+    :class:`~lmdbio.errors.ConfigError` for an empty list, an empty or malformed entry or a
+    host named twice (Open MPI would add the slots up, Hydra not: say it once).
+    """
+    entries = [e.strip() for e in text.split(",")]
+    if not text.strip() or any(not e for e in entries):
+        raise ConfigError(f"--hosts wants HOST[:SLOTS],HOST[:SLOTS],..., got {text!r}")
+    out: list[tuple[str, int | None]] = []
+    for entry in entries:
+        if not _HOST_ENTRY.match(entry):
+            raise ConfigError(f"--hosts: {entry!r} is not HOST or HOST:SLOTS (SLOTS >= 1)")
+        name, _, slots = entry.partition(":")
+        out.append((name, int(slots) if slots else None))
+    names = [n for n, _ in out]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"--hosts names {', '.join(twice)} more than once")
+    return out
+
+
+def _has_option(args: Sequence[str], *names: str) -> bool:
+    """Whether ``args`` hold one of the options ``names`` (``--opt v`` or ``--opt=v``)."""
+    return any(a in names or a.split("=", 1)[0] in names for a in args)
+
+
 # --------------------------------------------------------------------------- building
 
 
@@ -208,6 +251,7 @@ def build_launch(
     config: str | os.PathLike[str] | None = None,
     per_node: int | None = None,
     hostfile: str | os.PathLike[str] | None = None,
+    hosts: str | None = None,
     simulate_nodes: int = 0,
     flavor: str = "auto",
     mpiexec: str | None = None,
@@ -223,11 +267,17 @@ def build_launch(
     uid) are parameters so the line can be built for another machine or tested.
     ``export`` adds variables for the ranks. ``environ`` (default ``os.environ``) is the
     environment ``mpiexec`` will start in: Open MPI settings the user set there are kept.
-    Open MPI jobs on one host (no host file, no ``--per-node`` below ``nprocs``, not a
-    multi-node Slurm allocation) get ``OMPI_MCA_osc=^ucx`` unless it is set (see
+    Open MPI jobs on one host (no host file or list, no ``--per-node`` below ``nprocs``,
+    not a multi-node Slurm allocation) get ``OMPI_MCA_osc=^ucx`` unless it is set (see
     :data:`OPENMPI_ONE_HOST_ENV`); jobs run as root get :data:`OPENMPI_ROOT_ENV`; more ranks
-    than cores get ``--oversubscribe``. Raises :class:`~lmdbio.errors.ConfigError` for
-    impossible requests (``nprocs < 1``, ``simulate_nodes > nprocs``, missing files).
+    than cores get ``--oversubscribe``. ``hosts`` (``"h1:2,h2:2"``, see :func:`parse_hosts`)
+    names the hosts on the line instead of a ``hostfile``; an Open MPI job on a host file
+    or list gets ``--map-by slot`` (fill each host's slots in order) unless ``per_node`` or
+    a ``--map-by`` in ``mpi_args`` says how to map: a default mapping policy in the
+    environment (``PRTE_MCA_rmaps_default_mapping_policy=:oversubscribe``, what the
+    Makefile exports for one host) would otherwise put every rank on the first host.
+    Raises :class:`~lmdbio.errors.ConfigError` for impossible requests (``nprocs < 1``,
+    ``simulate_nodes > nprocs``, missing files, both ``hosts`` and ``hostfile``).
     """
     if nprocs < 1:
         raise ConfigError(f"-n must be at least 1, got {nprocs}")
@@ -264,37 +314,51 @@ def build_launch(
         if not host_path.is_file():
             raise ConfigError(f"hostfile {host_path} does not exist")
         host_path = host_path.resolve()
+    if hosts is not None:
+        if host_path is not None:
+            raise ConfigError("--hosts and --hostfile both name the hosts; give one of them")
+        parse_hosts(hosts)  # raises on a malformed list
+        hosts = hosts.replace(" ", "")
+    several_hosts = host_path is not None or hosts is not None
+    plan_one_host = not several_hosts and (per_node is None or per_node >= nprocs) \
+        and _slurm_nodes(environ) <= 1
 
-    plan = LaunchPlan(flavor=flavor, argv=[mpiexec, "-n", str(nprocs)])
+    plan = LaunchPlan(flavor=flavor, argv=[mpiexec, "-n", str(nprocs)],
+                      one_host=plan_one_host)
     if flavor == "openmpi":
-        # Without a host file the job runs on this host (or a batch allocation): compare
-        # with local cores. With --per-node, assume nodes like this one.
-        over = (host_path is None and nprocs > cores) or (
+        # Without a host file or list the job runs on this host (or a batch allocation):
+        # compare with local cores. With --per-node, assume nodes like this one.
+        over = (not several_hosts and nprocs > cores) or (
             per_node is not None and per_node > cores
         )
         if per_node is not None:
             plan.argv += ["--map-by", f"ppr:{per_node}:node" + (":oversubscribe" if over else "")]
         elif over:
             plan.argv.append("--oversubscribe")
+        elif several_hosts and not _has_option(mpi_args, "--map-by", "-map-by"):
+            plan.argv += ["--map-by", "slot"]
         if over:
             plan.notes.append(f"{nprocs} ranks on {cores} cores: oversubscribing")
         if host_path is not None:
             plan.argv += ["--hostfile", str(host_path)]
+        if hosts is not None:
+            plan.argv += ["--host", hosts]
         for name, value in ranks_env.items():
             plan.argv += ["-x", f"{name}={value}"]
         if is_root:
             plan.env.update(OPENMPI_ROOT_ENV)
-        if host_path is None and (per_node is None or per_node >= nprocs) \
-                and _slurm_nodes(environ) <= 1:
+        if plan_one_host:
             plan.env.update({k: v for k, v in OPENMPI_ONE_HOST_ENV.items() if k not in environ})
     else:
         if per_node is not None:
             plan.argv += ["-ppn", str(per_node)]
         if host_path is not None:
             plan.argv += ["-f", str(host_path)]
+        if hosts is not None:
+            plan.argv += ["-hosts", hosts]
         for name, value in ranks_env.items():
             plan.argv += ["-genv", name, value]
-    if per_node is not None and host_path is None and per_node < nprocs and not environ.get(
+    if per_node is not None and not several_hosts and per_node < nprocs and not environ.get(
         "SLURM_JOB_NODELIST"
     ):
         plan.notes.append(
@@ -322,7 +386,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by ``lmdbio launch`` and ``lmdbio-mpirun``."""
     parser.add_argument("-n", "--nprocs", type=int, required=True, help="number of ranks")
     parser.add_argument("--per-node", type=int, default=None, metavar="P", help="ranks per node")
-    parser.add_argument("--hostfile", default=None, metavar="F", help="MPI host file")
+    hosts = parser.add_mutually_exclusive_group()
+    hosts.add_argument("--hostfile", default=None, metavar="F", help="MPI host file")
+    hosts.add_argument(
+        "--hosts",
+        default=None,
+        metavar="H[:S],...",
+        help="hosts and their slots, e.g. node1:4,node2:4 (Open MPI --host, Hydra -hosts)",
+    )
     parser.add_argument(
         "--simulate-nodes",
         type=int,
@@ -371,6 +442,7 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
         config=args.config,
         per_node=args.per_node,
         hostfile=args.hostfile,
+        hosts=getattr(args, "hosts", None),
         simulate_nodes=args.simulate_nodes,
         flavor=args.mpi,
         mpiexec=args.mpiexec,
@@ -393,8 +465,8 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     env.update(plan.env)
     sys.stdout.flush()
     sys.stderr.flush()
-    if plan.flavor == "openmpi" and Path("/dev/shm").is_dir():
-        return run_with_private_shm(plan.argv, env)
+    if plan.flavor == "openmpi":
+        return run_openmpi(plan.argv, env, private_shm=plan.one_host)
     try:
         os.execve(plan.argv[0], plan.argv, env)
     except OSError as exc:
@@ -402,28 +474,113 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     return 0  # pragma: no cover - execve does not return
 
 
-def run_with_private_shm(argv: Sequence[str], env: dict[str, str]) -> int:
-    """Run ``mpiexec`` with Open MPI's shared-memory files in a private folder of /dev/shm,
-    forward SIGINT/SIGTERM/SIGHUP to it, and remove the folder when it ends.
+#: PRRTE's banners when a host's daemon is gone (host down, killed, network cut): the
+#: daemon lost (it was running) or its launch (ssh) ended before or while it ran; each
+#: followed by a line naming the host
+_LOST_BANNERS = (
+    (b"PRTE has lost communication with a remote daemon",
+     re.compile(rb"Remote daemon:\s*\S+ on node (\S+)")),
+    (b"A daemon failed to report back after being spawned",
+     re.compile(rb"Remote host:\s*(\S+)")),
+)
+
+
+class _LostHosts:
+    """Scans ``mpiexec``'s output (while passing it on) for PRRTE's lost-daemon banners and
+    collects the hosts they name: Open MPI 5 ends a job whose host died but exits 0. The
+    banners come on stdout or stderr (PRRTE prints "failed to report back" on stdout);
+    a banner's lines arrive together on one stream, so one scanner serves both."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.lock = threading.Lock()
+        self.lost = False
+        self.hosts: list[str] = []
+        self._host_line: re.Pattern[bytes] | None = None
+
+    def feed(self, line: bytes) -> None:
+        for banner, host_line in _LOST_BANNERS:
+            if banner in line:
+                self.lost = True
+                self._host_line = host_line
+                return
+        if self._host_line is not None and (m := self._host_line.search(line)):
+            host = m.group(1).decode(errors="replace")
+            if host not in self.hosts:
+                self.hosts.append(host)
+            self._host_line = None
+
+    def message(self) -> str:
+        names = ", ".join(self.hosts) or "a host"
+        return (f"lost host {names}: Open MPI's daemon there died or lost contact (host "
+                "down, killed or cut off), and the job was ended on every host")
+
+
+def _pass_on(stream: IO[bytes], out: IO[str] | None, scan: _LostHosts) -> None:
+    """Copy ``stream`` to ``out`` line by line, feeding ``scan`` (under its lock: stdout
+    and stderr are read by a thread each). A reader that went away (a closed pipe) stops
+    the copying, never the draining: ``mpiexec`` must not block on a full pipe."""
+    binary = getattr(out, "buffer", None)
+    for line in iter(stream.readline, b""):
+        with scan.lock:
+            scan.feed(line)
+        if out is None:
+            continue
+        try:
+            if binary is not None:
+                binary.write(line)
+            else:
+                out.write(line.decode(errors="replace"))
+            out.flush()
+        except (OSError, ValueError):  # closed pipe or file
+            out = None
+    stream.close()
+
+
+def run_openmpi(argv: Sequence[str], env: dict[str, str], private_shm: bool = True) -> int:
+    """Run Open MPI's ``mpiexec`` as a child: forward SIGINT/SIGTERM/SIGHUP to it, pass its
+    output on line by line (stdout to stdout, stderr to stderr) and say when a host was
+    lost, and (``private_shm``) keep its shared-memory files in a private
+    folder of /dev/shm, removed when it ends.
 
     Open MPI unlinks its segments when ranks exit normally, but a rank killed with SIGKILL
     (or an aborted job) leaves them in /dev/shm; with the folder removed afterwards, a job
-    leaves no shared memory behind however it ends. Folders set by the user are kept.
+    leaves no shared memory behind however it ends. Folders set by the user are kept. Only
+    for a job on this host: the folder would not exist on other hosts (Open MPI passes the
+    setting to every rank), whose daemons remove their ranks' segments when the job ends.
     A job ended by Ctrl-C (SIGINT) returns 130 and says "interrupted" (``mpiexec`` ends
-    its ranks with SIGTERM and reports 1).
+    its ranks with SIGTERM and reports 1). A job that lost a host (PRRTE's "lost
+    communication with a remote daemon") returns non-zero, 1 where ``mpiexec`` said 0, and
+    names the host.
     """
     import shutil
     import signal
     import subprocess
     import tempfile
+    import threading
 
-    folder = Path(tempfile.mkdtemp(prefix="lmdbio-job-", dir="/dev/shm"))
-    for key, sub in (("OMPI_MCA_btl_sm_backing_directory", "btl"),
-                     ("OMPI_MCA_osc_sm_backing_directory", "osc")):
-        if key not in env:
-            (folder / sub).mkdir()
-            env[key] = str(folder / sub)
-    child = subprocess.Popen(list(argv), env=env)
+    folder = None
+    if private_shm and Path("/dev/shm").is_dir():
+        folder = Path(tempfile.mkdtemp(prefix="lmdbio-job-", dir="/dev/shm"))
+        for key, sub in (("OMPI_MCA_btl_sm_backing_directory", "btl"),
+                         ("OMPI_MCA_osc_sm_backing_directory", "osc")):
+            if key not in env:
+                (folder / sub).mkdir()
+                env[key] = str(folder / sub)
+    try:
+        child = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE)
+    except BaseException:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    scan = _LostHosts()
+    assert child.stdout is not None and child.stderr is not None
+    copiers = [threading.Thread(target=_pass_on, args=(stream, out, scan), daemon=True)
+               for stream, out in ((child.stdout, sys.stdout), (child.stderr, sys.stderr))]
+    for copier in copiers:
+        copier.start()
     received: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -434,14 +591,20 @@ def run_with_private_shm(argv: Sequence[str], env: dict[str, str]) -> int:
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         code = child.wait()
+        for copier in copiers:  # the rest of the output (a lost-host banner may be last)
+            copier.join(timeout=10)
         if signal.SIGINT in received and code != 0:
             print("lmdbio launch: interrupted", file=sys.stderr)
             return 130
+        if scan.lost:
+            print(f"lmdbio launch: error: {scan.message()}", file=sys.stderr)
+            return code or 1
         return code
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        shutil.rmtree(folder, ignore_errors=True)
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -37,7 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from lmdbio.errors import ConfigError, JobError, LmdbioError
 
@@ -95,10 +95,37 @@ class MPITimeoutError(LmdbioError):
         self.request = request
 
 
-def _world() -> MPI.Comm:
-    from mpi4py import MPI
+#: variables a launcher (mpiexec, srun, Hydra) sets in every rank's environment
+_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_STEP_ID")
 
-    return MPI.COMM_WORLD
+
+def start_mpi() -> Any:
+    """Start MPI in this process (if it has not started) and return mpi4py's ``MPI`` module.
+
+    A process started without a launcher is an MPI singleton, and Open MPI's shared-memory
+    transport leaves its 16 MiB ``sm_segment.*`` file in /dev/shm after such a process exits,
+    even a clean exit. One process needs no transport but ``self``, so a singleton starts
+    with ``OMPI_MCA_btl=self`` (and without the UCX one-sided component, which only prints
+    errors on hosts without InfiniBand). The variables are set only for MPI's start and
+    removed again, so that programs this process starts (an ``mpiexec``) do not inherit
+    them; a user's own settings are left alone. Other MPI libraries ignore them.
+    """
+    added = []
+    if "mpi4py.MPI" not in sys.modules and not any(k in os.environ for k in _LAUNCHED):
+        for key, value in (("OMPI_MCA_btl", "self"), ("OMPI_MCA_osc", "^ucx")):
+            if key not in os.environ:
+                os.environ[key] = value
+                added.append(key)
+    try:
+        from mpi4py import MPI  # MPI starts here and reads the variables
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
+    return MPI
+
+
+def _world() -> MPI.Comm:
+    return start_mpi().COMM_WORLD
 
 
 def _mpi_running() -> bool:
@@ -191,7 +218,7 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
     def __enter__(self) -> abort_on_error:
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if not _failed(exc):
             return False
         if self.comm is None and not _mpi_running() and _launched_ranks() <= 1:
@@ -211,7 +238,7 @@ def _failed(exc: BaseException | None) -> bool:
     return exc is not None and not (isinstance(exc, SystemExit) and exc.code in (0, None))
 
 
-def _abort_job(comm: MPI.Comm, code: int, text: str, last: str) -> None:
+def _abort_job(comm: MPI.Comm, code: int, text: str, last: str) -> NoReturn:
     """Print ``text`` and ``last``, each line prefixed with the rank and host, run the
     :func:`on_shutdown` callbacks, and abort the job with ``code``; never returns."""
     prefix = rank_prefix(comm)
@@ -328,8 +355,8 @@ class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as
                 self.comm = MPI.COMM_WORLD.Dup()
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        if not _failed(exc):
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+        if exc is None or not _failed(exc):
             return False
         quiet_cleanup_warnings()
         if self.comm is None or not _mpi_running():
@@ -358,7 +385,7 @@ class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as
                 message = "; ".join(f"{_ranks_text(r)}: {t}" for t, r in by_text.items())
         raise JobError(message, exit_code=code, quiet=self.comm.Get_rank() != 0) from None
 
-    def _abort(self, code: int, text: str) -> None:
+    def _abort(self, code: int, text: str) -> NoReturn:
         _abort_job(_world(), code, f"error: {text}",
                    f"the other ranks did not fail with it within {self.grace:g} s: "
                    f"aborting the MPI job (exit code {code})")

@@ -11,14 +11,17 @@ derives, for every rank:
   nodes: with simulated nodes, all of them; the ring's waits compare it with the cores.
 * ``node_index`` - nodes numbered 0..n_nodes-1 in the order of their lowest world rank.
 * readers - the first ``readers_per_node`` local ranks of every node. ``readers`` is the
-  communicator of all readers across nodes ordered by world rank (``MPI.COMM_NULL`` on other
+  communicator of all readers across nodes, node by node (``MPI.COMM_NULL`` on other
   ranks); with one reader per node its rank equals the node index.
 * workers - the ranks that train. ``"dedicated"`` mode: the reader does not train, workers
   are the other local ranks; a node where every rank would be a reader (e.g. a node with a
   single rank) falls back to ``"colocated"`` with a logged warning (none in a job of one
   process, which has no other way to run). ``"colocated"`` mode:
   every rank is a worker and the readers also read. ``workers`` is the communicator of all
-  workers ordered by world rank (the trainer's data-parallel group).
+  workers (the trainer's data-parallel group), node by node: a node's workers have
+  consecutive worker ranks, as the node-level strategies' plans need. Node by node means
+  world-rank order where every node is a block of consecutive world ranks (Open MPI's
+  default mapping, Slurm's block distribution), not under a round-robin mapping.
 
 ``device_index`` (this worker's index among its node's workers) is what picks the GPU.
 """
@@ -122,27 +125,6 @@ def _free(comm: Any) -> None:
         comm.Free()
 
 
-_LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_STEP_ID")
-
-
-def _prepare_singleton() -> list[str]:
-    """A process started without mpiexec is an MPI singleton: Open MPI's shared-memory
-    transport would leave its 16 MiB segment file in /dev/shm after exit, and one process
-    needs no transport but ``self``. Only before MPI starts, and only when nothing says the
-    process was launched. Returns the variables it set, to be removed once MPI started (so
-    that programs this process starts, e.g. an mpiexec, do not inherit them)."""
-    import os
-    import sys
-
-    added = []
-    if "mpi4py.MPI" not in sys.modules and not any(k in os.environ for k in _LAUNCHED):
-        for key, value in (("OMPI_MCA_btl", "self"), ("OMPI_MCA_osc", "^ucx")):
-            if key not in os.environ:
-                os.environ[key] = value
-                added.append(key)
-    return added
-
-
 @dataclass(eq=False)
 class Topology:
     """This rank's place in the job; built by the collective :meth:`build`.
@@ -198,15 +180,9 @@ class Topology:
         clamped to the node size. Every argument must be the same on every rank; a wrong
         value raises :class:`~lmdbio.errors.ConfigError` on every rank.
         """
-        import os
+        from lmdbio.mpiutil import agree, start_mpi
 
-        added = _prepare_singleton()
-        from mpi4py import MPI  # MPI starts here and reads the variables
-
-        for key in added:
-            os.environ.pop(key, None)
-
-        from lmdbio.mpiutil import agree
+        MPI = start_mpi()  # mpi4py's module, under its usual name
 
         world = MPI.COMM_WORLD if comm is None else comm
         if world == MPI.COMM_NULL:
@@ -285,8 +261,14 @@ class Topology:
             else tuple(range(n_local_readers, local_size))
         )
 
-        readers = world.Split(color=0 if is_reader else MPI.UNDEFINED, key=rank)
-        workers = world.Split(color=0 if is_worker else MPI.UNDEFINED, key=rank)
+        # Readers and workers node by node (then by local rank): the node-level strategies
+        # give each node a run of consecutive consumers, so a node's workers must hold
+        # consecutive worker ranks. Where nodes are blocks of consecutive world ranks (the
+        # usual mapping) this is world-rank order; a round-robin mapping (Open MPI
+        # --map-by node, srun --distribution=cyclic) interleaves the nodes' world ranks.
+        node_major = node_index * size + local_rank
+        readers = world.Split(color=0 if is_reader else MPI.UNDEFINED, key=node_major)
+        workers = world.Split(color=0 if is_worker else MPI.UNDEFINED, key=node_major)
         n_readers = world.allreduce(1 if is_reader else 0, op=MPI.SUM)
         n_workers = world.allreduce(1 if is_worker else 0, op=MPI.SUM)
         try:

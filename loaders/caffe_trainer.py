@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--summary-json", default=None)
     args = parser.parse_args(argv)
 
-    from mpi4py import MPI
+    from lmdbio.mpiutil import start_mpi
+
+
+    MPI = start_mpi()  # mpi4py's module
 
     from lmdbio.mpiutil import abort_on_error
     from loaders import open as open_loader

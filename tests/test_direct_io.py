@@ -10,6 +10,7 @@ import pytest
 
 from lmdbio.errors import LmdbioError
 from lmdbio.io.direct import NodeCache, page_runs
+from lmdbio.mpiutil import start_mpi
 
 
 def test_page_runs() -> None:
@@ -31,7 +32,7 @@ def file_of_pages(tmp_path: Path) -> tuple[Path, bytes]:
 
 
 def test_pages_arrive_once_in_runs(file_of_pages: tuple[Path, bytes]) -> None:
-    from mpi4py import MPI
+    MPI = start_mpi()  # a singleton that leaves no segment in /dev/shm
 
     path, data = file_of_pages
     cache = NodeCache(MPI.COMM_SELF, path, 4096)
@@ -56,7 +57,7 @@ def test_pages_arrive_once_in_runs(file_of_pages: tuple[Path, bytes]) -> None:
 
 def test_refuses_what_it_cannot_read(file_of_pages: tuple[Path, bytes], tmp_path: Path
                                      ) -> None:
-    from mpi4py import MPI
+    MPI = start_mpi()  # a singleton that leaves no segment in /dev/shm
 
     path, _ = file_of_pages
     with pytest.raises(LmdbioError, match="multiple of 4096"):

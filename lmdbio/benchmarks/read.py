@@ -247,12 +247,12 @@ def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, A
 
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
-    from mpi4py import MPI
-
     from lmdbio.compiled import load_cached_kernels
-    from lmdbio.mpiutil import abort_on_error, sleeping_barrier
+    from lmdbio.mpiutil import abort_on_error, sleeping_barrier, start_mpi
     from lmdbio.reader import ReadOptions, ReadSession
     from lmdbio.topology import Topology
+
+    MPI = start_mpi()  # mpi4py's module
 
     world = MPI.COMM_WORLD
     with abort_on_error():

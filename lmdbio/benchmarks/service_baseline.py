@@ -125,7 +125,10 @@ def sampler_indices(n: int, world: int, rank: int, seed: int, epoch: int) -> np.
 
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     import lmdb
-    from mpi4py import MPI
+
+    from lmdbio.mpiutil import start_mpi
+
+    MPI = start_mpi()  # mpi4py's module
 
     from lmdbio.commands.run import minor_page_faults, process_age
 

@@ -1,9 +1,12 @@
-"""``lmdbio launch -n N [--per-node P] [--hostfile F] [--simulate-nodes K] [--mpi M] CONFIG
--- COMMAND...``: build the ``mpiexec`` line for a job and run it (or print it, ``--dry-run``).
+"""``lmdbio launch -n N [--per-node P] [--hostfile F | --hosts H:S,...] [--simulate-nodes K]
+[--mpi M] [--mpi-arg ARG ...] CONFIG -- COMMAND...``: build the ``mpiexec`` line for a job
+and run it (or print it, ``--dry-run``).
 
 Open MPI and MPICH/Hydra lines are supported; the flavour defaults to the MPI library the
-installed mpi4py loads. The ranks get ``LMDBIO_CONFIG=CONFIG`` (absolute path) and, with
-``--simulate-nodes``, ``LMDBIO_SIMULATE_NODES``. Without a command after ``--`` each rank
+installed mpi4py loads. A job on several hosts (``--hosts`` or ``--hostfile``) exits
+non-zero when a host is lost (Open MPI's own ``mpiexec`` exits 0 then). The ranks get
+``LMDBIO_CONFIG=CONFIG`` (absolute path) and, with ``--simulate-nodes``,
+``LMDBIO_SIMULATE_NODES``. Without a command after ``--`` each rank
 runs ``python -m lmdbio.cli run CONFIG``. Same as the ``lmdbio-mpirun`` script.
 """
 

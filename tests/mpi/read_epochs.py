@@ -164,6 +164,7 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         "consumers_per_node": list(session.consumers_per_node),
         "reader": bool(session.reads),
         "node": topo.node_index,
+        "hostname": topo.hostname,
         "local_rank": topo.local_rank,
         "simulated": topo.simulated,
         "pinned": session.db.stat()["snapshot_pinned"],
