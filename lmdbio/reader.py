@@ -33,6 +33,7 @@ from lmdbio.plan.strategies import (
     Timer,
     strategy_class,
 )
+from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -470,6 +471,8 @@ class ReadSession:
 
     def __init__(self, path: str, topo: Topology, opts: ReadOptions) -> None:
         self.topo, self.opts = topo, opts
+        #: CPU and wall time per stage of this rank's data path (off until enabled)
+        self.stages = StageClock()
         cls = strategy_class(opts.strategy)
         self.cls = cls
         if opts.shuffle != "none" and not cls.shuffles:
@@ -879,14 +882,17 @@ class ReadSession:
         stats = IterationStats(iteration, batches=count)
         acc = self.db.accounting
         acc.reset()
-        if self.shared:
-            ids, pad, sizes = self._node_share(plan, first, count)
-        else:
-            ids = plan.records(iteration, self.topo.rank)
-            sizes = np.array([ids.size])
-            pad = plan.padding(iteration, self.topo.rank)
-        refs = self._fetch_group(plan, first, count, ids, stats)
-        with Timer(stats, "prefetch"):  # the next slot's pages, asked for now
+        clock = self.stages
+        with clock.span("locate"):
+            if self.shared:
+                ids, pad, sizes = self._node_share(plan, first, count)
+            else:
+                ids = plan.records(iteration, self.topo.rank)
+                sizes = np.array([ids.size])
+                pad = plan.padding(iteration, self.topo.rank)
+            refs = self._fetch_group(plan, first, count, ids, stats)
+        # the next slot's pages, asked for now
+        with Timer(stats, "prefetch"), clock.span("read_ahead"):
             self._read_ahead(plan, first + count)
         if self.opts.value_prefix is not None and len(refs):
             refs = self._prefixes(refs)
@@ -895,8 +901,9 @@ class ReadSession:
                                f"{ids.size} ids in iteration {iteration}")
         if self.shared:
             assert self.ring is not None
-            w = self.ring.acquire_slot(self.epoch, iteration)
-            with Timer(stats, "copy"):
+            with clock.span("slot_wait"):
+                w = self.ring.acquire_slot(self.epoch, iteration)
+            with Timer(stats, "copy"), clock.span("slot_fill"):
                 labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
                 if self.by_reference:
                     # records and keys stay in the file: their spans and labels go in the slot
@@ -928,11 +935,12 @@ class ReadSession:
                         w.set_parts(sizes)
                         w.write_part_blobs(compress_parts(self.codec_model, raw, offsets,
                                                           sizes))
-            w.publish(codec="ibp" if self.codec_model is not None else "none",
-                      flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
+            with clock.span("publish"):
+                w.publish(codec="ibp" if self.codec_model is not None else "none",
+                          flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
             self.last_private = None
         else:
-            with Timer(stats, "copy"):
+            with Timer(stats, "copy"), clock.span("slot_fill"):
                 buf, offsets = self.db.gather_refs(refs)
                 koffs, kdata = self.db.keys_of(refs)
             self.last_private = Delivered(self.epoch, iteration, ids, pad, buf, offsets,

@@ -28,6 +28,7 @@ import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
 from lmdbio.plan.epoch import job_epochs
+from lmdbio.stages import StageClock
 from loaders.buffer_pool import BufferPool
 
 log = logging.getLogger("lmdbio.loader")
@@ -372,7 +373,8 @@ class Loader:
         """Continue exactly where ``state`` was taken: the next loop starts at its batch."""
         mine = self.state_dict()
         for key in ("seed", "shuffle", "batch_size", "last", "consumers", "snapshot"):
-            if list(np.atleast_1d(state.get(key))) != list(np.atleast_1d(mine[key])):
+            saved: Any = state.get(key)  # None where the state lacks it: never equal
+            if list(np.atleast_1d(saved)) != list(np.atleast_1d(mine[key])):
                 raise ConfigError(f"load_state_dict: {key} was {state.get(key)!r} when the "
                                   f"state was saved but is {mine[key]!r} now; an exact "
                                   "resume needs the same data, order and world")
@@ -591,7 +593,8 @@ class Loader:
                     raise LmdbioError(f"the reader stopped before epoch {self.epoch} "
                                       f"iteration {it}")
                 try:
-                    batches = future.result()
+                    with self.session.stages.span("handoff"):
+                        batches = future.result()
                 except BaseException:
                     got.release()
                     raise
@@ -601,7 +604,8 @@ class Loader:
         item = batches[it - first]
         batches[it - first] = None  # the loader keeps no reference to a delivered batch
         if isinstance(item, Future):
-            item = item.result()
+            with self.session.stages.span("handoff"):
+                item = item.result()
         elif isinstance(item, partial):
             item = item()
         if it == first + len(batches) - 1:
@@ -665,8 +669,9 @@ class Loader:
         t0 = time.perf_counter()
         # deferred with the checksum: the overflow page headers of records delivered by
         # reference, checked with it on the decoding thread (_make_batches)
-        got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify,
-                                   defer_value_check=defer_verify or defer_values)
+        with self.session.stages.span("receive"):
+            got = self.session.receive(timeout=self.opts.timeout, defer_verify=defer_verify,
+                                       defer_value_check=defer_verify or defer_values)
         self.metrics.wait_seconds += time.perf_counter() - t0
         ring = self.session.ring
         if ring is not None:
@@ -680,9 +685,10 @@ class Loader:
         the reader publishes anyway; in colocated mode only the slots already read ahead
         are dropped (every rank computes the same count from its position).
         """
-        if getattr(self, "_open", None) is None:
+        opened = getattr(self, "_open", None)
+        if opened is None:
             return
-        _, start = self._open
+        _, start = opened
         s = self.session
         self._forget_decoded()
         taken = 0  # a slot received for decoding ahead is already out of the ring
@@ -743,13 +749,15 @@ class Loader:
         from loaders.decode import ROW_PER_RECORD_LAYOUTS
 
         t0 = time.perf_counter()
-        got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
-        offsets = np.asarray(got.offsets, np.int64)
-        payload = np.asarray(got.payload)
-        lengths = got.lengths  # by reference: spans of the database mapping
-        fused = self._parse_fused(got, payload, offsets, lengths)
-        if fused is None:  # (fused batches check their own records, as they read them)
-            got.check_values()  # the overflow page headers of records by reference
+        clock = self.session.stages
+        with clock.span("prepare"):
+            got.verify()  # the slot checksum, where receiving deferred it (look-ahead)
+            offsets = np.asarray(got.offsets, np.int64)
+            payload = np.asarray(got.payload)
+            lengths = got.lengths  # by reference: spans of the database mapping
+            fused = self._parse_fused(got, payload, offsets, lengths)
+            if fused is None:  # (fused batches check their own records, as they read them)
+                got.check_values()  # the overflow page headers of records by reference
         count = got.batches
         if expected is None and self._open is not None:
             expected = self._expected_batches(first)
@@ -766,22 +774,23 @@ class Loader:
             return [partial(self._fused_batch, got, first + j, int(bounds[j]),
                             int(bounds[j + 1]), payload, offsets, ko, kd, fused, lengths,
                             epoch) for j in range(count)]
-        if count > 1 and self.cfg.dataset.layout in ROW_PER_RECORD_LAYOUTS:
-            try:
-                whole = self.decode(payload, offsets, lambda i: bytes(kd[ko[i]:ko[i + 1]]),
-                                    lengths)
-            except LmdbioError:
-                whole = None  # a bad record: batch by batch, where it belongs
-            if whole is not None and (isinstance(whole[0], list) or not whole[2].all()):
-                whole = None
-        for j in range(count):
-            a, b = int(bounds[j]), int(bounds[j + 1])
-            try:
-                part = None if whole is None else (whole[0][a:b], whole[1][a:b])
-                out.append(self._finish_batch(got, first + j, a, b, payload, offsets, ko, kd,
-                                              part, lengths, epoch))
-            except LmdbioError as exc:
-                out.append(exc)
+        with clock.span("assemble"):
+            if count > 1 and self.cfg.dataset.layout in ROW_PER_RECORD_LAYOUTS:
+                try:
+                    whole = self.decode(payload, offsets,
+                                        lambda i: bytes(kd[ko[i]:ko[i + 1]]), lengths)
+                except LmdbioError:
+                    whole = None  # a bad record: batch by batch, where it belongs
+                if whole is not None and (isinstance(whole[0], list) or not whole[2].all()):
+                    whole = None
+            for j in range(count):
+                a, b = int(bounds[j]), int(bounds[j + 1])
+                try:
+                    part = None if whole is None else (whole[0][a:b], whole[1][a:b])
+                    out.append(self._finish_batch(got, first + j, a, b, payload, offsets, ko,
+                                                  kd, part, lengths, epoch))
+                except LmdbioError as exc:
+                    out.append(exc)
         self.metrics.decode_seconds += time.perf_counter() - t0
         return out
 
@@ -794,12 +803,13 @@ class Loader:
         until its last batch is assembled."""
         t0 = time.perf_counter()
         try:
-            got.check_value_rows(a, b)  # overflow page headers, just before the values
-            part = self._assemble_datums(payload, fused.rows(a, b), iteration, epoch)
-            self._assemble_s += _EWMA * (time.perf_counter() - t0 - self._assemble_s)
-            # None: a record of another kind or shape, or a bad one: the general path
-            return self._finish_batch(got, iteration, a, b, payload, offsets, ko, kd, part,
-                                      lengths, epoch, transformed=part is not None)
+            with self.session.stages.span("assemble"):
+                got.check_value_rows(a, b)  # overflow page headers, just before the values
+                part = self._assemble_datums(payload, fused.rows(a, b), iteration, epoch)
+                self._assemble_s += _EWMA * (time.perf_counter() - t0 - self._assemble_s)
+                # None: a record of another kind or shape, or a bad one: the general path
+                return self._finish_batch(got, iteration, a, b, payload, offsets, ko, kd,
+                                          part, lengths, epoch, transformed=part is not None)
         except LmdbioError as exc:
             return exc
         finally:
@@ -829,6 +839,7 @@ class Loader:
         """One batch of :meth:`_parse_fused`'s records, transformed, in pooled memory;
         ``None`` when one of them is not a raw uint8 Datum of the slot's shape."""
         t = self.transform
+        assert t is not None  # only called where _fuses_datums: there is a transform
         n = len(spans)
         if t.is_identity:  # widened only (streaming stores for large batches)
             from loaders.decode import uniform_datums_float32
@@ -842,6 +853,7 @@ class Loader:
         """The random generator of one batch's transform decisions (None: it draws
         nothing)."""
         t = self.transform
+        assert t is not None  # called only when the job has a transform
         if not (t.mirror or (t.crop_size and t.phase == "train")):
             return None
         from loaders.transform import transform_rng
@@ -929,6 +941,7 @@ class Loader:
         draws something (random crops or mirrors).
         """
         t = self.transform
+        assert t is not None  # called only when the job has a transform
         if not data.shape[0] or t.is_identity:  # decoders return fresh arrays: no copy
             return data.astype(np.float32, copy=False)
         rng = self._transform_rng(iteration, epoch)
@@ -946,6 +959,7 @@ class Loader:
         device = self.xp.asarray(data)
         if not data.shape[0]:
             return device.astype(self.xp.float32)
+        assert self.transform is not None  # called only when the job has a transform
         return self.transform(device, self._transform_rng(iteration, epoch), xp=self.xp)
 
     def _apply_policy(self, data, labels, valid, errors, key) -> np.ndarray | None:
@@ -986,10 +1000,17 @@ class Loader:
 
     # ----------------------------------------------------------------- lifecycle
     def summary(self) -> dict[str, Any]:
-        """This rank's metrics and role, JSON-able."""
+        """This rank's metrics and role, JSON-able; ``stages``: CPU and wall seconds per
+        stage of the data path, where :attr:`stages` was enabled (see :mod:`lmdbio.stages`)."""
         return {"rank": self.topo.rank, "node": self.topo.node_index,
                 "worker": self.is_worker, "reader": self.session.reads,
-                **self.metrics.as_dict()}
+                **self.metrics.as_dict(), "stages": self.stages.as_dict()}
+
+    @property
+    def stages(self) -> StageClock:
+        """This rank's per-stage clock (reader and worker stages alike); set ``enabled``
+        to measure, e.g. for a warm-up epoch: each span costs about two microseconds."""
+        return self.session.stages
 
     def close(self) -> None:
         """Collective: stop the readers, free shared memory and communicators."""

@@ -48,6 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="checksum of each worker's part of a node batch in shared memory "
                         "(overrides readers.checksum, default xxh64; none where the batch path "
                         "is trusted)")
+    parser.add_argument("--stages", action="store_true",
+                        help="time every stage of the data path (CPU and idle microseconds "
+                        "per sample, by role, in the summary and --metrics-json); costs about "
+                        "two microseconds per stage and batch")
     parser.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
                         help="batches per worker left out of the steady-state figures "
                         "(default 2)")
@@ -147,13 +151,15 @@ class SteadyMeter:
 def count_reads(session: Any, meter: SteadyMeter) -> None:
     """Mark ``meter`` once per iteration a dedicated reader publishes, when it publishes it
     (a slot of several iterations marks them all; measurement only: wraps this session's
-    ``read_group``)."""
+    ``read_group``). The session's stage clock restarts where the steady window opens."""
     read = session.read_group
 
     def counted(first: int, count: int) -> Any:
         stats = read(first, count)
         for _ in range(count):
             meter.mark()
+            if meter.count == meter.warmup:
+                session.stages.reset()
         return stats
 
     session.read_group = counted
@@ -194,12 +200,39 @@ def totals(summaries: list[dict[str, Any]], nodes: int, strategy: str, mode: str
         total["steady"]["cpu_microseconds_per_sample"] = 1e6 * cpu / max(samples, 1)
     total["cpu_seconds"] = sum(s["loop"]["cpu_seconds"] for s in summaries)
     total["cpu_microseconds_per_sample"] = 1e6 * total["cpu_seconds"] / max(total["samples"], 1)
+    # per sample of the steady window, where the stage clocks were restarted
+    by_role = stages_by_role(summaries, total.get("steady", total)["samples"])
+    if by_role:
+        total["stages_us_per_sample"] = by_role
     ages = [s["startup"] for s in summaries if s.get("startup")]
     if ages:
         total["startup"] = {k: max(a[k] for a in ages if a.get(k) is not None)
                             for k in ("to_open", "open_seconds", "to_first_batch")
                             if any(a.get(k) is not None for a in ages)}
     return total
+
+
+def stages_by_role(summaries: list[dict[str, Any]], samples: int
+                   ) -> dict[str, dict[str, dict[str, float]]]:
+    """The job's CPU and idle microseconds per delivered sample, by role (``reader``: every
+    rank's reader stages, dedicated or colocated; ``worker``: every worker's) and stage;
+    empty when no rank timed its stages."""
+    from lmdbio.stages import READER_STAGES, WORKER_STAGES, merged, per_sample
+
+    parts = [s.get("stages") or {} for s in summaries]
+    out = {}
+    for role, names in (("reader", READER_STAGES), ("worker", WORKER_STAGES)):
+        mine = merged([{k: v for k, v in p.items() if k in names} for p in parts])
+        if mine:
+            out[role] = per_sample({k: mine[k] for k in names if k in mine}, samples)
+    return out
+
+
+def stage_lines(by_role: dict[str, dict[str, dict[str, float]]]) -> list[str]:
+    """One line per role: each stage's CPU (and idle) microseconds per sample."""
+    return [f"[lmdbio] {role} per sample: " + ", ".join(
+        f"{name} {s['cpu_us']:.2f} us CPU ({s['idle_us']:.2f} idle)"
+        for name, s in stages.items()) for role, stages in by_role.items()]
 
 
 @contextlib.contextmanager
@@ -239,6 +272,7 @@ def main(args: argparse.Namespace) -> int:
                 d.mkdir(parents=True, exist_ok=True)
                 log = open(d / f"rank-{loader.topo.rank:05d}.log", "w")  # noqa: SIM115
                 log.write("# epoch iteration key label padding\n")
+            loader.stages.enabled = bool(getattr(args, "stages", False))
             meter = SteadyMeter(warmup)
             meter.begin(loader.metrics)
             reader_meter = None
@@ -273,6 +307,8 @@ def main(args: argparse.Namespace) -> int:
                         if step > 0:
                             time.sleep(step)
                         meter.mark(loader.metrics)
+                        if meter.count == warmup and loader.is_worker:
+                            loader.stages.reset()  # stages timed in the steady window only
             finally:
                 if log is not None:
                     log.close()
@@ -311,6 +347,8 @@ def main(args: argparse.Namespace) -> int:
                              f"the ring {100 * st['blocked_fraction_mean']:.1f}%, in the "
                              f"loader {100 * st['loader_fraction_mean']:.1f}%)")
                 print(line, flush=True)
+                for text in stage_lines(total.get("stages_us_per_sample", {})):
+                    print(text, flush=True)
                 if args.metrics_json:
                     Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n")
     return 0
