@@ -30,11 +30,21 @@ run: setup
 
 lint: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
+# The quick loop: every test that starts no mpiexec job (an unmarked one that does fails).
 unit: setup
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	LMDBIO_TESTS_WITHOUT_MPIEXEC=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider \
+		-m "not mpiexec" tests
 
-test: lint unit
+# The MPI jobs: tests that start mpiexec, then the collective tests pytest-mpi runs inside
+# every rank of one job.
+mpi: setup
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -m mpiexec tests
+	$(BIN)/mpiexec -n 2 $(BIN)/python -m pytest -q -rs -p no:cacheprovider --with-mpi \
+		tests/test_collectives.py
+
+test: lint unit mpi
 
 bench: setup
 	$(BIN)/python -m pip install -q -e '.[bench]'

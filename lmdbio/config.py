@@ -742,7 +742,7 @@ def _build(
                 ok = False
             continue
         value = raw[name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             built = _build(tp, value, path, ctx, raw, name)
             if built is None:
                 ok = False
@@ -1015,7 +1015,7 @@ def render_reference() -> str:
     top_scalars = []
     for f in dataclasses.fields(JobConfig):
         tp = hints[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines += _render_section(f.name, tp, f.metadata["doc"])
         else:
             top_scalars.append(f)
@@ -1108,7 +1108,7 @@ def _yaml_defaults() -> list[str]:
             for g in dataclasses.fields(DatasetConfig):
                 if g.default is not dataclasses.MISSING:
                     defaults["dataset"][g.name] = g.default
-        elif dataclasses.is_dataclass(tp):
+        elif isinstance(tp, type) and dataclasses.is_dataclass(tp):
             defaults[f.name] = _to_dict(tp())
         else:
             defaults[f.name] = f.default

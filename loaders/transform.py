@@ -297,7 +297,7 @@ def transform_batch(
     draw: TransformDraw,
     *,
     crop_size: int = 0,
-    scale: float = 1.0,
+    scale: float | np.floating = 1.0,
     mean: Any = None,
     mean_values: Any = None,
     out: Any = None,

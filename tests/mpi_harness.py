@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -34,6 +35,8 @@ REPO = TESTS.parent
 MPI_SCRIPTS = TESTS / "mpi"
 RESULT_DIR_ENV = "MPI_HARNESS_RESULT_DIR"
 RESULT_PREFIX = "RESULT "
+#: set by ``make unit``: starting mpiexec is then an error (an unmarked MPI test)
+NO_MPIEXEC_ENV = "LMDBIO_TESTS_WITHOUT_MPIEXEC"
 #: a script for :func:`run_mpi` that runs the ``lmdbio`` command line with its arguments
 CLI_SCRIPT = """
 import sys
@@ -58,7 +61,14 @@ def mpiexec_path() -> Path | None:
 
 
 def require_mpiexec() -> Path:
-    """``mpiexec`` or skip the test (an environment without MPI cannot run MPI tests)."""
+    """``mpiexec`` or skip the test (an environment without MPI cannot run MPI tests).
+
+    Under ``make unit`` (``LMDBIO_TESTS_WITHOUT_MPIEXEC`` set) a test that gets here fails:
+    it starts mpiexec but lacks the ``mpiexec`` marker that keeps it out of the quick loop.
+    """
+    if os.environ.get(NO_MPIEXEC_ENV):
+        pytest.fail("this test starts mpiexec but is not marked @pytest.mark.mpiexec "
+                    f"({NO_MPIEXEC_ENV} is set: make unit runs no MPI jobs)")
     p = mpiexec_path()
     if p is None:
         pytest.skip(f"no mpiexec next to {sys.executable}")
@@ -156,6 +166,7 @@ def run_mpi(
         full_env["PYTHONUNBUFFERED"] = "1"
         if env:
             full_env.update(env)
+        shm_folder = _private_shm_folder(full_env)
         argv = [
             str(mpiexec),
             "-n",
@@ -186,12 +197,40 @@ def run_mpi(
         finally:
             if proc.poll() is None:  # e.g. KeyboardInterrupt in communicate()
                 _kill_group(proc)
-        _kill_session(proc.pid)  # no rank may outlive its run (e.g. after an abort)
+            _kill_session(proc.pid)  # no rank may outlive its run (e.g. after an abort)
+            if shm_folder is not None:
+                shutil.rmtree(shm_folder, ignore_errors=True)
         run = CompletedRun(argv, proc.returncode, out, err, time.monotonic() - t0)
         run.results = _collect(result_dir, out)
     if check:
         run.check()
     return run
+
+
+def _private_shm_folder(env: dict[str, str]) -> Path | None:
+    """Point Open MPI's shared-memory files (``btl/sm`` segments, ``osc/sm`` windows) into
+    a fresh folder of /dev/shm unless ``env`` names folders already (a test that inspects
+    them); returns the folder, which the caller removes after the run.
+
+    A rank that is killed (a hung job here, a test that kills one) leaves its
+    ``sm_segment.*`` file behind in /dev/shm otherwise, and a suite run would leak one per
+    killed job, as ``lmdbio launch`` prevents for users the same way."""
+    if not os.path.isdir("/dev/shm"):
+        return None
+    keys = [k for k, sub in _BACKING_DIRECTORIES if k not in env]
+    if not keys:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="lmdbio-test-mpi-", dir="/dev/shm"))
+    for key, sub in _BACKING_DIRECTORIES:
+        if key in keys:
+            (folder / sub).mkdir()
+            env[key] = str(folder / sub)
+    return folder
+
+
+#: Open MPI's settings for where its shared-memory files go, and a sub-folder for each
+_BACKING_DIRECTORIES = (("OMPI_MCA_btl_sm_backing_directory", "btl"),
+                        ("OMPI_MCA_osc_sm_backing_directory", "osc"))
 
 
 def _session_pids(sid: int) -> list[int]:

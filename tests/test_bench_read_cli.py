@@ -22,7 +22,7 @@ from mpi_harness import CLI_SCRIPT, run_mpi
 from lmdbio.benchmarks.targets import check_document
 from lmdbio.plan.epoch import iterations_per_epoch
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.mpiexec]
 
 RECORDS, BATCH, RANKS, NODES = 300, 8, 4, 2
 

@@ -139,6 +139,7 @@ def test_launch_counts_cores_as_open_mpi_counts_slots(tmp_path: Path,
     assert mpirun._cores(tmp_path / "elsewhere") == 4  # no topology: logical CPUs
 
 
+@pytest.mark.mpiexec
 def test_launch_simulated_nodes_reach_lmdbio_run(db: Path, tmp_path: Path) -> None:
     """``lmdbio launch -n 4 --simulate-nodes 2 JOB -- lmdbio run JOB`` from a plain shell:
     the job runs as 2 nodes, without Open MPI's osc/ucx error lines; the batch larger than
@@ -239,6 +240,7 @@ def _truncated_copy(db: Path, dst: Path) -> Path:
     return dst
 
 
+@pytest.mark.mpiexec
 @pytest.mark.parametrize("case", ["missing-dataset", "truncated-file"])
 def test_a_user_error_under_mpiexec_is_one_message_from_rank_0(db: Path, tmp_path: Path,
                                                                  case: str) -> None:
@@ -260,6 +262,7 @@ def test_a_user_error_under_mpiexec_is_one_message_from_rank_0(db: Path, tmp_pat
         run.output()
 
 
+@pytest.mark.mpiexec
 def test_an_error_on_one_rank_still_ends_the_job(tmp_path: Path) -> None:
     """Rank 1 fails while the others wait for it in a barrier: they cannot join the report,
     so after the grace rank 1 says what failed and aborts the job (never a hang)."""
@@ -279,6 +282,7 @@ def test_an_error_on_one_rank_still_ends_the_job(tmp_path: Path) -> None:
     assert "aborting the MPI job" in run.stderr, run.output()
 
 
+@pytest.mark.mpiexec
 def test_every_rank_failing_reports_once_with_the_agreed_exit_code() -> None:
     """Every rank fails (ranks 0 and 2 alike, rank 1 otherwise): one report from rank 0
     naming each distinct error and its ranks, every rank exits 2, none aborts."""
@@ -333,6 +337,7 @@ def test_ctrl_c_on_one_process_is_interrupted_with_exit_code_130(db: Path, tmp_p
     assert err.strip().splitlines()[-1] == "lmdbio run: interrupted", err
 
 
+@pytest.mark.mpiexec
 def test_ctrl_c_on_a_launched_job_is_interrupted_with_exit_code_130(db: Path,
                                                                      tmp_path: Path) -> None:
     mpiexec = require_mpiexec()

@@ -221,6 +221,7 @@ def test_build_launch_rejects(kwargs: dict, message: str) -> None:
         mpirun.build_launch(nprocs, command, **args)
 
 
+@pytest.mark.mpiexec
 def test_detected_flavor_matches_the_installed_mpiexec() -> None:
     require_mpiexec()
     imported_before = "mpi4py.MPI" in sys.modules
@@ -291,6 +292,7 @@ def test_refuses_to_nest_inside_an_mpi_job(config: Path, monkeypatch) -> None:
 # --------------------------------------------------------------------------- real launch
 
 
+@pytest.mark.mpiexec
 def test_real_launch_two_ranks(config: Path) -> None:
     """``python -m launch.mpirun`` execs mpiexec; each rank sees the exported variables."""
     require_mpiexec()

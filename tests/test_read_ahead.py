@@ -70,7 +70,7 @@ def _cold(path: Path, db: Database) -> None:
     db.read_around = False
 
 
-def _eventually(check, seconds: float = 5.0) -> bool:
+def _eventually(check, seconds: float = 60.0) -> bool:
     import time
 
     deadline = time.monotonic() + seconds
@@ -138,10 +138,10 @@ def test_indexed_fetch_asks_for_its_values_unless_turned_off(cifar_like, open_st
     refs = s.fetch(plan, 5, ids, IterationStats(5))
     pages = refs.value_pages(db.psize)
     assert pages.min() >= 16
-    arrived = _eventually(lambda: np.isin(pages, _resident_db_pages(cifar_like, db)).all(),
-                          seconds=5.0 if advise else 0.5)
-    assert arrived == advise
-    if not advise:
+    if advise:  # they arrive (the bound only ends a wait that would never end)
+        assert _eventually(
+            lambda: np.isin(pages, _resident_db_pages(cifar_like, db)).all(), seconds=60.0)
+    else:  # no read was asked for: none of them is in the page cache
         assert not np.isin(pages, _resident_db_pages(cifar_like, db)).any()
 
 

@@ -34,7 +34,7 @@ from lmdbio.lmdb import Database
 from lmdbio.plan.strategies import STRATEGIES
 from lmdbio.reader import ReadOptions, ReadSession
 
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.timeout(240), pytest.mark.mpiexec]
 
 WALKERS = ("naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec")
 LASTS = ("pad", "drop", "partial")

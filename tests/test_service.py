@@ -21,6 +21,8 @@ from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
 from tests.lmdbgen import read_pylmdb, write_db
 from tests.mpi_harness import CLI_SCRIPT, OPENMPI_ENV, require_mpiexec, run_mpi
 
+pytestmark = pytest.mark.mpiexec  # every test here starts mpiexec jobs
+
 N_RECORDS = 203  # not a multiple of any batch used below: the last batch matters
 
 
@@ -149,10 +151,10 @@ STOP_CASES = [
          "readers.batches_per_slot=3"], 5, []),
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
          "readers.batches_per_slot=3"], 7, []),
-    # the whole epoch in one slot, cut in its first slot; workers step slowly, so the
-    # dedicated reader has published it before they finish epoch 0 (decoded ahead as the
+    # the whole epoch in one slot, cut in its first slot; workers wait at epoch 0's last
+    # batch until the dedicated reader has published it, so it is decoded ahead (as the
     # whole slot, which it is not)
-    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"], 4, ["--step", "0.01"]),
+    (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"], 4, ["--await-next-epoch"]),
     (2, ["readers.strategy=naive-stride"], 5, []),
 ]
 
@@ -237,14 +239,15 @@ def test_set_epoch_after_leaving_an_epoch_delivers_that_epoch(datum_db, override
 @pytest.mark.parametrize("per_slot", [1, 2])
 def test_next_epoch_decoded_ahead_gives_the_same_batches(datum_db, per_slot):
     """A dedicated worker decodes the next epoch's first slot during the previous epoch's
-    last step (the reader is ahead: the trainer sleeps a step per batch). The batches -
-    ids, epoch labels, transformed pixels (random crops and mirrors seeded by epoch) - equal
-    those of the same job without it."""
+    last step (the reader is ahead: the job waits at each epoch's last batch until the
+    reader has published the next epoch's first slot). The batches - ids, epoch labels,
+    transformed pixels (random crops and mirrors seeded by epoch) - equal those of the same
+    job without it."""
     sets = [a for o in ["readers.strategy=indexed", "shuffle.mode=global", "batch.size=16",
                         "transform.crop_size=4", "transform.mirror=true",
                         f"readers.batches_per_slot={per_slot}"] for a in ("--set", o)]
-    args = [str(datum_db), *sets, "--epochs", "3", "--step", "0.02"]
-    ahead = run_mpi(2, "loader_job.py", args, timeout=120).results
+    args = [str(datum_db), *sets, "--epochs", "3"]
+    ahead = run_mpi(2, "loader_job.py", [*args, "--await-next-epoch"], timeout=120).results
     inline = run_mpi(2, "loader_job.py", [*args, "--no-epoch-look-ahead"],
                      timeout=120).results
     worker = next(r for r, res in ahead.items() if res[-1]["worker"])
@@ -276,7 +279,8 @@ def test_an_error_while_decoding_ends_a_dedicated_job_promptly(datum_db, tmp_pat
     out = run.stdout + run.stderr
     assert run.returncode == 2, run.output()  # both ranks failed: one report, exit 2
     assert "lmdbio run: error: rank 1: transform." in out, run.output()
-    assert "RingTimeoutError" not in out and run.elapsed < 45, run.output()
+    # waiting out the ring's 120 s timeout would overrun the run's 90 s bound and fail it
+    assert "RingTimeoutError" not in out, run.output()
 
 
 def _wait_for_batches(proc: subprocess.Popen, logs, workers: int, seconds: float) -> None:
@@ -317,15 +321,12 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
         victims = [int(p) for p in ranks if int(p) not in launcher]
         assert victims, "no rank process found"
         os.kill(victims[-1], signal.SIGKILL)
-        t0 = time.monotonic()
-        proc.wait(timeout=60)
-        assert time.monotonic() - t0 < 60
+        proc.wait(timeout=60)  # bounds a hang: the job must end, not wait out a timeout
         assert proc.returncode != 0
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    time.sleep(1)
     # the launcher runs Open MPI with its shared-memory files (the node ring's window
     # included) in a private folder of /dev/shm and removes it however the job ends; other
     # jobs on this machine may be adding files to /dev/shm meanwhile, so look at ours only

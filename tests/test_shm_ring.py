@@ -61,6 +61,7 @@ def by_scenario(run) -> dict[str, dict[int, dict]]:
     return out
 
 
+@pytest.mark.mpiexec
 def test_ring_scenarios_one_node(shm_env):
     specs = ["roundtrip:1", "roundtrip:2", "roundtrip:4", "hold:1", "hold:3", "corrupt",
              "capacity", "resize", "config", "views"]
@@ -93,6 +94,7 @@ def test_ring_scenarios_one_node(shm_env):
     assert leftovers(shm_env) == []
 
 
+@pytest.mark.mpiexec
 def test_ring_two_simulated_nodes(shm_env):
     specs = ["roundtrip:2", "hold:2", "corrupt"]
     run = run_mpi(4, SCENARIOS, ["2", "--checksum=crc32", *specs], timeout=60, env=shm_env)
@@ -106,6 +108,7 @@ def test_ring_two_simulated_nodes(shm_env):
     assert leftovers(shm_env) == []
 
 
+@pytest.mark.mpiexec
 def test_ring_colocated_single_rank_nodes(shm_env):
     run = run_mpi(2, SCENARIOS, ["2", "--checksum=crc32", "solo:1", "solo:3"], timeout=60,
                   env=shm_env)
@@ -156,6 +159,7 @@ def read_markers(marker_dir: Path) -> dict[int, str]:
         ("no-close", 1, "exited without closing the ring"),
     ],
 )
+@pytest.mark.mpiexec
 def test_failure_ends_the_job(shm_env, tmp_path, mode, origin, phrase):
     run = run_mpi(4, FAILURES, [mode, str(tmp_path)], timeout=45, env=shm_env, check=False)
     assert run.returncode != 0, run.output()

@@ -60,12 +60,14 @@ def _check_symmetric(run, n: int, case: int, data: bytes, attempts: int | None) 
         assert r["pointer_decodes"]  # rank 0's raw pointer means the same byte everywhere
 
 
+@pytest.mark.mpiexec
 def test_symmetric_mapping_one_rank(data_file) -> None:
     path, data = data_file
     run = run_mpi(1, "symmap_check.py", [json.dumps([{"path": str(path)}])], timeout=60)
     _check_symmetric(run, 1, 0, data, None)
 
 
+@pytest.mark.mpiexec
 def test_symmetric_mapping_two_ranks_and_bad_inputs(data_file, tmp_path: Path) -> None:
     path, data = data_file
     (tmp_path / "m0").symlink_to(path)  # rank 1 has no file
@@ -88,6 +90,7 @@ def test_symmetric_mapping_two_ranks_and_bad_inputs(data_file, tmp_path: Path) -
         assert "cannot map" in _case(run, rank, 3)["error"]
 
 
+@pytest.mark.mpiexec
 def test_four_ranks_retry_and_fallback(data_file) -> None:
     path, data = data_file
     p = str(path)

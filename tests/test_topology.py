@@ -156,6 +156,7 @@ def _check_case(run, n: int, index: int, case) -> None:
 @pytest.mark.parametrize(
     ("n", "cases"), [(1, CASES_1), (2, CASES_2), (4, CASES_4)], ids=["1rank", "2ranks", "4ranks"]
 )
+@pytest.mark.mpiexec
 def test_topology_splits(n: int, cases) -> None:
     errors = [e for e in ERRORS if n >= e[2]]
     configs = [c[0] for c in cases] + [e[0] for e in errors]

@@ -14,26 +14,11 @@ from mpi_harness import REPO, run_mpi
 from lmdbio.errors import LmdbioError
 from lmdbio.mpiutil import AgreementError, on_shutdown, remove_shutdown, run_shutdown
 
-
-def test_agree_and_timeouts() -> None:
-    run = run_mpi(3, "agree_check.py", ["1"], timeout=60)
-    for rank in range(3):
-        first = run.results[rank][0]
-        assert first["agree"]["failures"] == {"1": "disk of rank 1 is full"}
-        assert "failed on 1 of 3 ranks ([1])" in first["agree"]["msg"]
-        assert first["agreed"]["failures"] == {"1": "MemoryError: no room on rank 1"}
-        # the rank that failed chains its own exception
-        assert first["agreed"]["cause"] == ("MemoryError" if rank == 1 else None)
-        assert first["agree_ok"] is None  # all fine: no exception anywhere
-        assert first["comm_null"] == "LmdbioError"
-    assert run.result(0)["timeouts"] == {
-        "recv_timed_out": True,  # the exception carries the pending request
-        "recv_later": {"payload": 42},  # ... which completes later
-        "barrier_timed_out": True,
-        "barrier_completed": True,
-    }
+# agree / agreed / the timeout helpers inside the ranks of one job: tests/test_collectives.py
+# (pytest-mpi, make mpi)
 
 
+@pytest.mark.mpiexec
 def test_abort_on_error_ends_the_job_instead_of_hanging(tmp_path: Path) -> None:
     # ranks 0, 1, 3 wait in a barrier rank 2 never reaches: without the abort the harness
     # would hit its timeout and fail the test
@@ -108,6 +93,7 @@ def test_shutdown_callbacks_run_on_signal(
     assert marker.read_text() == reason + "\n"
 
 
+@pytest.mark.mpiexec
 def test_abort_on_a_config_error_prints_its_message_not_a_traceback() -> None:
     """A configuration mistake ends the job like any error, named by one line per rank
     (a traceback would read as a crash of lmdbio)."""

@@ -189,7 +189,7 @@ class Database:
     ) -> None:
         self.path = _resolve_file(path)
         self._mmap: mmap.mmap | None = None
-        self._pin_obj = None
+        self._pin_obj: SnapshotPin | None = None
         if buffer is None:
             size = self.path.stat().st_size
             if size == 0:
@@ -198,7 +198,7 @@ class Database:
                 self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
             buffer = np.frombuffer(self._mmap, dtype=np.uint8)
         self.buf: np.ndarray = buffer
-        self.mv = memoryview(buffer).cast("B") if buffer.ndim == 1 else memoryview(buffer)
+        self.mv = buffer.data.cast("B") if buffer.ndim == 1 else buffer.data
         self.address = address
         self.file_size = int(buffer.shape[0])
         self._closed = False

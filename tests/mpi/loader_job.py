@@ -10,7 +10,10 @@ delivers. --stop K stops the last epoch after K batches (``set_epoch(e, stop_ite
 as a trainer at its last iteration does; with --resume-at, epoch 0, and the resumed run
 takes the stop from the state). Reading ranks emit the slot groups they read (``reads``).
 --step S sleeps S seconds per batch on workers (a trainer's step);
---no-epoch-look-ahead turns off decoding the next epoch's first slot ahead (for comparison).
+--no-epoch-look-ahead turns off decoding the next epoch's first slot ahead (for comparison);
+--await-next-epoch makes it certain instead: at each epoch's last batch but the final
+epoch's, a worker waits until its reader has published the next epoch's first slot (so the
+test does not depend on a trainer's sleep being long enough on a busy machine).
 """
 
 from __future__ import annotations
@@ -49,6 +52,24 @@ def consume(loader, epochs, state_at=None, break_at=None, step=0.0, stop=None):
     return out, state
 
 
+def await_next_epoch(loader, epochs: int, seconds: float = 60.0) -> None:
+    """Make ``loader``'s epoch look-ahead find the next epoch's first slot published: wait
+    (sleeping, bounded by ``seconds``) until the ring holds a slot before it looks."""
+    look_ahead = loader._look_ahead_epoch
+
+    def waited():
+        if loader.epoch + 1 < epochs:
+            deadline = time.monotonic() + seconds
+            while not loader.session.poll():
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"no slot of epoch {loader.epoch + 1} published in "
+                                       f"{seconds:g} s")
+                time.sleep(0.005)
+        look_ahead()
+
+    loader._look_ahead_epoch = waited
+
+
 def record_reads(session):
     """The ``[epoch, first iteration, batches]`` of every slot group ``session`` reads."""
     reads = []
@@ -71,6 +92,7 @@ def main() -> None:
     p.add_argument("--break-at", type=int, default=None)
     p.add_argument("--step", type=float, default=0.0)
     p.add_argument("--no-epoch-look-ahead", action="store_true")
+    p.add_argument("--await-next-epoch", action="store_true")
     p.add_argument("--stop", type=int, default=None)
     args = p.parse_args()
     cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
@@ -79,6 +101,8 @@ def main() -> None:
         with loaders.open(cfg, args.overrides) as loader:
             if args.no_epoch_look_ahead:
                 loader._look_ahead_epoch = lambda: None
+            elif args.await_next_epoch and loader.is_worker:
+                await_next_epoch(loader, args.epochs)
             reads = record_reads(loader.session)
             got, state = consume(loader, args.epochs if args.resume_at is None else 1,
                                  args.resume_at, args.break_at, args.step, args.stop)
