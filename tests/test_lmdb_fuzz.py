@@ -16,13 +16,16 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_mutated_files_never_crash_or_hang():
+def run_fuzzer(args: list[str], timeout: float) -> tuple[int, int]:
+    """Run ``tests/fuzz_lmdb.py ARGS`` in a subprocess (a crash of the interpreter fails the
+    test instead of the run; ``timeout`` only ends a hang) and return its counts of mutated
+    files that read as data and as an LmdbioError."""
     env = dict(os.environ)
     env.setdefault("NUMBA_CACHE_DIR", str(REPO / "build" / "numba-cache"))
     try:
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "tests" / "fuzz_lmdb.py"), "--examples", "1500"],
-            capture_output=True, text=True, timeout=240, env=env, cwd=REPO)
+        proc = subprocess.run([sys.executable, str(REPO / "tests" / "fuzz_lmdb.py"), *args],
+                              capture_output=True, text=True, timeout=timeout, env=env,
+                              cwd=REPO)
     except subprocess.TimeoutExpired as exc:
         tail = (exc.stderr or b"")[-2000:]
         raise AssertionError(f"fuzzing hung; last cases:\n{tail}") from None
@@ -30,6 +33,10 @@ def test_mutated_files_never_crash_or_hang():
     assert proc.returncode == 0, f"exit {proc.returncode}; last output:\n{last_cases}"
     m = re.search(r"RESULT ok=(\d+) error=(\d+)", proc.stdout)
     assert m, proc.stdout
-    ok, errors = int(m.group(1)), int(m.group(2))
+    return int(m.group(1)), int(m.group(2))
+
+
+def test_mutated_files_never_crash_or_hang():
+    ok, errors = run_fuzzer(["--examples", "1500"], timeout=240)
     # the mutations must really exercise both outcomes, or this test could not fail
     assert ok > 0 and errors > 0

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import pickle
-import re
 import shutil
 import struct
 import subprocess
@@ -39,6 +38,7 @@ import pytest
 import lmdbio
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from tests.lmdbgen import random_items, read_pylmdb
+from tests.test_lmdb_fuzz import run_fuzzer
 
 REPO = Path(__file__).resolve().parents[1]
 SHIM_SOURCE = REPO / "tests" / "shims" / "pagesize.c"
@@ -426,17 +426,5 @@ def test_mutated_large_page_files_never_crash_or_hang(pagesize_shim, tmp_path):
             commit_every=30, subdbs={b"named": random_items(20, 30, seed=9)})
         assert seen["stat"]["psize"] == case.psize and seen["stat"]["depth"] >= 2
         bases += ["--base", str(path / "data.mdb")]
-    env = dict(os.environ)
-    env.setdefault("NUMBA_CACHE_DIR", str(REPO / "build" / "numba-cache"))
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(REPO / "tests" / "fuzz_lmdb.py"), "--examples", "100",
-             *bases], capture_output=True, text=True, timeout=120, env=env, cwd=REPO)
-    except subprocess.TimeoutExpired as exc:
-        tail = (exc.stderr or b"")[-2000:]
-        raise AssertionError(f"fuzzing hung; last cases:\n{tail}") from None
-    last_cases = "\n".join(proc.stderr.splitlines()[-15:])
-    assert proc.returncode == 0, f"exit {proc.returncode}; last output:\n{last_cases}"
-    m = re.search(r"RESULT ok=(\d+) error=(\d+)", proc.stdout)
-    assert m, proc.stdout
-    assert int(m.group(1)) > 0 and int(m.group(2)) > 0
+    ok, errors = run_fuzzer(["--examples", "100", *bases], timeout=120)
+    assert ok > 0 and errors > 0

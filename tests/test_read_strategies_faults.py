@@ -11,11 +11,12 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
+from engine_helpers import open_indexed, read_all_records
 from lmdbgen import random_items, write_db
 from mpi_harness import CLI_SCRIPT, run_mpi
 
 from lmdbio.lmdb import Database
-from lmdbio.plan.strategies import Indexed, ReaderContext, sidecar_path
+from lmdbio.plan.strategies import sidecar_path
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -106,34 +107,21 @@ def test_a_main_database_of_named_databases_only_is_refused(tmp_path, strategy) 
 # --------------------------------------------------------------------------- sidecar
 
 
-def _indexed(path: Path) -> tuple[Database, Indexed]:
-    db = Database(path)
-    strategy = Indexed(ReaderContext(db, None, 0, 1))
-    strategy.setup()
-    return db, strategy
-
-
-def _read_all(db: Database) -> list[tuple[bytes, bytes]]:
-    refs = db.locate(np.arange(len(db)))
-    buf, offs = db.gather_refs(refs)
-    koffs, kdata = db.keys_of(refs)
-    return [(bytes(kdata[koffs[i]:koffs[i + 1]]), bytes(buf[offs[i]:offs[i + 1]]))
-            for i in range(len(db))]
 
 
 def test_indexed_sidecar_is_reused_and_rebuilt_when_the_database_changes(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "db"
     items = write_db(path, random_items(400, (50, 3000), seed=4), commit_every=100)
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     first_sidecar = sidecar_path(db)
     assert s.source == "built" and first_sidecar.exists()
-    assert _read_all(db) == items
+    assert read_all_records(db) == items
     db.close()
 
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     assert s.source == "sidecar" and sidecar_path(db) == first_sidecar
-    assert _read_all(db) == items
+    assert read_all_records(db) == items
     db.close()
     # kept for the forged sidecar below: the rebuild removes the stale snapshot's folder
     with np.load(first_sidecar) as z:
@@ -147,10 +135,10 @@ def test_indexed_sidecar_is_reused_and_rebuilt_when_the_database_changes(
             txn.put(k, v)
     env.close()
     items = sorted(dict(items + extra).items())
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     assert s.source == "built" and sidecar_path(db) != first_sidecar
     assert not first_sidecar.exists()  # the stale snapshot's sidecar is gone
-    assert len(db) == len(items) and _read_all(db) == items
+    assert len(db) == len(items) and read_all_records(db) == items
     changed = sidecar_path(db)
     db.close()
 
@@ -164,9 +152,9 @@ def test_indexed_sidecar_is_reused_and_rebuilt_when_the_database_changes(
             np.savez(changed.with_suffix(".tmp.npz"), leaves=leaves, first=first)
             changed.with_suffix(".tmp.npz").replace(changed)
         caplog.clear()
-        db, s = _indexed(path)
+        db, s = open_indexed(path)
         assert s.source == "built", damage
-        assert _read_all(db) == items
+        assert read_all_records(db) == items
         db.close()
     assert "does not match the database" in caplog.text
 

@@ -20,12 +20,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import lmdb
-import numpy as np
 import pytest
+from engine_helpers import open_indexed, read_all_records
 from lmdbgen import random_items, write_db
 
 from lmdbio.lmdb import Database
-from lmdbio.plan.strategies import Indexed, ReaderContext
 from lmdbio.plan.strategies.indexed import (
     CACHE_ENV,
     cache_root,
@@ -43,19 +42,6 @@ def _listing(folder: Path) -> list[tuple[str, int]]:
                   for p in folder.rglob("*") if p.is_file())
 
 
-def _indexed(path: Path) -> tuple[Database, Indexed]:
-    db = Database(path)
-    strategy = Indexed(ReaderContext(db, None, 0, 1))
-    strategy.setup()
-    return db, strategy
-
-
-def _read_all(db: Database) -> list[tuple[bytes, bytes]]:
-    refs = db.locate(np.arange(len(db)))
-    buf, offs = db.gather_refs(refs)
-    koffs, kdata = db.keys_of(refs)
-    return [(bytes(kdata[koffs[i]:koffs[i + 1]]), bytes(buf[offs[i]:offs[i + 1]]))
-            for i in range(len(db))]
 
 
 def _sidecars(folder: Path) -> list[Path]:
@@ -82,8 +68,8 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_an_indexed_run_writes_nothing_into_the_dataset_folder(dataset, cache) -> None:
     path, items = dataset
     before = _listing(path)
-    db, s = _indexed(path)
-    assert s.source == "built" and _read_all(db) == items
+    db, s = open_indexed(path)
+    assert s.source == "built" and read_all_records(db) == items
     db.close()
     assert _listing(path) == before
     saved = _sidecars(cache)
@@ -94,20 +80,20 @@ def test_an_indexed_run_writes_nothing_into_the_dataset_folder(dataset, cache) -
 
 def test_the_second_run_takes_the_directory_from_the_cache(dataset, cache) -> None:
     path, items = dataset
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     first = sidecar_path(db)
     db.close()
     stamp = first.stat().st_mtime_ns
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     assert s.source == "sidecar" and sidecar_path(db) == first
     assert first.stat().st_mtime_ns == stamp  # read, not written again
-    assert _read_all(db) == items
+    assert read_all_records(db) == items
     db.close()
 
 
 def test_a_changed_database_gets_a_new_key(dataset, cache) -> None:
     path, items = dataset
-    db, _ = _indexed(path)
+    db, _ = open_indexed(path)
     old_key, old = sidecar_key(db), sidecar_path(db)
     db.close()
     path.chmod(0o755)
@@ -118,14 +104,14 @@ def test_a_changed_database_gets_a_new_key(dataset, cache) -> None:
             txn.put(k, v)
     env.close()
     items = sorted(dict(items + extra).items())
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     assert sidecar_key(db) != old_key
-    assert s.source == "built" and _read_all(db) == items
+    assert s.source == "built" and read_all_records(db) == items
     new = sidecar_path(db)
     db.close()
     # the stale snapshot's folder is gone; the new one is all the cache holds
     assert not old.parent.exists() and _sidecars(cache) == [new]
-    db, s = _indexed(path)
+    db, s = open_indexed(path)
     assert s.source == "sidecar"
     db.close()
 
@@ -160,8 +146,8 @@ def test_a_cache_path_that_is_a_file_warns_and_builds_in_memory(
     for _ in range(2):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            db, s = _indexed(path)
-        assert s.source == "built" and _read_all(db) == items
+            db, s = open_indexed(path)
+        assert s.source == "built" and read_all_records(db) == items
         db.close()
         warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
         assert len(warnings) == 1, warnings
@@ -189,7 +175,7 @@ def test_an_older_versions_sidecar_beside_the_file_is_still_read(dataset, cache)
     """A valid ``lmdbio-index-*.npz`` that an earlier version left beside ``data.mdb`` is
     used (no rebuild); nothing new is written, there or in the cache."""
     path, items = dataset
-    db, _ = _indexed(path)
+    db, _ = open_indexed(path)
     built = sidecar_path(db)
     legacy = legacy_sidecar_path(db)
     db.close()
@@ -197,8 +183,8 @@ def test_an_older_versions_sidecar_beside_the_file_is_still_read(dataset, cache)
     shutil.copyfile(built, legacy)
     shutil.rmtree(cache)
     before = _listing(path)
-    db, s = _indexed(path)
-    assert s.source == "sidecar" and _read_all(db) == items
+    db, s = open_indexed(path)
+    assert s.source == "sidecar" and read_all_records(db) == items
     db.close()
     assert _listing(path) == before and not cache.exists()
 

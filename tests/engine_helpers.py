@@ -1,0 +1,30 @@
+"""Small helpers over lmdbio's own engine shared by test modules (not an oracle: the
+oracles are py-lmdb and the hand-written readers in the tests)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from lmdbio.lmdb import Database
+from lmdbio.plan.strategies.base import ReaderContext
+from lmdbio.plan.strategies.indexed import Indexed
+
+
+def open_indexed(path: Path) -> tuple[Database, Indexed]:
+    """``path`` opened by the engine and the indexed strategy of a one-reader job, set up
+    (its leaf directory built or taken from the sidecar cache)."""
+    db = Database(path)
+    strategy = Indexed(ReaderContext(db, None, 0, 1))
+    strategy.setup()
+    return db, strategy
+
+
+def read_all_records(db: Database) -> list[tuple[bytes, bytes]]:
+    """Every ``(key, value)`` of ``db`` in key order, located and gathered by the engine."""
+    refs = db.locate(np.arange(len(db)))
+    buf, offs = db.gather_refs(refs)
+    koffs, kdata = db.keys_of(refs)
+    return [(bytes(kdata[koffs[i]:koffs[i + 1]]), bytes(buf[offs[i]:offs[i + 1]]))
+            for i in range(len(db))]
