@@ -53,6 +53,90 @@ def worker_batches(run) -> dict[int, list[dict]]:
     return {r: res[-1]["batches"] for r, res in run.results.items() if res[-1]["worker"]}
 
 
+def sets(overrides: list[str]) -> list[str]:
+    """``--set`` arguments of ``tests/mpi/loader_job.py`` for config overrides."""
+    return [a for o in overrides for a in ("--set", o)]
+
+
+class CaseRun:
+    """One case of a shared ``loader_job.py --cases`` run: each rank's results, as
+    :func:`run_mpi`'s ``results`` give them (the case's result last)."""
+
+    def __init__(self, results: dict[int, list[dict]]) -> None:
+        self.results = results
+
+
+class CaseRuns(dict):
+    """:class:`CaseRun` by case: ``runs[(ranks, arguments)]``."""
+
+    def __getitem__(self, case: tuple[int, list[str]]) -> CaseRun:
+        n, args = case
+        return super().__getitem__((n, *args))
+
+
+def run_loader_cases(db: Path, cases: list[tuple[int, list[str]]]) -> CaseRuns:
+    """Every ``(ranks, loader_job arguments)`` case, run with one mpiexec job per rank
+    count (``loader_job.py --cases``: the start-up of 2-4 interpreters, their imports and
+    compiled kernels, paid once instead of once per case); ``(ranks, *arguments)`` ->
+    its :class:`CaseRun` (look it up with the case). A case that fails ends its job,
+    failing the cases run with it."""
+    by_ranks: dict[int, list[tuple[str, ...]]] = {}
+    for n, args in cases:
+        group = by_ranks.setdefault(n, [])
+        if tuple(args) not in group:
+            group.append(tuple(args))
+    out = CaseRuns()
+    for n, group in by_ranks.items():
+        run = run_mpi(n, "loader_job.py", [str(db), "--cases", json.dumps(group)],
+                      timeout=120 + 30 * len(group))  # bounds a hang only
+        for k, args in enumerate(group):
+            dict.__setitem__(out, (n, *args), CaseRun(
+                {r: [x for x in res if x.get("case") == k] for r, res in run.results.items()}))
+    return out
+
+
+def every_record_case(nprocs: int, overrides: list[str]) -> tuple[int, list[str]]:
+    return nprocs, sets([*overrides, "batch.size=16", "batch.last=pad"])
+
+
+def equal_counts_case(last: str) -> tuple[int, list[str]]:
+    return 4, [*sets(["batch.size=24", f"batch.last={last}", "readers.strategy=indexed",
+                      "topology.simulate_nodes=2"]), "--epochs", "1"]
+
+
+def resume_case(strategy: str, per_slot: int) -> tuple[int, list[str]]:
+    shuffle = "global" if strategy == "indexed" else "none"
+    return 4, [*sets(["batch.size=16", f"readers.strategy={strategy}",
+                      "topology.simulate_nodes=2", f"shuffle.mode={shuffle}",
+                      f"readers.batches_per_slot={per_slot}"]), "--resume-at", "3"]
+
+
+def stop_case(nprocs: int, overrides: list[str], stop: int, extra: list[str]
+              ) -> tuple[int, list[str]]:
+    return nprocs, [*sets([*overrides, "batch.size=16", "batch.last=pad"]), "--stop",
+                    str(stop), *extra]
+
+
+def resume_stop_case(overrides: list[str]) -> tuple[int, list[str]]:
+    return 4, [*sets([*overrides, "batch.size=16", "topology.simulate_nodes=2"]), "--stop",
+               "5", "--resume-at", "2"]
+
+
+def leave_cases(overrides: list[str]) -> tuple[tuple[int, list[str]], tuple[int, list[str]]]:
+    """The job that leaves epoch 0 after 2 batches, and the one that does not."""
+    args = sets([*overrides, "batch.size=16", "topology.simulate_nodes=2"])
+    return (4, [*args, "--break-at", "2"]), (4, args)
+
+
+def ahead_cases(per_slot: int) -> tuple[tuple[int, list[str]], tuple[int, list[str]]]:
+    """The job whose workers decode the next epoch's first slot ahead, and the one that
+    does not."""
+    args = [*sets(["readers.strategy=indexed", "shuffle.mode=global", "batch.size=16",
+                   "transform.crop_size=4", "transform.mirror=true",
+                   f"readers.batches_per_slot={per_slot}"]), "--epochs", "3"]
+    return (2, [*args, "--await-next-epoch"]), (2, [*args, "--no-epoch-look-ahead"])
+
+
 CASES = [
     (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global"]),
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"]),
@@ -76,11 +160,23 @@ CASES = [
          "readers.batches_per_slot=3", "readers.transfer=copy"]),
 ]
 
+LASTS = ["pad", "drop", "partial"]
+RESUME_PARAMS = [("indexed", 0), ("dm-spec", 0), ("lmm", 0), ("indexed", 2), ("dm-spec", 2)]
+RESUME_STOP_OVERRIDES = [
+    ["readers.strategy=indexed", "shuffle.mode=global", "readers.batches_per_slot=3"],
+    ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=3"],
+]
+LEAVE_OVERRIDES = [
+    ["readers.strategy=indexed", "shuffle.mode=global"],
+    ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=2"],
+]
+AHEAD_PER_SLOT = [1, 2]
+
 
 @pytest.mark.parametrize(("nprocs", "overrides"), CASES, ids=lambda c: str(c))
-def test_every_record_once_per_epoch_with_caffe_labels(datum_db, nprocs, overrides):
-    sets = [a for o in [*overrides, "batch.size=16", "batch.last=pad"] for a in ("--set", o)]
-    run = run_mpi(nprocs, "loader_job.py", [str(datum_db), *sets], timeout=120)
+def test_every_record_once_per_epoch_with_caffe_labels(datum_db, loader_runs, nprocs,
+                                                       overrides):
+    run = loader_runs[every_record_case(nprocs, overrides)]
     labels = expected_labels(datum_db)
     pixels = expected_pixels(datum_db)
     per_worker = worker_batches(run)
@@ -100,13 +196,9 @@ def test_every_record_once_per_epoch_with_caffe_labels(datum_db, nprocs, overrid
         assert set(seen) == set(labels) and set(seen.values()) == {1}, epoch
 
 
-@pytest.mark.parametrize("last", ["pad", "drop", "partial"])
-def test_equal_batch_counts(datum_db, last):
-    run = run_mpi(4, "loader_job.py", [str(datum_db), "--set", "batch.size=24", "--set",
-                                       f"batch.last={last}", "--set",
-                                       "readers.strategy=indexed", "--set",
-                                       "topology.simulate_nodes=2", "--epochs", "1"],
-                  timeout=120)
+@pytest.mark.parametrize("last", LASTS)
+def test_equal_batch_counts(loader_runs, last):
+    run = loader_runs[equal_counts_case(last)]
     per_worker = worker_batches(run)
     lengths = {r: [len(b["ids"]) for b in batches] for r, batches in per_worker.items()}
     assert len({len(v) for v in lengths.values()}) == 1  # same number of batches everywhere
@@ -122,17 +214,9 @@ def test_equal_batch_counts(datum_db, last):
         assert total_real == N_RECORDS
 
 
-@pytest.mark.parametrize(("strategy", "per_slot"), [("indexed", 0), ("dm-spec", 0),
-                                                    ("lmm", 0), ("indexed", 2),
-                                                    ("dm-spec", 2)])
-def test_resume_mid_epoch_delivers_exactly_the_rest(datum_db, strategy, per_slot):
-    run = run_mpi(4, "loader_job.py", [str(datum_db), "--set", "batch.size=16", "--set",
-                                       f"readers.strategy={strategy}", "--set",
-                                       "topology.simulate_nodes=2", "--set",
-                                       "shuffle.mode=" + ("global" if strategy == "indexed"
-                                                          else "none"),
-                                       "--set", f"readers.batches_per_slot={per_slot}",
-                                       "--resume-at", "3"], timeout=120)
+@pytest.mark.parametrize(("strategy", "per_slot"), RESUME_PARAMS)
+def test_resume_mid_epoch_delivers_exactly_the_rest(loader_runs, strategy, per_slot):
+    run = loader_runs[resume_case(strategy, per_slot)]
     for r, res in run.results.items():
         out = res[-1]
         if not out["worker"]:
@@ -161,15 +245,13 @@ STOP_CASES = [
 
 @pytest.mark.parametrize(("nprocs", "overrides", "stop", "extra"), STOP_CASES,
                          ids=lambda c: str(c))
-def test_a_stop_inside_an_epoch_is_where_reading_ends(datum_db, nprocs, overrides, stop,
-                                                      extra):
+def test_a_stop_inside_an_epoch_is_where_reading_ends(datum_db, loader_runs, nprocs,
+                                                      overrides, stop, extra):
     """``set_epoch(e, stop_iteration=K)``: every worker gets the epoch's first K batches,
     each record at most once, decoded as py-lmdb reads them, and the readers read no slot
     group past K (a reader used to read the whole slot group holding K, then the groups
     ahead of it up to the prefetch depth)."""
-    sets = [a for o in [*overrides, "batch.size=16", "batch.last=pad"] for a in ("--set", o)]
-    run = run_mpi(nprocs, "loader_job.py", [str(datum_db), *sets, "--stop", str(stop),
-                                            *extra], timeout=120)
+    run = loader_runs[stop_case(nprocs, overrides, stop, extra)]
     labels, pixels = expected_labels(datum_db), expected_pixels(datum_db)
     per_worker = worker_batches(run)
     seen = Counter()
@@ -191,18 +273,13 @@ def test_a_stop_inside_an_epoch_is_where_reading_ends(datum_db, nprocs, override
         assert max(first + count for first, count in cut) == stop, reads
 
 
-@pytest.mark.parametrize("overrides", [
-    ["readers.strategy=indexed", "shuffle.mode=global", "readers.batches_per_slot=3"],
-    ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=3"],
-], ids=["dedicated", "colocated"])
-def test_resume_inside_an_epoch_with_a_stop_delivers_the_rest_up_to_it(datum_db, overrides):
+@pytest.mark.parametrize("overrides", RESUME_STOP_OVERRIDES, ids=["dedicated", "colocated"])
+def test_resume_inside_an_epoch_with_a_stop_delivers_the_rest_up_to_it(loader_runs,
+                                                                       overrides):
     """The state of an epoch that stops at batch 5 keeps the stop: the resumed run
     (``set_epoch(0)`` after ``load_state_dict``) delivers exactly batches 2-4 of the
     straight run, which a stop changes (its slot group is laid out for the part read)."""
-    sets = [a for o in [*overrides, "batch.size=16", "topology.simulate_nodes=2"]
-            for a in ("--set", o)]
-    run = run_mpi(4, "loader_job.py", [str(datum_db), *sets, "--stop", "5", "--resume-at",
-                                       "2"], timeout=120)
+    run = loader_runs[resume_stop_case(overrides)]
     for r, res in run.results.items():
         out = res[-1]
         if not out["worker"]:
@@ -214,19 +291,14 @@ def test_resume_inside_an_epoch_with_a_stop_delivers_the_rest_up_to_it(datum_db,
         assert [b["keys"] for b in out["resumed"]] == [b["keys"] for b in out["batches"][2:]]
 
 
-@pytest.mark.parametrize("overrides", [
-    ["readers.strategy=indexed", "shuffle.mode=global"],
-    ["readers.strategy=dm-spec", "readers.mode=colocated", "readers.batches_per_slot=2"],
-], ids=["dedicated", "colocated"])
-def test_set_epoch_after_leaving_an_epoch_delivers_that_epoch(datum_db, overrides):
+@pytest.mark.parametrize("overrides", LEAVE_OVERRIDES, ids=["dedicated", "colocated"])
+def test_set_epoch_after_leaving_an_epoch_delivers_that_epoch(loader_runs, overrides):
     """A trainer that leaves epoch 0 early and calls ``set_epoch(1)`` gets epoch 1, in the
     order of a run that did not leave early (leaving an epoch moved on to the epoch after
     the one set: batches of epoch 1's records came labelled epoch 2)."""
-    sets = [a for o in [*overrides, "batch.size=16", "topology.simulate_nodes=2"]
-            for a in ("--set", o)]
-    left = worker_batches(run_mpi(4, "loader_job.py", [str(datum_db), *sets,
-                                                       "--break-at", "2"], timeout=120))
-    full = worker_batches(run_mpi(4, "loader_job.py", [str(datum_db), *sets], timeout=120))
+    left_case, full_case = leave_cases(overrides)
+    left = worker_batches(loader_runs[left_case])
+    full = worker_batches(loader_runs[full_case])
     for r, batches in left.items():
         first = [b["ids"] for b in batches if b["epoch"] == 0]
         assert first == [b["ids"] for b in full[r] if b["epoch"] == 0][:2]
@@ -236,20 +308,16 @@ def test_set_epoch_after_leaving_an_epoch_delivers_that_epoch(datum_db, override
             [b["ids"] for b in full[r] if b["epoch"] == 1], f"rank {r}"
 
 
-@pytest.mark.parametrize("per_slot", [1, 2])
-def test_next_epoch_decoded_ahead_gives_the_same_batches(datum_db, per_slot):
+@pytest.mark.parametrize("per_slot", AHEAD_PER_SLOT)
+def test_next_epoch_decoded_ahead_gives_the_same_batches(loader_runs, per_slot):
     """A dedicated worker decodes the next epoch's first slot during the previous epoch's
     last step (the reader is ahead: the job waits at each epoch's last batch until the
     reader has published the next epoch's first slot). The batches - ids, epoch labels,
     transformed pixels (random crops and mirrors seeded by epoch) - equal those of the same
     job without it."""
-    sets = [a for o in ["readers.strategy=indexed", "shuffle.mode=global", "batch.size=16",
-                        "transform.crop_size=4", "transform.mirror=true",
-                        f"readers.batches_per_slot={per_slot}"] for a in ("--set", o)]
-    args = [str(datum_db), *sets, "--epochs", "3"]
-    ahead = run_mpi(2, "loader_job.py", [*args, "--await-next-epoch"], timeout=120).results
-    inline = run_mpi(2, "loader_job.py", [*args, "--no-epoch-look-ahead"],
-                     timeout=120).results
+    ahead_case, inline_case = ahead_cases(per_slot)
+    ahead = loader_runs[ahead_case].results
+    inline = loader_runs[inline_case].results
     worker = next(r for r, res in ahead.items() if res[-1]["worker"])
     got, ref = ahead[worker][-1], inline[worker][-1]
     assert got["epochs_decoded_ahead"] == 2 and ref["epochs_decoded_ahead"] == 0
@@ -451,3 +519,25 @@ def test_ibp_transport_delivers_the_exact_records(tensor_db, strategy):
     run = run_mpi(4, IBP_TRANSPORT, [str(tensor_db), strategy], timeout=180)
     checked = sum(r[-1]["checked"] for r in run.results.values() if r[-1]["worker"])
     assert checked >= 150
+
+
+# ------------------------------------------------------------- the shared loader_job runs
+
+
+
+def all_loader_cases() -> list[tuple[int, list[str]]]:
+    """Every ``loader_job.py`` case of this module's parametrized tests."""
+    return [*(every_record_case(n, o) for n, o in CASES),
+            *(equal_counts_case(last) for last in LASTS),
+            *(resume_case(s, p) for s, p in RESUME_PARAMS),
+            *(stop_case(*c) for c in STOP_CASES),
+            *(resume_stop_case(o) for o in RESUME_STOP_OVERRIDES),
+            *(c for o in LEAVE_OVERRIDES for c in leave_cases(o)),
+            *(c for p in AHEAD_PER_SLOT for c in ahead_cases(p))]
+
+
+@pytest.fixture(scope="module")
+def loader_runs(datum_db: Path) -> CaseRuns:
+    """Every case of :func:`all_loader_cases`, run once for the module (one job per rank
+    count), looked up by ``(ranks, *arguments)``."""
+    return run_loader_cases(datum_db, all_loader_cases())

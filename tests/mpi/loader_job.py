@@ -10,6 +10,7 @@ delivers. --stop K stops the last epoch after K batches (``set_epoch(e, stop_ite
 as a trainer at its last iteration does; with --resume-at, epoch 0, and the resumed run
 takes the stop from the state). Reading ranks emit the slot groups they read (``reads``).
 --step S sleeps S seconds per batch on workers (a trainer's step);
+--cases JSON runs several of these argument lists in turn in one job (one start-up);
 --no-epoch-look-ahead turns off decoding the next epoch's first slot ahead (for comparison);
 --await-next-epoch makes it certain instead: at each epoch's last batch but the final
 epoch's, a worker waits until its reader has published the next epoch's first slot (so the
@@ -19,6 +20,7 @@ test does not depend on a trainer's sleep being long enough on a busy machine).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 import zlib
 
@@ -83,7 +85,7 @@ def record_reads(session):
     return reads
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser()
     p.add_argument("db")
     p.add_argument("--set", dest="overrides", action="append", default=[])
@@ -94,32 +96,50 @@ def main() -> None:
     p.add_argument("--no-epoch-look-ahead", action="store_true")
     p.add_argument("--await-next-epoch", action="store_true")
     p.add_argument("--stop", type=int, default=None)
-    args = p.parse_args()
+    p.add_argument("--cases", default=None, metavar="JSON",
+                   help="a JSON list of argument lists (without DB): run each in turn in "
+                   "this job, each emitting its result with its index as 'case'")
+    return p
+
+
+def run_case(args: argparse.Namespace) -> dict:
+    """One loading job as the arguments say; what this rank emits for it."""
     cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
     world = MPI.COMM_WORLD
+    with loaders.open(cfg, args.overrides) as loader:
+        if args.no_epoch_look_ahead:
+            loader._look_ahead_epoch = lambda: None
+        elif args.await_next_epoch and loader.is_worker:
+            await_next_epoch(loader, args.epochs)
+        reads = record_reads(loader.session)
+        got, state = consume(loader, args.epochs if args.resume_at is None else 1,
+                             args.resume_at, args.break_at, args.step, args.stop)
+        role = {"worker": loader.is_worker, "reader": loader.session.reads,
+                "node": loader.topo.node_index, "iterations": len(loader),
+                "epochs_decoded_ahead": loader.metrics.epochs_decoded_ahead,
+                "reads": reads}
+    if args.resume_at is None:
+        return {**role, "batches": got}
+    # every rank resumes from the state a worker saved (dedicated readers have none)
+    states = world.allgather(state)
+    state = next(s for s in states if s is not None)
+    with loaders.open(cfg, args.overrides) as loader:
+        loader.load_state_dict(state)
+        resumed, _ = consume(loader, 1)
+    return {**role, "batches": got, "resumed": resumed, "state": state}
+
+
+def main() -> None:
+    p = parser()
+    args = p.parse_args()
     with abort_on_error():
-        with loaders.open(cfg, args.overrides) as loader:
-            if args.no_epoch_look_ahead:
-                loader._look_ahead_epoch = lambda: None
-            elif args.await_next_epoch and loader.is_worker:
-                await_next_epoch(loader, args.epochs)
-            reads = record_reads(loader.session)
-            got, state = consume(loader, args.epochs if args.resume_at is None else 1,
-                                 args.resume_at, args.break_at, args.step, args.stop)
-            role = {"worker": loader.is_worker, "reader": loader.session.reads,
-                    "node": loader.topo.node_index, "iterations": len(loader),
-                    "epochs_decoded_ahead": loader.metrics.epochs_decoded_ahead,
-                    "reads": reads}
-        if args.resume_at is None:
-            emit({**role, "batches": got})
+        if args.cases is None:
+            emit(run_case(args))
             return
-        # every rank resumes from the state a worker saved (dedicated readers have none)
-        states = world.allgather(state)
-        state = next(s for s in states if s is not None)
-        with loaders.open(cfg, args.overrides) as loader:
-            loader.load_state_dict(state)
-            resumed, _ = consume(loader, 1)
-        emit({**role, "batches": got, "resumed": resumed, "state": state})
+        # several jobs' cases in one mpiexec run: the start-up (interpreters, imports,
+        # compiled kernels) is paid once, not once per case
+        for k, case in enumerate(json.loads(args.cases)):
+            emit({**run_case(p.parse_args([args.db, *case])), "case": k})
 
 
 if __name__ == "__main__":
