@@ -50,7 +50,7 @@ __all__ = [
 Layout = Literal["caffe-datum", "tensor", "toc", "ibp", "pcr", "btable"]
 LastBatch = Literal["pad", "drop", "partial"]
 Strategy = Literal["dm-spec", "indexed", "lmm", "dm-serial", "naive-stride", "naive-contig"]
-ReaderMode = Literal["dedicated", "colocated"]
+ReaderMode = Literal["auto", "dedicated", "colocated"]
 ShuffleMode = Literal["none", "global", "block"]
 Phase = Literal["train", "test"]
 CodecName = Literal["none", "ibp", "toc"]
@@ -165,10 +165,13 @@ class ReadersConfig:
         ),
     )
     mode: ReaderMode = field(
-        default="dedicated",
+        default="auto",
         metadata=_meta(
             "Whether a reader rank also trains.",
             choices={
+                "auto": "colocated on nodes of fewer than 8 ranks and for GPU workers (a "
+                "dedicated reader would idle a large share of the node, or a device); "
+                "dedicated from 8 ranks per node",
                 "dedicated": "readers only read; workers only consume (best overlap)",
                 "colocated": "the first worker of a node also reads (small jobs, a single rank)",
             },

@@ -114,6 +114,32 @@ def _slot_checksum(value: bool | str) -> bool | str:
     return False if value == "none" else value
 
 
+def _reader_mode(cfg: Any) -> str:
+    """``readers.mode`` for the topology: ``auto`` means colocated where the workers use
+    GPUs (each rank drives a device: a rank that only reads would leave one idle); the
+    topology resolves ``auto`` by node size otherwise (:func:`lmdbio.topology.auto_mode`)."""
+    mode = cfg.readers.mode
+    if mode == "auto" and _gpu_workers(cfg):
+        return "colocated"
+    return mode
+
+
+def _gpu_workers(cfg: Any) -> bool:
+    """Whether workers will run on a GPU (``workers.device`` cuda, or auto and cupy finds
+    one): asked before the topology is built, so the same on every rank of a host."""
+    want = cfg.workers.device
+    if want == "cpu":
+        return False
+    if want == "cuda":
+        return True
+    try:
+        import cupy
+
+        return int(cupy.cuda.runtime.getDeviceCount()) > 0
+    except Exception:  # no cupy, no driver, no device
+        return False
+
+
 def _device(cfg: Any, topo: Any) -> Any:
     """numpy, or cupy with the device picked from the worker's local index."""
     want = cfg.workers.device
@@ -167,7 +193,7 @@ class Loader:
                               "supported yet (one node ring has one reader); use 1")
         self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
                                    readers_per_node=cfg.readers.per_node,
-                                   mode=cfg.readers.mode)
+                                   mode=_reader_mode(cfg))
         from lmdbio.plan.strategies import strategy_class
 
         shared = strategy_class(cfg.readers.strategy).shared

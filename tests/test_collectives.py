@@ -120,3 +120,20 @@ def test_topology_on_the_real_node_has_one_reader_and_the_rest_workers(comm) -> 
         assert list(topo.node_workers) == list(range(1, size))
     finally:
         topo.close()
+
+
+def test_auto_roles_on_a_small_node_make_every_rank_a_worker(comm) -> None:
+    """``mode="auto"`` on a node of fewer than 8 ranks: colocated, the first rank reads and
+    every rank trains (a dedicated reader would idle a large share of the node)."""
+    from lmdbio.topology import Topology
+
+    size = comm.Get_size()
+    assert size < 8
+    topo = Topology.build(comm, simulate_nodes=0, mode="auto")
+    try:
+        assert topo.mode == "colocated" and topo.requested_mode == "auto"
+        assert list(topo.node_readers) == [0]
+        assert list(topo.node_workers) == list(range(size))
+        assert topo.workers.Get_size() == size
+    finally:
+        topo.close()

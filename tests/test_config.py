@@ -33,7 +33,7 @@ def test_defaults_match_the_documented_schema():
     assert cfg.dataset.subdb is None and cfg.dataset.scan_groups is None
     assert (cfg.batch.size, cfg.batch.last) == (64, "pad")
     r = cfg.readers
-    assert (r.strategy, r.mode, r.per_node, r.prefetch_depth) == ("dm-spec", "dedicated", 1, 4)
+    assert (r.strategy, r.mode, r.per_node, r.prefetch_depth) == ("dm-spec", "auto", 1, 4)
     assert (cfg.shuffle.mode, cfg.shuffle.seed) == ("none", 0)
     t = cfg.transform
     assert (t.scale, t.mean_values, t.mean_file, t.crop_size, t.mirror, t.phase) == (

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from mpi_harness import run_mpi
 
 from lmdbio.errors import ConfigError
-from lmdbio.topology import simulated_node_bounds
+from lmdbio.topology import DEDICATED_FROM_RANKS, auto_mode, simulated_node_bounds
 
 # --------------------------------------------------------------------------- pure
 
@@ -33,6 +33,36 @@ def test_simulated_node_bounds_partition(world: int, data: st.DataObject) -> Non
     sizes = [hi - lo for lo, hi in bounds]
     assert min(sizes) >= 1 and max(sizes) - min(sizes) <= 1
     assert sizes == sorted(sizes, reverse=True)  # the larger nodes come first
+
+
+def test_auto_mode_is_colocated_on_small_nodes_and_dedicated_on_large_ones() -> None:
+    assert DEDICATED_FROM_RANKS == 8
+    assert [auto_mode(n) for n in range(1, 8)] == ["colocated"] * 7
+    assert [auto_mode(n) for n in (8, 16, 64)] == ["dedicated"] * 3
+
+
+@pytest.mark.parametrize(("mode", "device", "gpus", "want"), [
+    ("auto", "cpu", 1, "auto"),           # the topology resolves it by node size
+    ("auto", "cuda", 0, "colocated"),     # every rank drives a device
+    ("auto", "auto", 2, "colocated"),
+    ("auto", "auto", 0, "auto"),
+    ("dedicated", "cuda", 1, "dedicated"),  # asked for: kept
+    ("colocated", "cpu", 0, "colocated"),
+])
+def test_the_loader_asks_for_colocated_readers_for_gpu_workers(monkeypatch, mode, device,
+                                                              gpus, want) -> None:
+    import sys
+    import types
+
+    from lmdbio.config import load_config
+    from loaders.loader import _reader_mode
+
+    runtime = types.SimpleNamespace(getDeviceCount=lambda: gpus)
+    monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
+        cuda=types.SimpleNamespace(runtime=runtime)))
+    cfg = load_config({"dataset": {"path": "/data/x", "layout": "caffe-datum"},
+                       "readers": {"mode": mode}, "workers": {"device": device}})
+    assert _reader_mode(cfg) == want
 
 
 def test_simulated_node_bounds_examples() -> None:

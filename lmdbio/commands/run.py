@@ -334,7 +334,7 @@ def main(args: argparse.Namespace) -> int:
             summaries = loader.topo.world.gather(summary, root=0)
             if loader.topo.rank == 0:
                 total = totals(summaries, loader.topo.n_nodes, loader.cfg.readers.strategy,
-                               loader.cfg.readers.mode, step)
+                               loader.topo.mode, step)
                 total["slot_checksum"] = checksum
                 result = {"totals": total, "per_rank": summaries}
                 line = (f"[lmdbio] done: {total['samples']} samples in {total['seconds']:.2f} s "

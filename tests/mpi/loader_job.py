@@ -104,7 +104,10 @@ def parser() -> argparse.ArgumentParser:
 
 def run_case(args: argparse.Namespace) -> dict:
     """One loading job as the arguments say; what this rank emits for it."""
-    cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0}}
+    # dedicated unless a case says otherwise: the cases were written for the roles that
+    # were the default before readers.mode: auto (which makes nodes of < 8 ranks colocated)
+    cfg = {"dataset": {"path": args.db, "layout": "caffe-datum"}, "metrics": {"every": 0},
+           "readers": {"mode": "dedicated"}}
     world = MPI.COMM_WORLD
     with loaders.open(cfg, args.overrides) as loader:
         if args.no_epoch_look_ahead:
