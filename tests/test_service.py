@@ -340,7 +340,8 @@ def test_an_error_while_decoding_ends_a_dedicated_job_promptly(datum_db, tmp_pat
     on a full ring, raises at once instead of both waiting out the ring's 120 s timeout."""
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"dataset: {{path: {datum_db}, layout: caffe-datum}}\n"
-                   f"batch: {{size: 4}}\nreaders: {{strategy: indexed, prefetch_depth: 1}}\n"
+                   f"batch: {{size: 4}}\nreaders: {{strategy: indexed, prefetch_depth: 1, "
+                   f"mode: dedicated}}\n"
                    f"epochs: 50\nmetrics: {{every: 0}}\n{setting}\n")
     snippet = f"import sys\nfrom lmdbio.cli import main\nsys.exit(main(['run', {str(cfg)!r}]))\n"
     run = run_mpi(2, snippet, timeout=90, check=False)
@@ -369,7 +370,7 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
     before = _shm_files()
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"dataset: {{path: {datum_db}, layout: caffe-datum}}\n"
-                   "batch: {size: 4}\nreaders: {strategy: dm-spec}\n"
+                   "batch: {size: 4}\nreaders: {strategy: dm-spec, mode: dedicated}\n"
                    "topology: {simulate_nodes: 2}\nepochs: 100000\nmetrics: {every: 0}\n")
     env = {**os.environ, **OPENMPI_ENV}
     logs = tmp_path / "records"
@@ -412,7 +413,7 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
 
 
 @pytest.mark.parametrize("readers", [
-    "{strategy: dm-spec}",
+    "{strategy: dm-spec, mode: dedicated}",
     "{strategy: indexed, mode: colocated, batches_per_slot: 2}",
 ], ids=["dm-spec-dedicated", "indexed-colocated"])
 def test_lmdbio_run_ends_at_max_iterations(datum_db, tmp_path, readers):
@@ -446,33 +447,45 @@ def test_lmdbio_run_ends_at_max_iterations(datum_db, tmp_path, readers):
 
 
 LEAVE_EARLY = """
+import json
 import loaders
 from lmdbio.mpiutil import abort_on_error
 from tests.mpi._result import emit
 import sys
-cfg = {"dataset": {"path": sys.argv[1], "layout": "caffe-datum"}, "metrics": {"every": 0},
-       "batch": {"size": 8}, "readers": {"mode": sys.argv[2], "strategy": "indexed",
-                                         "batches_per_slot": int(sys.argv[3])},
-       "topology": {"simulate_nodes": 2}}
-with abort_on_error(), loaders.open(cfg) as loader:
-    got = []
-    for epoch in range(3):
-        loader.set_epoch(epoch)
-        for k, batch in enumerate(loader):
-            got.append((epoch, batch.iteration))
-            if k == 2:
-                break  # leave every epoch early: the next epoch must start cleanly
-emit({"got": got, "worker": loader.is_worker})
+with abort_on_error():
+    for case, (mode, per_slot) in enumerate(json.loads(sys.argv[2])):
+        cfg = {"dataset": {"path": sys.argv[1], "layout": "caffe-datum"},
+               "metrics": {"every": 0}, "batch": {"size": 8},
+               "readers": {"mode": mode, "strategy": "indexed", "batches_per_slot": per_slot},
+               "topology": {"simulate_nodes": 2}}
+        with loaders.open(cfg) as loader:
+            got = []
+            for epoch in range(3):
+                loader.set_epoch(epoch)
+                for k, batch in enumerate(loader):
+                    got.append((epoch, batch.iteration))
+                    if k == 2:
+                        break  # leave every epoch early: the next must start cleanly
+        emit({"got": got, "worker": loader.is_worker, "case": case})
 """
+LEAVE_EARLY_CASES = [(mode, per_slot) for mode in ("dedicated", "colocated")
+                     for per_slot in (1, 2, 0)]
 
 
-@pytest.mark.parametrize("per_slot", [1, 2, 0])
-@pytest.mark.parametrize("mode", ["dedicated", "colocated"])
-def test_leaving_an_epoch_early_keeps_ranks_in_step(datum_db, mode, per_slot):
-    run = run_mpi(4, LEAVE_EARLY, [str(datum_db), mode, str(per_slot)], timeout=120)
-    for res in run.results.values():
-        if res[-1]["worker"]:
-            assert res[-1]["got"] == [[e, i] for e in range(3) for i in range(3)]
+@pytest.fixture(scope="module")
+def left_early(datum_db) -> dict[int, list[dict]]:
+    """Every case of LEAVE_EARLY_CASES in one 4-rank job: per rank, its results."""
+    return run_mpi(4, LEAVE_EARLY, [str(datum_db), json.dumps(LEAVE_EARLY_CASES)],
+                   timeout=240).results
+
+
+@pytest.mark.parametrize(("mode", "per_slot"), LEAVE_EARLY_CASES)
+def test_leaving_an_epoch_early_keeps_ranks_in_step(left_early, mode, per_slot):
+    case = LEAVE_EARLY_CASES.index((mode, per_slot))
+    for res in left_early.values():
+        out = next(x for x in res if x["case"] == case)
+        if out["worker"]:
+            assert out["got"] == [[e, i] for e in range(3) for i in range(3)]
 
 
 IBP_TRANSPORT = """
@@ -487,14 +500,16 @@ cfg = {"dataset": {"path": sys.argv[1], "layout": "tensor"}, "metrics": {"every"
        "batch": {"size": 16}, "readers": {"strategy": sys.argv[2]},
        "topology": {"simulate_nodes": 2}, "codec": {"name": "ibp"}}
 env = lmdb.open(sys.argv[1], readonly=True, lock=False)
-checked = 0
+checked, keys = 0, []
 with abort_on_error(), loaders.open(cfg) as loader, env.begin() as txn:
     for batch in loader:
-        for key, row, label in zip(batch.keys, batch.data, batch.label):
+        for key, row, label, pad in zip(batch.keys, batch.data, batch.label, batch.padding):
             want, want_label = decode_tensor(txn.get(key))
             assert np.array_equal(row, want) and label == want_label, key
             checked += 1
-emit({"checked": checked, "worker": loader.is_worker})
+            if not pad:
+                keys.append(key.hex())
+emit({"checked": checked, "keys": keys, "worker": loader.is_worker})
 """
 
 
@@ -516,9 +531,13 @@ def tensor_db(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("strategy", ["indexed", "dm-spec"])
 def test_ibp_transport_delivers_the_exact_records(tensor_db, strategy):
+    """Every record of the epoch reaches exactly one worker once, through IBP-compressed
+    slots, equal to py-lmdb's value and label (checked inside the job)."""
     run = run_mpi(4, IBP_TRANSPORT, [str(tensor_db), strategy], timeout=180)
-    checked = sum(r[-1]["checked"] for r in run.results.values() if r[-1]["worker"])
-    assert checked >= 150
+    workers = [r[-1] for r in run.results.values() if r[-1]["worker"]]
+    assert sum(w["checked"] for w in workers) >= 150
+    delivered = Counter(k for w in workers for k in w["keys"])
+    assert delivered == Counter(k.hex() for k, _ in read_pylmdb(tensor_db))
 
 
 # ------------------------------------------------------------- the shared loader_job runs
