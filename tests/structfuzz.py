@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import hashlib
 import mmap
 import os
 import random
@@ -47,6 +48,11 @@ def _run_seed() -> int:
     env = os.environ.get(SEED_ENV, "").strip()
     if env:
         return int(env, 0)
+    # pytest-xdist's workers must collect the same test ids (the seed is in them): they
+    # share the run's id, from which the seed is drawn
+    run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if run_id:
+        return int(hashlib.sha256(run_id.encode()).hexdigest()[:8], 16)
     return int.from_bytes(os.urandom(4), "little")
 
 

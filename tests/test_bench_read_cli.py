@@ -46,22 +46,55 @@ def cifar_like(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def run_bench(db: Path, out: Path, strategy: str, extra: list[str], iters: int) -> dict:
-    argv = ["bench", "read", str(db), "--strategy", strategy, "--batch-size", str(BATCH),
+    run_mpi(RANKS, CLI_SCRIPT, bench_argv(db, out, strategy, extra, iters), timeout=120)
+    return json.loads(out.read_text())
+
+
+def bench_argv(db: Path, out: Path, strategy: str, extra: list[str], iters: int) -> list[str]:
+    return ["bench", "read", str(db), "--strategy", strategy, "--batch-size", str(BATCH),
             "--iters", str(iters), "--simulate-nodes", str(NODES), "--json", str(out),
             *extra]
-    run_mpi(RANKS, CLI_SCRIPT, argv, timeout=120)
-    return json.loads(out.read_text())
+
+
+def case_consumers(strategy: str, extra: list[str]) -> int:
+    """Colocated by default: every rank consumes; dedicated: one consumer per 2-rank node."""
+    dedicated = "dedicated" in extra
+    return NODES if dedicated and not strategy.startswith("naive") else RANKS
+
+
+#: every CASES run in turn inside one job's ranks (one start-up, not one per case)
+SEVERAL_RUNS = """
+import json, sys
+from lmdbio.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    if code:
+        sys.exit(code)
+"""
+
+
+@pytest.fixture(scope="module")
+def case_documents(cifar_like: Path, tmp_path_factory: pytest.TempPathFactory
+                   ) -> list[dict]:
+    """The JSON document of ``lmdbio bench read`` for every case of CASES (two epochs
+    each), all run by one 4-rank job."""
+    out = tmp_path_factory.mktemp("bench-cli-docs")
+    runs = [bench_argv(cifar_like, out / f"{k}.json", strategy, extra,
+                       2 * iterations_per_epoch(RECORDS, case_consumers(strategy, extra),
+                                                BATCH, "pad"))
+            for k, (strategy, extra) in enumerate(CASES)]
+    run_mpi(RANKS, SEVERAL_RUNS, [json.dumps(runs)], timeout=60 + 30 * len(runs))
+    return [json.loads((out / f"{k}.json").read_text()) for k in range(len(CASES))]
 
 
 @pytest.mark.parametrize(("strategy", "extra"), CASES,
                          ids=[" ".join([s, *e]) for s, e in CASES])
-def test_bench_read_json(cifar_like: Path, tmp_path: Path, strategy: str,
+def test_bench_read_json(case_documents: list[dict], strategy: str,
                          extra: list[str]) -> None:
-    # colocated by default: every rank consumes; dedicated: one consumer per 2-rank node
     dedicated = "dedicated" in extra
-    consumers = NODES if dedicated and not strategy.startswith("naive") else RANKS
+    consumers = case_consumers(strategy, extra)
     per_epoch = iterations_per_epoch(RECORDS, consumers, BATCH, "pad")
-    doc = run_bench(cifar_like, tmp_path / "out.json", strategy, extra, 2 * per_epoch)
+    doc = case_documents[CASES.index((strategy, extra))]
 
     assert (doc["strategy"], doc["ranks"], doc["nodes"]) == (strategy, RANKS, NODES)
     assert doc["mode"] == ("dedicated" if dedicated else "colocated")

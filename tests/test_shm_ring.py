@@ -172,6 +172,7 @@ def test_failure_ends_the_job(shm_env, tmp_path, mode, origin, phrase):
     assert leftovers(shm_env) == []
 
 
+@pytest.mark.mpiexec
 @pytest.mark.parametrize(
     ("target", "signum"),
     [("mpiexec", signal.SIGTERM), (2, signal.SIGTERM), (1, signal.SIGINT)],
