@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lmdb
 import numpy as np
 
 from lmdbio.lmdb import Database
@@ -28,3 +29,18 @@ def read_all_records(db: Database) -> list[tuple[bytes, bytes]]:
     koffs, kdata = db.keys_of(refs)
     return [(bytes(kdata[koffs[i]:koffs[i + 1]]), bytes(buf[offs[i]:offs[i + 1]]))
             for i in range(len(db))]
+
+
+def commit_more(path: Path, items: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    """A writer's commit to ``path`` (py-lmdb): records 380-449 of the usual random set,
+    new keys and overwrites alike, so the file has another snapshot; returns ``items``
+    updated as the file now holds them, in key order."""
+    from lmdbgen import random_items
+
+    extra = random_items(450, (50, 3000), seed=9)[380:]
+    env = lmdb.open(str(path), map_size=1 << 28)
+    with env.begin(write=True) as txn:
+        for k, v in extra:
+            txn.put(k, v)
+    env.close()
+    return sorted(dict(items + extra).items())

@@ -11,7 +11,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 import pytest
-from engine_helpers import open_indexed, read_all_records
+from engine_helpers import commit_more, open_indexed, read_all_records
 from lmdbgen import random_items, write_db
 from mpi_harness import CLI_SCRIPT, run_mpi
 
@@ -128,13 +128,7 @@ def test_indexed_sidecar_is_reused_and_rebuilt_when_the_database_changes(
         old_leaves, old_first = z["leaves"], z["first"]
 
     # a writer adds and overwrites records: another snapshot, so another directory
-    env = lmdb.open(str(path), map_size=1 << 28)
-    extra = random_items(450, (50, 3000), seed=9)[380:]
-    with env.begin(write=True) as txn:
-        for k, v in extra:
-            txn.put(k, v)
-    env.close()
-    items = sorted(dict(items + extra).items())
+    items = commit_more(path, items)
     db, s = open_indexed(path)
     assert s.source == "built" and sidecar_path(db) != first_sidecar
     assert not first_sidecar.exists()  # the stale snapshot's sidecar is gone

@@ -19,9 +19,8 @@ import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
-import lmdb
 import pytest
-from engine_helpers import open_indexed, read_all_records
+from engine_helpers import commit_more, open_indexed, read_all_records
 from lmdbgen import random_items, write_db
 
 from lmdbio.lmdb import Database
@@ -97,13 +96,7 @@ def test_a_changed_database_gets_a_new_key(dataset, cache) -> None:
     old_key, old = sidecar_key(db), sidecar_path(db)
     db.close()
     path.chmod(0o755)
-    env = lmdb.open(str(path), map_size=1 << 28)
-    extra = random_items(450, (50, 3000), seed=9)[380:]
-    with env.begin(write=True) as txn:
-        for k, v in extra:
-            txn.put(k, v)
-    env.close()
-    items = sorted(dict(items + extra).items())
+    items = commit_more(path, items)
     db, s = open_indexed(path)
     assert sidecar_key(db) != old_key
     assert s.source == "built" and read_all_records(db) == items
