@@ -328,10 +328,6 @@ def test_next_epoch_decoded_ahead_gives_the_same_batches(loader_runs, per_slot):
             assert a[key] == b[key], (a["epoch"], a["iteration"], key)
 
 
-def _shm_files() -> set[str]:
-    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-
-
 @pytest.mark.parametrize("setting", ["transform: {crop_size: 9}",  # larger than 6x5
                                      "transform: {mean_values: [1, 2]}"])  # 3 channels
 def test_an_error_while_decoding_ends_a_dedicated_job_promptly(datum_db, tmp_path, setting):
@@ -365,9 +361,25 @@ def _wait_for_batches(proc: subprocess.Popen, logs, workers: int, seconds: float
     raise AssertionError(f"no batch logged by {workers} workers in {seconds:g} s")
 
 
+def _launch_folder(launcher: int) -> str | None:
+    """The /dev/shm folder ``lmdbio launch`` (process ``launcher``) gave its mpiexec, read
+    from that child's environment (``OMPI_MCA_btl_sm_backing_directory``, its ``btl``)."""
+    children = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True,
+                              text=True).stdout.split()
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = dict(item.split(b"=", 1) for item in f.read().split(b"\0") if b"=" in item)
+        except OSError:
+            continue
+        btl = env.get(b"OMPI_MCA_btl_sm_backing_directory")
+        if btl:
+            return os.path.dirname(btl.decode())
+    return None
+
+
 def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path):
     mpiexec = require_mpiexec()
-    before = _shm_files()
     cfg = tmp_path / "job.yaml"
     cfg.write_text(f"dataset: {{path: {datum_db}, layout: caffe-datum}}\n"
                    "batch: {size: 4}\nreaders: {strategy: dm-spec, mode: dedicated}\n"
@@ -383,6 +395,7 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
         # let the job get going: every worker has logged a batch (a fixed wait was too
         # short when other suites loaded the machine)
         _wait_for_batches(proc, logs, workers=2, seconds=120)
+        folder = _launch_folder(proc.pid)
         ranks = subprocess.run(["pgrep", "-f", f"lmdbio.cli run {cfg}"], capture_output=True,
                                text=True).stdout.split()
         launcher = {proc.pid, *(int(p) for p in subprocess.run(
@@ -398,8 +411,10 @@ def test_killed_rank_ends_the_job_and_leaves_no_shared_memory(datum_db, tmp_path
             proc.wait()
     # the launcher runs Open MPI with its shared-memory files (the node ring's window
     # included) in a private folder of /dev/shm and removes it however the job ends; other
-    # jobs on this machine may be adding files to /dev/shm meanwhile, so look at ours only
-    assert {f for f in _shm_files() - before if f.startswith("lmdbio-job-")} == set()
+    # jobs on this machine (another suite's launches too) may be adding files to /dev/shm
+    # meanwhile, so look at this job's folder, read from its mpiexec's environment
+    assert folder is not None and folder.startswith("/dev/shm/lmdbio-job-"), folder
+    assert not os.path.exists(folder), folder
     # the workers' record logs hold whole batches only: each is written and flushed before
     # the next batch is asked for, so no kill leaves a line or a batch cut short
     files = sorted(logs.glob("rank-*.log"))
