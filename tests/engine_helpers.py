@@ -44,3 +44,18 @@ def commit_more(path: Path, items: list[tuple[bytes, bytes]]) -> list[tuple[byte
             txn.put(k, v)
     env.close()
     return sorted(dict(items + extra).items())
+
+
+def ibp_rows(n: int) -> list[tuple[bytes, bytes]]:
+    """``n`` tensor records of mostly-invariant float32 rows (what IBP compresses), keys
+    ``%06d``, labels ``i % 5``."""
+    from lmdbio.codecs.tensor import encode_tensor
+
+    rng = np.random.default_rng(2)
+    base = rng.normal(size=24).astype(np.float32)
+    items = []
+    for i in range(n):
+        row = base.copy()
+        row[rng.integers(0, 24, 3)] = rng.normal(size=3)
+        items.append((b"%06d" % i, encode_tensor(row, i % 5)))
+    return items

@@ -461,15 +461,9 @@ def test_ibp_transport_across_hosts_delivers_each_record_once(hosts: Hosts,
     """The IBP transport (each host's reader compresses its node's slots, the model fitted
     once and shared) on two real hosts: every record reaches one worker once, equal to
     py-lmdb's value and label (checked inside the job)."""
-    from lmdbio.codecs.tensor import encode_tensor
+    from engine_helpers import ibp_rows
 
-    rng = np.random.default_rng(2)
-    base = rng.normal(size=24).astype(np.float32)
-    items = []
-    for i in range(120):  # mostly-invariant float rows: what IBP compresses
-        row = base.copy()
-        row[rng.integers(0, 24, 3)] = rng.normal(size=3)
-        items.append((b"%06d" % i, encode_tensor(row, i % 5)))
+    items = ibp_rows(120)
     write_db(tmp_path / "tensor", items)
     run = run_on_hosts(hosts, 4, IBP_ON_HOSTS, [str(tmp_path / "tensor")], timeout=240,
                        map_by="node")

@@ -530,17 +530,10 @@ emit({"checked": checked, "keys": keys, "worker": loader.is_worker})
 
 @pytest.fixture(scope="module")
 def tensor_db(tmp_path_factory) -> Path:
-    from lmdbio.codecs.tensor import encode_tensor
+    from tests.engine_helpers import ibp_rows
 
     path = tmp_path_factory.mktemp("tensor-db")
-    rng = np.random.default_rng(2)
-    base = rng.normal(size=24).astype(np.float32)
-    items = []
-    for i in range(150):  # mostly-invariant float rows: what IBP compresses
-        row = base.copy()
-        row[rng.integers(0, 24, 3)] = rng.normal(size=3)
-        items.append((b"%06d" % i, encode_tensor(row, i % 5)))
-    write_db(path, items)
+    write_db(path, ibp_rows(150))
     return path
 
 
