@@ -43,6 +43,17 @@ import sys
 from lmdbio.cli import main
 sys.exit(main(sys.argv[1:]))
 """
+#: a script for :func:`run_mpi` that runs several ``lmdbio`` command lines, one after
+#: another, inside one job's ranks (one start-up, not one per command): its argument is
+#: the JSON list of their argument lists; the job stops at the first that fails
+CLI_RUNS_SCRIPT = """
+import json, sys
+from lmdbio.cli import main
+for argv in json.loads(sys.argv[1]):
+    code = main(argv)
+    if code:
+        sys.exit(code)
+"""
 
 #: what the Makefile exports: Open MPI as root in containers, more ranks than cores
 OPENMPI_ENV = {

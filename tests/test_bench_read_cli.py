@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from lmdbgen import random_items, uneven_key_items, write_db
-from mpi_harness import CLI_SCRIPT, run_mpi
+from mpi_harness import CLI_RUNS_SCRIPT, CLI_SCRIPT, run_mpi
 
 from lmdbio.benchmarks.targets import check_document
 from lmdbio.plan.epoch import iterations_per_epoch
@@ -62,17 +62,6 @@ def case_consumers(strategy: str, extra: list[str]) -> int:
     return NODES if dedicated and not strategy.startswith("naive") else RANKS
 
 
-#: every CASES run in turn inside one job's ranks (one start-up, not one per case)
-SEVERAL_RUNS = """
-import json, sys
-from lmdbio.cli import main
-for argv in json.loads(sys.argv[1]):
-    code = main(argv)
-    if code:
-        sys.exit(code)
-"""
-
-
 @pytest.fixture(scope="module")
 def case_documents(cifar_like: Path, tmp_path_factory: pytest.TempPathFactory
                    ) -> list[dict]:
@@ -83,7 +72,7 @@ def case_documents(cifar_like: Path, tmp_path_factory: pytest.TempPathFactory
                        2 * iterations_per_epoch(RECORDS, case_consumers(strategy, extra),
                                                 BATCH, "pad"))
             for k, (strategy, extra) in enumerate(CASES)]
-    run_mpi(RANKS, SEVERAL_RUNS, [json.dumps(runs)], timeout=60 + 30 * len(runs))
+    run_mpi(RANKS, CLI_RUNS_SCRIPT, [json.dumps(runs)], timeout=60 + 30 * len(runs))
     return [json.loads((out / f"{k}.json").read_text()) for k in range(len(CASES))]
 
 
@@ -188,12 +177,15 @@ def test_setup_pages_report_the_leaf_directory_once(tmp_path: Path) -> None:
     with Database(path) as db:
         leaves, branches = db.leaves().size, db.db.branch_pages
         assert not sidecar_path(db).exists()
-    built = run_bench(path, tmp_path / "a.json", "indexed", [], 4)["totals"]["setup_pages"]
+    # three runs, one after another, in one job
+    runs = [bench_argv(path, tmp_path / f"{name}.json", strategy, [], 4)
+            for name, strategy in (("a", "indexed"), ("b", "indexed"), ("c", "dm-spec"))]
+    run_mpi(RANKS, CLI_RUNS_SCRIPT, [json.dumps(runs)], timeout=150)
+    built, again, spec = (json.loads((tmp_path / f"{name}.json").read_text())["totals"]
+                          ["setup_pages"] for name in "abc")
     assert built == leaves + branches
-    again = run_bench(path, tmp_path / "b.json", "indexed", [], 4)["totals"]["setup_pages"]
     assert 0 < again <= 8  # the sidecar's spot check: up to 8 leaves, on reader 0
-    spec = run_bench(path, tmp_path / "c.json", "dm-spec", [], 4)
-    assert 0 < spec["totals"]["setup_pages"] < leaves // 2
+    assert 0 < spec < leaves // 2
 
 
 def test_a_run_that_stops_inside_a_slot_group_walks_no_other_nodes_records(

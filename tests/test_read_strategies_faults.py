@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from engine_helpers import commit_more, open_indexed, read_all_records
 from lmdbgen import random_items, write_db
-from mpi_harness import CLI_SCRIPT, run_mpi
+from mpi_harness import CLI_RUNS_SCRIPT, CLI_SCRIPT, run_mpi
 
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies import sidecar_path
@@ -93,11 +93,14 @@ def test_a_main_database_of_named_databases_only_is_refused(tmp_path, strategy) 
     items = random_items(50, 200, seed=4)
     write_db(path, [], subdbs={b"train": items, b"val": random_items(7, 20, seed=5)})
     argv = ["bench", "read", str(path), "--strategy", strategy, "--batch-size", "5",
-            "--iters", "5", "--simulate-nodes", "2", "--json", str(tmp_path / "out.json")]
-    run = run_mpi(2, CLI_SCRIPT, argv, timeout=60, check=False)
+            "--iters", "5", "--simulate-nodes", "2"]
+    # one job: the named database read, then the main one refused (which ends the job)
+    runs = [[*argv, "--subdb", "train", "--json", str(tmp_path / "out.json")],
+            [*argv, "--json", str(tmp_path / "refused.json")]]
+    run = run_mpi(2, CLI_RUNS_SCRIPT, [json.dumps(runs)], timeout=90, check=False)
     assert run.returncode != 0, run.output()
     assert "holds only named databases (b'train', b'val')" in run.stderr, run.output()
-    run_mpi(2, CLI_SCRIPT, [*argv, "--subdb", "train"], timeout=60)
+    assert not (tmp_path / "refused.json").exists()
     got = json.loads((tmp_path / "out.json").read_text())
     assert got["records_in_database"] == 50 and got["subdb"] == "train"
     ids = sorted(i for r in got["per_rank"] for i in r["records"])

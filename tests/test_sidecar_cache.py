@@ -190,22 +190,22 @@ def test_mpi_ranks_write_one_sidecar_in_the_cache(dataset, tmp_path: Path,
     folder is unchanged, one sidecar is written in the cache (no temporary file left) and
     serves the second run; with the cache path a file, both runs succeed and only one
     rank warns."""
-    from mpi_harness import CLI_SCRIPT, run_mpi
+    from mpi_harness import CLI_RUNS_SCRIPT, run_mpi
 
     path, _ = dataset
     cache = tmp_path / "cache"
     if not usable:
         cache.write_text("")
     before = _listing(path)
-    setup = []
-    for i in range(2):
-        out = tmp_path / f"run{i}.json"
-        argv = ["bench", "read", str(path), "--strategy", "indexed", "--batch-size", "8",
-                "--iters", "4", "--simulate-nodes", "2", "--json", str(out)]
-        run = run_mpi(4, CLI_SCRIPT, argv, timeout=120, env={CACHE_ENV: str(cache)})
-        setup.append(json.loads(out.read_text())["totals"]["setup_pages"])
-        text = run.stdout + run.stderr
-        assert text.count("not writable") == (0 if usable else 1), text
+    runs = [["bench", "read", str(path), "--strategy", "indexed", "--batch-size", "8",
+             "--iters", "4", "--simulate-nodes", "2", "--json", str(tmp_path / f"run{i}.json")]
+            for i in range(2)]  # one after the other, in one job
+    run = run_mpi(4, CLI_RUNS_SCRIPT, [json.dumps(runs)], timeout=150,
+                  env={CACHE_ENV: str(cache)})
+    setup = [json.loads((tmp_path / f"run{i}.json").read_text())["totals"]["setup_pages"]
+             for i in range(2)]
+    text = run.stdout + run.stderr
+    assert text.count("not writable") == (0 if usable else 2), text  # one rank, each run
     assert _listing(path) == before
     if usable:
         files = [p for p in cache.rglob("*") if p.is_file()]
