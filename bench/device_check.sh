@@ -11,17 +11,24 @@
 # Budget on 16 cores (each step runs under `timeout`; the limits add up to 300 s, so the
 # whole fits in 5 minutes even if a step hangs; the times in parentheses are estimates
 # scaled from this 2-core VM, not measured on 16 cores):
-#   venv         30 s  only where .venv is missing or lacks lmdb/mpi4py: local wheels
+#   venv         25 s  only where .venv is missing or lacks lmdb/mpi4py: local wheels
 #                      (pip --no-index --find-links "${WHEELS:-wheels}"), then lmdbio editable
 #   probes       10 s  nproc, nvidia-smi -L, package versions
-#   warm         30 s  one lmdbio run in one process on a 5,000-record database, so that numba's
+#   warm         25 s  one lmdbio run in one process on a 5,000-record database, so that numba's
 #                      cache (build/numba-cache) is written once before 8 and 16 ranks need it
-#   service-r8   55 s  bench/service.py --ranks 8 --repeat 1 --no-stall, CIFAR-like only, 300
+#   service-r8   50 s  bench/service.py --ranks 8 --repeat 1 --no-stall, CIFAR-like only, 300
 #                      batches per consuming rank (7 mpiexec runs of a few seconds each)
-#   service-r16  60 s  the same at 16 ranks
-#   peers       115 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only: R = 2, 4, 8,
+#   service-r16  55 s  the same at 16 ranks
+#   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only: R = 2, 4, 8,
 #                      16: 16 launches of 1-5 s, torch's three worker counts in one (~15 s)
 #                      and streaming's two in one (~30 s; its MDS shards written once, ~5 s)
+#   gpu          30 s  only where nvidia-smi lists a GPU: bench/gpu.py --target-gb 0.5
+#                      --repeat 2 --records 8000 --epochs 1 (pageable vs pinned vs pinned ring vs IBP
+#                      from pinned H2D on digits, MNIST, breast-cancer rows; the Datum loader
+#                      with cuda workers vs the CPU transform + float32 copy), JSON to
+#                      $OUT/gpu.json; quick mode: --fake-gpu (the numpy stand-in, tiny sizes,
+#                      figures meaningless). The 30 s is an estimate: it has not run on a GPU
+#                      (venv, warm, service and peers each gave up 5-10 s of limit for it).
 # Not covered here: ImageNet-like, MNIST and photograph sets (run bench/peers.py alone for
 # those), the stall experiment of bench/service.py. lmdbio's workers in bench/peers.py
 # deliver CPU (numpy) batches as the peers do; bench/service.py's take the GPU when cupy
@@ -119,14 +126,20 @@ else
 fi
 
 echo "device check: $REPO -> $OUT (quick=$QUICK)"
-if step venv 30 setup_venv; then
+if step venv 25 setup_venv; then
     step probes 10 probes
-    step warm 30 "$PY" bench/peers.py --quick --variants lmdbio-1 --out "$OUT/warm"
-    step "service-r$R_LOW" 55 service_at "$R_LOW" "$BATCHES"
+    step warm 25 "$PY" bench/peers.py --quick --variants lmdbio-1 --out "$OUT/warm"
+    step "service-r$R_LOW" 50 service_at "$R_LOW" "$BATCHES"
     if [ "$R_HIGH" != "$R_LOW" ]; then
-        step "service-r$R_HIGH" 60 service_at "$R_HIGH" "$BATCHES"
+        step "service-r$R_HIGH" 55 service_at "$R_HIGH" "$BATCHES"
     fi
-    step peers 115 "$PY" bench/peers.py "${PEERS_ARGS[@]}" --out "$OUT"
+    step peers 105 "$PY" bench/peers.py "${PEERS_ARGS[@]}" --out "$OUT"
+    if [ "$QUICK" = "1" ]; then
+        step gpu 30 "$PY" bench/gpu.py --fake-gpu --out "$OUT/gpu.json"
+    elif nvidia-smi -L 2>/dev/null | grep -q GPU; then
+        step gpu 30 "$PY" bench/gpu.py --target-gb 0.5 --repeat 2 --records 8000 --epochs 1 \
+            --out "$OUT/gpu.json"
+    fi
 fi
 echo "steps:"
 column -t -s $'\t' "$OUT/steps.tsv" 2>/dev/null || cat "$OUT/steps.tsv"

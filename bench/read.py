@@ -62,9 +62,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED  # noqa: E402
 from tests.lmdbgen import random_items, write_db  # noqa: E402
 
-STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
+STRATEGIES = list(_REGISTERED)  # every registered strategy, in registry order
 SHAPES = {  # name: (records, value bytes, per-consumer batch)
     "cifar": (20_000, 3072, 32),
     "imagenet": (1_600, 150_000, 4),

@@ -37,6 +37,7 @@ _spec = importlib.util.spec_from_file_location("bench_read", REPO / "bench" / "r
 bench_read = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(bench_read)
 
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED  # noqa: E402
 from lmdbio.scale import Costs, epoch_time, trace  # noqa: E402
 
 STRATEGIES = bench_read.STRATEGIES
@@ -124,8 +125,8 @@ def fit(res: Path, dbs: dict[str, Path], quick: bool) -> dict:
                 if not loops:
                     continue
                 tr = trace(dbs[name], s, ranks, nodes, batch, iterations=iters,
-                           batches_per_slot=per_slot if ranks > 1 or s in (
-                               "lmm", "dm-serial", "dm-spec", "indexed") else 0)
+                           batches_per_slot=per_slot if ranks > 1 or _REGISTERED[s].shared
+                           else 0)
                 runs.append({"db": name, "strategy": s, "ranks": ranks, "nodes": nodes,
                              "role": role, "iterations": iters, "measured_loop_s":
                              statistics.median(loops), "measured_all": loops,

@@ -36,11 +36,12 @@ sys.path.insert(0, str(REPO))
 
 from lmdbio.benchmarks.targets import check_document  # noqa: E402
 from lmdbio.plan.epoch import iterations_per_epoch  # noqa: E402
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED  # noqa: E402
 from tests.lmdbgen import write_db  # noqa: E402
 from tests.mpi_harness import OPENMPI_ENV  # noqa: E402
 
 BIN = REPO / ".venv" / "bin"
-STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
+STRATEGIES = list(_REGISTERED)  # every registered strategy, in registry order
 BATCH = 32
 MAP_SIZE = 1 << 31
 ENV = {**OPENMPI_ENV, "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache")}

@@ -13,7 +13,11 @@ key the closest valid one.
 
 The schema is the single source of truth: the validator, :meth:`JobConfig.to_dict` and the
 reference in ``docs/configuration.md`` (:func:`render_reference`) are all derived from the
-dataclass fields and their metadata, so they cannot drift apart.
+dataclass fields and their metadata, so they cannot drift apart. The names of strategies,
+layouts and batch codecs, what each can do and their descriptions come from their
+registries (:data:`lmdbio.plan.strategies.STRATEGIES`, :data:`lmdbio.layouts.LAYOUTS`,
+:data:`lmdbio.codecs.registry.BATCH_CODECS`): a string field whose metadata has
+``choices`` accepts only those.
 """
 
 from __future__ import annotations
@@ -29,7 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
+from lmdbio.codecs.registry import BATCH_CODECS
 from lmdbio.errors import ConfigError
+from lmdbio.layouts import LAYOUTS, layout_names
+from lmdbio.plan.strategies import STRATEGIES
 
 __all__ = [
     "BatchConfig",
@@ -47,22 +54,37 @@ __all__ = [
     "render_reference",
 ]
 
-Layout = Literal["caffe-datum", "tensor", "toc", "ibp", "pcr", "btable"]
 LastBatch = Literal["pad", "drop", "partial"]
-Strategy = Literal["dm-spec", "indexed", "lmm", "dm-serial", "naive-stride", "naive-contig"]
 ReaderMode = Literal["auto", "dedicated", "colocated"]
 ShuffleMode = Literal["none", "global", "block"]
 Phase = Literal["train", "test"]
-CodecName = Literal["none", "ibp", "toc"]
 Device = Literal["auto", "cpu", "cuda"]
 OnError = Literal["raise", "skip", "substitute"]
 SlotChecksum = Literal["xxh64", "crc32", "none"]
 Transfer = Literal["auto", "copy", "spans"]
 
+
+def _code(names: Iterable[str]) -> str:
+    """``a, b`` as Markdown code: `` `a`, `b` ``."""
+    return ", ".join(f"`{n}`" for n in names)
+
+
+def _either(names: Iterable[str]) -> str:
+    """``a, b, c`` as `` `a`, `b` or `c` ``."""
+    *rest, last = [f"`{n}`" for n in names]
+    return f"{', '.join(rest)} or {last}" if rest else last
+
+
 #: strategies whose read order is free, so they can serve a shuffled epoch order
-SHUFFLE_CAPABLE_STRATEGIES = ("indexed",)
+_SHUFFLING = tuple(name for name, cls in STRATEGIES.items() if cls.shuffles)
 #: layouts whose records are images (C, H, W), the only ones a DataTransformer crop/mirror fits
-IMAGE_LAYOUTS = ("caffe-datum", "tensor", "pcr")
+_IMAGES = layout_names(image=True)
+#: layouts a node's ring can hand out as spans of the database file
+_SPANS = layout_names(spans=True)
+#: layouts read at a lower fidelity by reading less (``dataset.scan_groups``)
+_PROGRESSIVE = layout_names(progressive=True)
+#: layouts whose records hold several images or rows
+_GROUPED = tuple(name for name, lay in LAYOUTS.items() if lay.items_field)
 
 
 def _meta(
@@ -88,19 +110,11 @@ class DatasetConfig:
             is_path=True,
         )
     )
-    layout: Layout = field(
+    layout: str = field(
         default="caffe-datum",
         metadata=_meta(
             "How the values are encoded.",
-            choices={
-                "caffe-datum": "serialized `caffe.Datum` messages, as written by Caffe's "
-                "`convert_imageset` or `lmdbio convert --layout caffe-datum`",
-                "tensor": "lmdbio tensor records (`LTNS` header + raw C-order array)",
-                "toc": "tuple-oriented compressed mini-batches of sparse rows",
-                "ibp": "invariant-bit-packed rows",
-                "pcr": "progressive compressed records (groups of progressive-JPEG scans)",
-                "btable": "BTables sparse labelled binary rows",
-            },
+            choices={name: lay.summary for name, lay in LAYOUTS.items()},
         ),
     )
     subdb: str | None = field(
@@ -113,7 +127,9 @@ class DatasetConfig:
     scan_groups: int | None = field(
         default=None,
         metadata=_meta(
-            "PCR only: how many scan groups (fidelity levels) to read; null reads all.", minimum=1
+            f"Only for dataset.layout {_either(_PROGRESSIVE)}: how many scan groups (fidelity "
+            "levels) to read; null reads all.",
+            minimum=1,
         ),
     )
 
@@ -124,7 +140,15 @@ class BatchConfig:
 
     size: int = field(
         default=64,
-        metadata=_meta("Records per global batch (summed over all worker ranks).", minimum=1),
+        metadata=_meta(
+            "Images (or rows) per global batch, summed over all worker ranks, for every "
+            f"layout: a record of layout {_either(_GROUPED)} holds several (the data set's "
+            "`lmdbio.json` says how many), so each worker rank takes as many whole records "
+            "as fit its share, rounded down with a warning (a share smaller than one record "
+            f"is an error; {_either(layout_names(batch_per_record=True))}: exactly one record "
+            "per worker rank).",
+            minimum=1,
+        ),
     )
     last: LastBatch = field(
         default="pad",
@@ -145,23 +169,11 @@ class BatchConfig:
 class ReadersConfig:
     """Which ranks read, and how they split the database."""
 
-    strategy: Strategy = field(
+    strategy: str = field(
         default="dm-spec",
         metadata=_meta(
             "How reader ranks split the records of each iteration.",
-            choices={
-                "dm-spec": "LMDBIO-DM: cursor hand-off between readers with speculative parallel "
-                "prefetch of the pages each reader expects to need (index-free, file order)",
-                "indexed": "a leaf directory built once gives every record's position: O(1) seeks, "
-                "exact page ranges, global and block shuffles, exact resume",
-                "lmm": "LMDBIO-LMM: one reader per node walks to its node's records and shares "
-                "them through node shared memory",
-                "dm-serial": "LMDBIO-DM cursor hand-off without speculative prefetch",
-                "naive-stride": "every reader walks the whole database and keeps record i iff "
-                "i % readers == rank (BVLC Caffe's scheme; the baseline)",
-                "naive-contig": "each reader walks from the first record to its contiguous shard "
-                "(DALI's scheme; a baseline)",
-            },
+            choices={name: cls.summary for name, cls in STRATEGIES.items()},
         ),
     )
     mode: ReaderMode = field(
@@ -216,14 +228,14 @@ class ReadersConfig:
         metadata=_meta(
             "How a node's ring carries records from its reader to its workers.",
             choices={
-                "auto": "spans where the layout allows it (caffe-datum and tensor without a "
-                "codec), copy otherwise",
+                "auto": "spans where the layout allows it "
+                f"({' and '.join(_SPANS)} without a codec), copy otherwise",
                 "copy": "the reader copies each record's bytes into the ring slot (the slot "
                 "checksum covers them)",
                 "spans": "the slot carries each record's offset and length in the database "
                 "file, which every rank of the node has mapped, and workers decode straight "
                 "from the mapping: no copy, and the checksum covers only spans, labels and "
-                "keys (caffe-datum and tensor layouts without a codec; pays off for large "
+                f"keys ({' and '.join(_SPANS)} layouts without a codec; pays off for large "
                 "records, see docs/service.md)",
             },
         ),
@@ -237,7 +249,8 @@ class ShuffleConfig:
     mode: ShuffleMode = field(
         default="none",
         metadata=_meta(
-            "Record order within an epoch. Shuffled modes need `readers.strategy: indexed`.",
+            "Record order within an epoch. Shuffled modes need `readers.strategy: "
+            f"{' | '.join(_SHUFFLING)}`.",
             choices={
                 "none": "key order (the file order of a Caffe LMDB)",
                 "global": "a full permutation of all records, seeded by (seed, epoch)",
@@ -311,15 +324,11 @@ class CodecConfig:
     Every key of the `codec` section other than `name` is an option passed to the codec's
     `from_config`; options are checked by the codec itself when the job starts."""
 
-    name: CodecName = field(
+    name: str = field(
         default="none",
         metadata=_meta(
             "Batch codec for transport.",
-            choices={
-                "none": "batches travel as raw arrays",
-                "ibp": "invariant bit packing (lossless; decodable on the GPU)",
-                "toc": "tuple-oriented compression (lossless; for sparse rows)",
-            },
+            choices={name: spec.summary for name, spec in BATCH_CODECS.items()},
         ),
     )
     options: tuple[tuple[str, Any], ...] = field(
@@ -567,11 +576,23 @@ def _is_optional(tp: Any) -> tuple[bool, Any]:
     return False, tp
 
 
-def _type_text(tp: Any) -> str:
+def _allowed(tp: Any, meta: Mapping[str, Any]) -> tuple[str, ...] | None:
+    """The values a field of closed choices accepts: a ``Literal``'s, or those a string
+    field's metadata lists (the names of a registry); None for any other field."""
+    _, inner = _is_optional(tp)
+    if get_origin(inner) is Literal:
+        return get_args(inner)
+    if inner is str and meta.get("choices"):
+        return tuple(meta["choices"])
+    return None
+
+
+def _type_text(tp: Any, meta: Mapping[str, Any] | None = None) -> str:
     """Human (and Markdown) description of a schema type."""
     optional, inner = _is_optional(tp)
-    if get_origin(inner) is Literal:
-        text = "one of " + ", ".join(f"`{a}`" for a in get_args(inner))
+    allowed = _allowed(tp, meta or {})
+    if allowed is not None:
+        text = "one of " + ", ".join(f"`{a}`" for a in allowed)
     elif inner is bool:
         text = "boolean"
     elif inner is int:
@@ -597,10 +618,10 @@ def _coerce(
     if value is None:
         if optional:
             return True, None
-        ctx.add(path, f"must be {_type_text(tp)}, not null", owner, key)
+        ctx.add(path, f"must be {_type_text(tp, meta)}, not null", owner, key)
         return False, None
-    if get_origin(inner) is Literal:
-        allowed = get_args(inner)
+    allowed = _allowed(tp, meta)
+    if allowed is not None:
         if isinstance(value, str) and value in allowed:
             return True, value
         hint = ""
@@ -804,21 +825,24 @@ def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> No
             "(Caffe allows one or the other); remove one of them",
             *where("transform", "mean_file"),
         )
-    if cfg.shuffle.mode != "none" and cfg.readers.strategy not in SHUFFLE_CAPABLE_STRATEGIES:
+    if cfg.shuffle.mode != "none" and not STRATEGIES[cfg.readers.strategy].shuffles:
+        shuffling = " | ".join(_SHUFFLING)
         ctx.add(
             "shuffle.mode",
-            f"{cfg.shuffle.mode!r} needs readers.strategy: indexed "
+            f"{cfg.shuffle.mode!r} needs readers.strategy: {shuffling} "
             f"(strategy {cfg.readers.strategy!r} reads records in file order and cannot "
-            "shuffle); set readers.strategy: indexed or shuffle.mode: none",
+            f"shuffle); set readers.strategy: {shuffling} or shuffle.mode: none",
             *where("shuffle", "mode"),
         )
-    if cfg.dataset.scan_groups is not None and cfg.dataset.layout != "pcr":
+    layout = LAYOUTS[cfg.dataset.layout]
+    if cfg.dataset.scan_groups is not None and not layout.progressive:
         ctx.add(
             "dataset.scan_groups",
-            f"only applies to dataset.layout: pcr (layout is {cfg.dataset.layout!r}); remove it",
+            f"only applies to dataset.layout: {' | '.join(_PROGRESSIVE)} (layout is "
+            f"{cfg.dataset.layout!r}); remove it",
             *where("dataset", "scan_groups"),
         )
-    if cfg.dataset.layout not in IMAGE_LAYOUTS:
+    if not layout.image:
         for key, active in (
             ("crop_size", t.crop_size > 0),
             ("mirror", t.mirror),
@@ -828,7 +852,7 @@ def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> No
                 ctx.add(
                     f"transform.{key}",
                     f"needs image records (dataset.layout one of "
-                    f"{', '.join(IMAGE_LAYOUTS)}); layout {cfg.dataset.layout!r} holds "
+                    f"{', '.join(_IMAGES)}); layout {cfg.dataset.layout!r} holds "
                     "table rows",
                     *where("transform", key),
                 )
@@ -1036,11 +1060,13 @@ def render_reference() -> str:
         "",
         "- `transform.mean_values` and `transform.mean_file` cannot both be set.",
         "- `shuffle.mode` other than `none` needs `readers.strategy: "
-        + " | ".join(SHUFFLE_CAPABLE_STRATEGIES)
+        + " | ".join(_SHUFFLING)
         + "`.",
-        "- `dataset.scan_groups` only applies to `dataset.layout: pcr`.",
+        "- `dataset.scan_groups` only applies to `dataset.layout: "
+        + " | ".join(_PROGRESSIVE)
+        + "`.",
         "- `transform.crop_size`, `transform.mirror` and `transform.mean_file` need image "
-        "records: `dataset.layout` one of " + ", ".join(f"`{x}`" for x in IMAGE_LAYOUTS) + ".",
+        "records: `dataset.layout` one of " + _code(_IMAGES) + ".",
         "- codec options need a `codec.name` other than `none`.",
         "- `transform.mean_values` holds one value or one per channel (checked against the "
         "data when the job starts).",
@@ -1056,7 +1082,7 @@ def render_reference() -> str:
 
 
 def _field_type_text(f: dataclasses.Field, tp: Any) -> str:
-    text = _type_text(tp)
+    text = _type_text(tp, f.metadata)
     if f.metadata.get("minimum") is not None:
         text += f", >= {f.metadata['minimum']}"
     if f.metadata.get("is_path"):

@@ -131,6 +131,8 @@ class Delivered:
     #: False after ``receive(defer_value_check=True)`` until :meth:`check_values` or a copy
     #: that checks in the same pass (:meth:`copy_batches`)
     values_checked: bool = True
+    #: cumulative value lengths of a by-reference delivery (:meth:`value_bytes`), made once
+    _cumulative_lengths: np.ndarray | None = field(default=None, repr=False)
 
     def keys(self) -> list[bytes]:
         """The batch's keys as bytes (for logs and checks, not for hot paths)."""
@@ -177,6 +179,29 @@ class Delivered:
         if not self.values_checked:
             assert self.lengths is not None and self.database is not None
             self.database.check_value_spans(self.offsets[a:b], self.lengths[a:b])
+
+    def value_bytes(self, a: int, b: int) -> int:
+        """The value bytes of records ``a .. b - 1``: from cumulative lengths made once per
+        delivery, so that a consumer taking a slot batch by batch pays no numpy reduction
+        per batch."""
+        if self.lengths is None:  # records copied back to back: their bounds
+            return int(self.offsets[b] - self.offsets[a])
+        cum = self._cumulative_lengths
+        if cum is None:
+            lengths = self.lengths
+            cum = np.zeros(lengths.shape[0] + 1, np.int64)
+            np.cumsum(lengths, out=cum[1:])
+            self._cumulative_lengths = cum
+        return int(cum[b] - cum[a])
+
+    def header_format(self) -> np.ndarray | None:
+        """The database's page format (:attr:`Database.fmt`) while the overflow page headers
+        of this by-reference delivery are still to be checked, for a compiled consumer that
+        checks them as it reads the values (see :meth:`check_value_rows`); ``None`` once
+        checked, or for values the slot carries."""
+        if self.values_checked or self.lengths is None or self.database is None:
+            return None
+        return self.database.fmt
 
     def copy_batches(self, out: np.ndarray, batch: int) -> int:
         """Copy a by-reference delivery's values ``batch`` records at a time into ``out``,
@@ -487,7 +512,7 @@ class ReadSession:
         self.reads = topo.is_reader if self.shared else True
         t0 = time.perf_counter()
         self.db, self.mapping, self.totals = _open_database(
-            path, topo, cls.name.startswith("dm"), opts)
+            path, topo, cls.chained, opts)
         # one exchange over the world: every rank's node and consumer rank (the node-level
         # strategies' layout), the pin choice of simulated nodes (one per file and host)
         # and the snapshot every reading rank opened, which must be one
@@ -769,11 +794,11 @@ class ReadSession:
         #: the iteration this epoch's run ends at (the epoch's end unless cut short)
         self.epoch_stop = stop_iteration if 0 < stop_iteration < self.plan.iterations \
             else self.plan.iterations
-        if self.node_cache is not None and epoch > 0 and self.topo.local_rank == 0:
+        if self.node_cache is not None:
             # every epoch reads from storage again, as when the data set is larger than a
-            # node's memory (not collective: a page another rank of the node still reads
-            # is at worst read again, the bytes in the cache stay valid)
-            self.node_cache.forget()
+            # node's memory: each rank from its own epoch on (not collective; one rank
+            # emptying the node's cache raced with the ranks that read on their own)
+            self.node_cache.set_epoch(epoch)
         if self.reads:
             acc = self.db.accounting
             acc.reset()

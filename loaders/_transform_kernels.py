@@ -8,6 +8,10 @@ Two entry points share one per-image routine:
   buffer that holds the records (a ring slot, or the database mapping), so a batch of Datums
   becomes the trainer's float32 batch in one pass: no uint8 batch is written and read again.
 
+Images of several sizes in one batch (Caffe crops each datum on its own) take their own
+entry points, :func:`transform_ragged` and :func:`transform_datums_ragged`, which the callers
+choose only when a batch's records differ in shape.
+
 Indices are unsigned: numba checks a signed index for a negative value (Python's wrap
 around) on every element, which stops LLVM from vectorizing the loops. With unsigned
 indices the row loops vectorize; measured on the 2-core VM on a CIFAR-like batch of 64
@@ -21,7 +25,19 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from lmdbio.codecs._record_kernels import COL_DATA_OFF, COL_LABEL, parse_uniform
+from lmdbio.codecs._record_kernels import (
+    COL_CHANNELS,
+    COL_DATA_LEN,
+    COL_DATA_OFF,
+    COL_ENCODED,
+    COL_ERROR,
+    COL_HEIGHT,
+    COL_LABEL,
+    COL_WIDTH,
+    parse_datums,
+    parse_uniform,
+)
+from lmdbio.lmdb.kernels import bad_span_header
 
 MEAN_NONE = 0
 MEAN_FILE = 1
@@ -101,14 +117,16 @@ def transform(x, h_off, w_off, mirror, mean_mode, mean, mean_values, scale, out)
 
 @njit(cache=True, nogil=True)
 def transform_datums(buf, starts, lengths, shape, h_off, w_off, mirror, mean_mode, mean,
-                     mean_values, scale, out, labels, table):
+                     mean_values, scale, out, labels, table, header_fmt):
     """Raw uint8 Datums to the transformed float32 batch in one pass. Record ``i`` lies at
     ``buf[starts[i] : starts[i] + lengths[i]]``; each is parsed (into ``table``, (N, NCOLS)
     int64) and must be a raw uint8 Datum of ``shape`` (C, H, W): returns -1 with ``out``
     ((N, C, h, w) float32, C-contiguous) and ``labels`` written, or the index of the first
     record that is not (nothing is promised about ``out`` then). Parsing a record just
-    before its pixels are read keeps its bytes in the cache for them."""
-    bad = parse_uniform(buf, starts, lengths, shape, table)
+    before its pixels are read keeps its bytes in the cache for them. ``header_fmt``: see
+    :func:`~lmdbio.codecs._record_kernels.parse_uniform` (a bad overflow header is a
+    record that does not fit)."""
+    bad = parse_uniform(buf, starts, lengths, shape, table, header_fmt)
     if bad >= 0:
         return bad
     c, height, width = shape[0], shape[1], shape[2]
@@ -119,4 +137,82 @@ def transform_datums(buf, starts, lengths, shape, h_off, w_off, mirror, mean_mod
         _image(buf, table[i, COL_DATA_OFF], c, height, width, h_off[i], w_off[i], mirror[i],
                mean_mode, flat_mean, mean_values, scale, dst, i * c * oh * ow, oh, ow)
         labels[i] = table[i, COL_LABEL]
+    return -1
+
+
+# ------------------------------------------------------------- images of mixed sizes
+#
+# Caffe crops every datum on its own: with ``crop_size`` the images of one batch may differ
+# in height and width (not in channels), each cropped at an offset drawn for its own size.
+# These kernels are the path a batch takes when its records differ in shape; the common
+# batch of one shape never comes here.
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _crop_offset(size, crop, train, u):
+    """The crop offset in a side of ``size`` pixels: ``floor(u * (size - crop + 1))`` in
+    train (``u`` uniform in [0, 1): every offset equally likely), the centre in test."""
+    if not train:
+        return (size - crop) // 2
+    off = np.int64(u * np.float64(size - crop + 1))
+    return min(off, size - crop)
+
+
+@njit(cache=True, nogil=True)
+def transform_ragged(src, starts, shapes, train, h_u, w_u, mirror, mean_mode, mean_values,
+                     scale, out):
+    """Images of their own sizes to the ``(N, C, crop, crop)`` float32 ``out``: image
+    ``i`` is the ``shapes[i]`` = (C, H, W) pixels at ``src[starts[i]:]`` (any real dtype),
+    cropped at offsets :func:`_crop_offset` of its own size, mirrored when ``mirror[i]``,
+    ``(x - mean_values[c]) * scale`` (``mean_mode`` MEAN_NONE or MEAN_VALUES: a mean image
+    has one size, so it never meets images of several). The caller checked that every
+    image has ``C`` channels, is at least ``crop`` in both sides and lies inside ``src``."""
+    c, oh, ow = out.shape[1], out.shape[2], out.shape[3]
+    dst = out.reshape(-1)
+    no_mean = np.zeros(1, np.float32)
+    for i in range(starts.shape[0]):
+        height = shapes[i, 1]
+        width = shapes[i, 2]
+        ho = _crop_offset(height, oh, train, h_u[i])
+        wo = _crop_offset(width, ow, train, w_u[i])
+        _image(src, starts[i], c, height, width, ho, wo, mirror[i], mean_mode, no_mean,
+               mean_values, scale, dst, i * c * oh * ow, oh, ow)
+
+
+@njit(cache=True, nogil=True)
+def transform_datums_ragged(buf, starts, lengths, train, h_u, w_u, mirror, mean_mode,
+                            mean_values, scale, out, labels, table, header_fmt):
+    """:func:`transform_datums` for a batch of raw uint8 Datums of several sizes, each
+    cropped to ``out``'s ``crop x crop`` as :func:`transform_ragged` crops. Every record
+    must parse without error, be raw uint8 with ``C`` = ``out.shape[1]`` channels, its
+    pixels filling its shape, and be at least ``crop`` in height and width; returns -1, or
+    the index of the first record that is not (``header_fmt``: a bad overflow page header
+    of a span of the mapping counts as one, see
+    :func:`~lmdbio.codecs._record_kernels.parse_uniform`)."""
+    c, oh, ow = out.shape[1], out.shape[2], out.shape[3]
+    n = starts.shape[0]
+    if header_fmt.shape[0]:
+        for i in range(n):
+            if bad_span_header(buf, header_fmt, starts[i], lengths[i]) >= 0:
+                return i
+    parse_datums(buf, starts, lengths, table)
+    for i in range(n):
+        row = table[i]
+        height = row[COL_HEIGHT]
+        width = row[COL_WIDTH]
+        if (row[COL_ERROR] != 0 or row[COL_ENCODED] != 0 or row[COL_CHANNELS] != c
+                or height < oh or width < ow or height > (1 << 31) or width > (1 << 31)
+                or row[COL_DATA_LEN] != c * height * width):
+            return i
+    dst = out.reshape(-1)
+    no_mean = np.zeros(1, np.float32)
+    for i in range(n):
+        row = table[i]
+        height = row[COL_HEIGHT]
+        width = row[COL_WIDTH]
+        ho = _crop_offset(height, oh, train, h_u[i])
+        wo = _crop_offset(width, ow, train, w_u[i])
+        _image(buf, row[COL_DATA_OFF], c, height, width, ho, wo, mirror[i], mean_mode,
+               no_mean, mean_values, scale, dst, i * c * oh * ow, oh, ow)
+        labels[i] = row[COL_LABEL]
     return -1

@@ -61,8 +61,8 @@ class Batch:
     key_offsets: np.ndarray
     key_data: np.ndarray
 
-    def __len__(self) -> int:
-        return int(self.ids.shape[0])
+    def __len__(self) -> int:  # images (rows): a PCR, IBP or TOC record holds several
+        return int(self.label.shape[0])
 
     @property
     def keys(self) -> list[bytes]:
@@ -173,21 +173,27 @@ class Loader:
         from loaders.transform import DataTransformer
 
         self.cfg = cfg
-        if cfg.codec.name not in ("none", "ibp"):
+        from lmdbio.codecs.registry import BATCH_CODECS
+        from lmdbio.layouts import LAYOUTS, layout_names
+
+        codec = BATCH_CODECS.get(cfg.codec.name)
+        if codec is None or not codec.transport:
+            transport = " and ".join(n for n, c in BATCH_CODECS.items() if c.transport)
             raise ConfigError(f"codec.name: {cfg.codec.name!r} is a storage layout here, not a "
-                              "transport codec (transport supports none and ibp); use "
+                              f"transport codec (transport supports {transport}); use "
                               f"dataset.layout: {cfg.codec.name}")
-        from loaders.decode import ROW_PER_RECORD_LAYOUTS
+        from loaders.decode import records_per_batch
 
         transfer = cfg.readers.transfer
-        as_stored = cfg.dataset.layout in ROW_PER_RECORD_LAYOUTS and cfg.codec.name == "none"
+        layout = LAYOUTS.get(cfg.dataset.layout)
+        as_stored = layout is not None and layout.spans and cfg.codec.name == "none"
         if transfer == "auto":
             transfer = "spans" if as_stored else "copy"
         if transfer == "spans" and not as_stored:
             raise ConfigError(f"readers.transfer: spans hands out records as they are stored "
-                              f"(dataset.layout caffe-datum or tensor, codec.name none); this "
-                              f"job has layout {cfg.dataset.layout!r} and codec "
-                              f"{cfg.codec.name!r}: use transfer: copy")
+                              f"(dataset.layout {' or '.join(layout_names(spans=True))}, "
+                              f"codec.name none); this job has layout {cfg.dataset.layout!r} "
+                              f"and codec {cfg.codec.name!r}: use transfer: copy")
         if cfg.readers.per_node != 1:
             raise ConfigError(f"readers.per_node: {cfg.readers.per_node} readers per node is not "
                               "supported yet (one node ring has one reader); use 1")
@@ -205,6 +211,10 @@ class Loader:
         if per_worker * consumers != cfg.batch.size and self.topo.rank == 0:
             log.warning("batch.size %d is not a multiple of the %d consuming ranks: the global "
                         "batch is %d", cfg.batch.size, consumers, per_worker * consumers)
+        # batch.size counts images (rows): a PCR, IBP or TOC record holds several
+        per_worker, note = records_per_batch(cfg, per_worker, consumers)
+        if note and self.topo.rank == 0:
+            log.warning("%s", note)
         self.per_worker = per_worker
         self.opts = ReadOptions(
             strategy=cfg.readers.strategy, batch_size=per_worker, last=cfg.batch.last,
@@ -226,6 +236,12 @@ class Loader:
         # an identity transform only converts to float32: the Datum decoder does it in its
         # pass over the pixels
         self.xp = _device(cfg, self.topo) if self.is_worker else np
+        #: a GPU worker's pinned staging ring and copy stream (loaders.device_feed)
+        self.feed: Any = None
+        if self.xp is not np:
+            from loaders.device_feed import DeviceFeed
+
+            self.feed = DeviceFeed(self.xp)
         #: decoded slots and transformed batches land in reused host memory (see
         #: loaders.buffer_pool: fresh arrays cost a kernel page-zeroing pass each)
         self.buffers = BufferPool(_POOLED_ARRAYS if self.xp is np else 0)
@@ -643,7 +659,7 @@ class Loader:
             raise item
         batch, nbytes = item
         self.metrics.batches += 1
-        self.metrics.samples += len(batch.ids)
+        self.metrics.samples += len(batch)
         self.metrics.bytes += nbytes
         return batch
 
@@ -830,8 +846,14 @@ class Loader:
         t0 = time.perf_counter()
         try:
             with self.session.stages.span("assemble"):
-                got.check_value_rows(a, b)  # overflow page headers, just before the values
-                part = self._assemble_datums(payload, fused.rows(a, b), iteration, epoch)
+                # the overflow page headers still to check are checked by the kernel as it
+                # reads each value; a batch it gives up on gets the exact check, which names
+                # a bad header's page, before the general path reads its values
+                fmt = got.header_format()
+                part = self._assemble_datums(payload, fused.rows(a, b), iteration, epoch,
+                                             fmt)
+                if part is None and fmt is not None:
+                    got.check_value_rows(a, b)
                 self._assemble_s += _EWMA * (time.perf_counter() - t0 - self._assemble_s)
                 # None: a record of another kind or shape, or a bad one: the general path
                 return self._finish_batch(got, iteration, a, b, payload, offsets, ko, kd,
@@ -861,19 +883,21 @@ class Loader:
         return datum_spans(payload, offsets, lengths)
 
     def _assemble_datums(self, payload: np.ndarray, spans: Any, iteration: int,
-                         epoch: int | None) -> tuple[np.ndarray, np.ndarray] | None:
+                         epoch: int | None, header_fmt: np.ndarray | None = None
+                         ) -> tuple[np.ndarray, np.ndarray] | None:
         """One batch of :meth:`_parse_fused`'s records, transformed, in pooled memory;
-        ``None`` when one of them is not a raw uint8 Datum of the slot's shape."""
+        ``None`` when one of them is not a raw uint8 Datum of the slot's shape, or (with
+        ``header_fmt``, spans of the mapping) its overflow page header is wrong."""
         t = self.transform
         assert t is not None  # only called where _fuses_datums: there is a transform
-        n = len(spans)
         if t.is_identity:  # widened only (streaming stores for large batches)
-            from loaders.decode import uniform_datums_float32
+            from loaders.decode import NO_HEADER_CHECK, uniform_datums_float32
 
-            return uniform_datums_float32(payload, spans, self.buffers.take)
+            return uniform_datums_float32(
+                payload, spans, self.buffers.take,
+                header_fmt=NO_HEADER_CHECK if header_fmt is None else header_fmt)
         rng = self._transform_rng(iteration, self.epoch if epoch is None else epoch)
-        out = self.buffers.take(t.output_shape(n, spans.shape), np.float32)
-        return t.datums(payload, spans, rng, out=out)
+        return t.datums(payload, spans, rng, alloc=self.buffers.take, header_fmt=header_fmt)
 
     def _transform_rng(self, iteration: int, epoch: int) -> np.random.Generator | None:
         """The random generator of one batch's transform decisions (None: it draws
@@ -920,7 +944,7 @@ class Loader:
             lo, hi = int(offsets[a]), int(offsets[b])
             nbytes = hi - lo
         else:
-            nbytes = int(lengths[a:b].sum())
+            nbytes = int(got.value_bytes(a, b))
 
         def key(i: int) -> bytes:
             return bytes(kd[ko[i]:ko[i + 1]])
@@ -950,13 +974,11 @@ class Loader:
                     np.cumsum(lens, out=ko[1:])
         if self.transform is not None and not isinstance(data, list) and not transformed:
             if self.xp is not np and isinstance(data, np.ndarray):
-                data = self._transform_on_device(data, iteration, epoch)
+                data, labels = self._transform_on_device(data, labels, iteration, epoch)
             else:
                 data = self._transform(data, iteration, epoch)
         if self.xp is not np:
-            if isinstance(data, np.ndarray):
-                data = self.xp.asarray(data)
-            labels = self.xp.asarray(labels)
+            data, labels = self._to_device(data, labels)
         return Batch(data, labels, ids, padding, epoch, iteration, ko, kd), nbytes
 
     def _transform(self, data: np.ndarray, iteration: int, epoch: int) -> np.ndarray:
@@ -976,17 +998,38 @@ class Loader:
             out = self.buffers.take((data.shape[0], *t.check(data.shape)), np.float32)
         return t(data, rng=rng, out=out)
 
-    def _transform_on_device(self, data: np.ndarray, iteration: int, epoch: int) -> Any:
+    def _transform_on_device(self, data: np.ndarray, labels: Any, iteration: int,
+                             epoch: int) -> tuple[Any, Any]:
         """Caffe's transform of a decoded batch on the worker's device: the pixels cross
-        as they are (uint8 for Datums: a quarter of float32's bytes), and crop, mirror,
-        mean and scale run there (:func:`loaders.transform.transform_batch`, the same
-        float32 operations in the same order as the CPU kernel, so the same values). The
-        decisions are drawn on the host from the same generator as on a CPU worker."""
-        device = self.xp.asarray(data)
+        as they are (uint8 for Datums: a quarter of float32's bytes; with the labels, from
+        the pinned ring of :attr:`feed`), and crop, mirror, mean and scale run there
+        (:func:`loaders.transform.transform_batch`, the same float32 operations in the same
+        order as the CPU kernel, so the same values). The decisions are drawn on the host
+        from the same generator as on a CPU worker. Returns (data, labels) on the device."""
+        copied = self.feed.submit(*[x for x in (data, labels) if isinstance(x, np.ndarray)])
+        device, *rest = copied.arrays()
+        labels = rest[0] if rest else labels
         if not data.shape[0]:
-            return device.astype(self.xp.float32)
-        assert self.transform is not None  # called only when the job has a transform
-        return self.transform(device, self._transform_rng(iteration, epoch), xp=self.xp)
+            out = device.astype(self.xp.float32)
+        else:
+            assert self.transform is not None  # called only when the job has a transform
+            out = self.transform(device, self._transform_rng(iteration, epoch), xp=self.xp)
+        copied.release()  # the raw pixels' reader (the transform) is queued
+        return out, labels
+
+    def _to_device(self, data: Any, labels: Any) -> tuple[Any, Any]:
+        """``data`` and ``labels`` on the worker's device: the host (numpy) ones through
+        the pinned ring of :attr:`feed` in one asynchronous copy; others as they are."""
+        if isinstance(labels, (list, tuple)):
+            labels = np.asarray(labels)
+        host = [i for i, x in enumerate((data, labels)) if isinstance(x, np.ndarray)]
+        if not host:
+            return data, labels
+        pair = [data, labels]
+        got = self.feed.submit(*[pair[i] for i in host]).arrays()
+        for i, dev in zip(host, got, strict=True):
+            pair[i] = dev
+        return pair[0], pair[1]
 
     def _apply_policy(self, data, labels, valid, errors, key) -> np.ndarray | None:
         """Apply ``on_error`` to the records that failed: ``skip`` returns the indices to
@@ -1050,6 +1093,8 @@ class Loader:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
                 self._pool = None
+            if self.feed is not None:
+                self.feed.close()
             self.session.stop()
             self.session.close()
         finally:

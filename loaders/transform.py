@@ -27,7 +27,9 @@ GPU) so the same code serves both; numpy batches go through one fused compiled k
 
 from __future__ import annotations
 
+import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -35,12 +37,114 @@ import numpy as np
 
 from lmdbio.errors import ConfigError
 
-__all__ = ["DataTransformer", "TransformDraw", "transform_batch", "transform_rng"]
+__all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch",
+           "transform_rng"]
 
 #: the mean image argument of the compiled kernels when there is none
 _NO_MEAN = np.zeros((1, 1, 1), np.float32)
 
 _RNG_TAG = 0x5452414E  # "TRAN": keeps transform draws independent of other users of `seed`
+
+
+def _offsets(u: np.ndarray, count: int) -> np.ndarray:
+    """Offsets ``0 .. count - 1`` from uniform ``[0, 1)`` variates: ``floor(u * count)``
+    (below ``count``: ``u * count`` rounds below it for every ``u < 1``)."""
+    return (u * count).astype(np.int64)
+
+
+class RaggedImages:
+    """The images of a batch whose records differ in size: image ``i`` is ``(C, H, W)`` =
+    ``shapes[i]``, its pixels ``pixels[starts[i] : starts[i] + C * H * W]`` (one flat
+    array, back to back). What the decoders return for such a batch; Caffe's transform
+    with ``crop_size`` (:meth:`DataTransformer.ragged`) makes it an ``(N, C, crop, crop)``
+    array. Indexing: ``r[i]`` is image ``i`` (a view), ``r[a:b]`` / ``r[indices]`` a
+    :class:`RaggedImages` of those images; ``r[i] = image`` replaces one."""
+
+    __slots__ = ("pixels", "shapes", "starts")
+
+    def __init__(self, pixels: np.ndarray, starts: np.ndarray, shapes: np.ndarray) -> None:
+        self.pixels = pixels  # 1-D
+        self.starts = np.ascontiguousarray(starts, np.int64)  # (N,)
+        self.shapes = np.ascontiguousarray(shapes, np.int64).reshape(-1, 3)  # (N, 3)
+
+    @classmethod
+    def from_list(cls, images: list[np.ndarray], dtype: Any = None) -> RaggedImages:
+        """Images ``(C, H, W)`` (or ``(H, W)``: one channel) copied back to back."""
+        arrays = [im[None] if im.ndim == 2 else im for im in images]
+        if any(a.ndim != 3 for a in arrays):
+            raise ConfigError("RaggedImages: images are (C, H, W) or (H, W)")
+        shapes = np.array([a.shape for a in arrays], np.int64).reshape(-1, 3)
+        sizes = shapes.prod(axis=1)
+        starts = np.zeros(len(arrays), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        dtype = np.result_type(*arrays) if dtype is None and arrays else (dtype or np.uint8)
+        pixels = np.concatenate([a.reshape(-1) for a in arrays]).astype(dtype, copy=False) \
+            if arrays else np.empty(0, dtype)
+        return cls(pixels, starts, shapes)
+
+    def __len__(self) -> int:
+        return int(self.starts.shape[0])
+
+    @property
+    def shape(self) -> tuple[int]:
+        """``(N,)``: the number of images (each has its own ``shapes[i]``)."""
+        return (len(self),)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.pixels.dtype
+
+    def _image(self, i: int) -> np.ndarray:
+        c, h, w = (int(x) for x in self.shapes[i])
+        s = int(self.starts[i])
+        return self.pixels[s:s + c * h * w].reshape(c, h, w)
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, int | np.integer):
+            return self._image(int(index))
+        return RaggedImages(self.pixels, self.starts[index], self.shapes[index])
+
+    def __setitem__(self, index: int | np.integer, image: np.ndarray) -> None:
+        image = np.asarray(image)
+        i = int(index)
+        if image.shape == tuple(int(x) for x in self.shapes[i]):
+            self._image(i)[...] = image
+            return
+        at = self.pixels.shape[0]  # another size: its pixels go after the others
+        self.pixels = np.concatenate([self.pixels, image.reshape(-1).astype(self.dtype)])
+        self.starts[i] = at
+        self.shapes[i] = image.shape
+
+    def uniform(self) -> np.ndarray | None:
+        """The images as one ``(N, C, H, W)`` array when they all have one shape (a copy
+        unless they lie back to back), else ``None``."""
+        if not len(self) or (self.shapes != self.shapes[0]).any():
+            return None
+        c, h, w = (int(x) for x in self.shapes[0])
+        size = c * h * w
+        s0 = int(self.starts[0])
+        if (self.starts == s0 + size * np.arange(len(self))).all():
+            return self.pixels[s0:s0 + size * len(self)].reshape(len(self), c, h, w)
+        return np.stack([self._image(i) for i in range(len(self))])
+
+    def astype(self, dtype: Any, copy: bool = True) -> np.ndarray:
+        """The ``(N, C, H, W)`` batch in ``dtype`` (images of one shape only)."""
+        u = self.uniform()
+        if u is None:
+            raise ConfigError(_mixed_sizes_text(self.shapes))
+        return u.astype(dtype, copy=copy)
+
+    def __repr__(self) -> str:
+        return f"RaggedImages({len(self)} images, {self.dtype}, shapes {self.shapes.tolist()})"
+
+
+def _mixed_sizes_text(shapes: np.ndarray) -> str:
+    i = int(np.flatnonzero((shapes != shapes[0]).any(axis=1))[0])
+    return (f"transform: the images of a batch differ in size (image 0 is "
+            f"{tuple(int(x) for x in shapes[0])}, image {i} {tuple(int(x) for x in shapes[i])})"
+            "; Caffe takes images of several sizes only with crop_size, cropping each one: "
+            "set transform.crop_size, or convert the images to one size (lmdbio convert "
+            "--resize H W)")
 
 
 def transform_rng(seed: int, epoch: int, iteration: int, rank: int) -> np.random.Generator:
@@ -52,11 +156,30 @@ def transform_rng(seed: int, epoch: int, iteration: int, rank: int) -> np.random
 
 @dataclass(frozen=True)
 class TransformDraw:
-    """The per-image decisions of one batch: crop offsets and mirror flags (numpy arrays)."""
+    """The per-image decisions of one batch: crop offsets and mirror flags (numpy arrays).
+
+    ``h_u``, ``w_u``: the uniform ``[0, 1)`` variates random crop offsets come from
+    (``offset = floor(u * (side - crop + 1))``), so that a batch of images of several
+    sizes gets each image's offsets for its own size from the same draw; ``None`` where no
+    offset is random (test phase, no crop)."""
 
     h_off: np.ndarray
     w_off: np.ndarray
     mirror: np.ndarray
+    h_u: np.ndarray | None = None
+    w_u: np.ndarray | None = None
+
+
+@functools.cache
+def _fused_kernels() -> tuple[Any, int, np.ndarray]:
+    """The fused Datum kernels' module, the parse table's width and the empty header
+    format, imported once (numba loads with the kernels: not when this module is imported)
+    and then looked up per batch without an import statement."""
+    from lmdbio.codecs._record_kernels import NCOLS
+    from loaders import _transform_kernels as k
+    from loaders.decode import NO_HEADER_CHECK
+
+    return k, NCOLS, NO_HEADER_CHECK
 
 
 class DataTransformer:
@@ -104,6 +227,10 @@ class DataTransformer:
         self.phase = phase
         #: kernel arguments per (batch size, image shape): see :meth:`_datum_args`
         self._datum_cache: dict[tuple[int, tuple[int, int, int]], tuple[Any, ...]] = {}
+        #: only converts to float32 (see :attr:`is_identity`), decided once: asked per batch
+        self._identity = bool(self.scale == 1 and self.mean is None
+                              and not self.mean_values.size and not self.crop_size
+                              and not self.mirror)
         #: the means on each device array module (:meth:`_means_on`)
         self._device_means: dict[tuple[int, bytes | None], tuple[Any, Any]] = {}
 
@@ -116,8 +243,7 @@ class DataTransformer:
     @property
     def is_identity(self) -> bool:
         """True when the transform only converts to float32 (nothing to compute)."""
-        return (self.scale == 1 and self.mean is None and not self.mean_values.size
-                and not self.crop_size and not self.mirror)
+        return self._identity
 
     def check(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
         """Check an input ``(N, C, H, W)`` (or ``(C, H, W)``) against the parameters as Caffe's
@@ -152,9 +278,14 @@ class DataTransformer:
         else:
             mirror = np.zeros(n, bool)
         crop = self.crop_size
+        h_u = w_u = None
         if crop and self.phase == "train":
-            h_off = rng.integers(0, height - crop + 1, size=n)  # type: ignore[union-attr]
-            w_off = rng.integers(0, width - crop + 1, size=n)  # type: ignore[union-attr]
+            # each offset equally likely, as Caffe's Rand(H - crop + 1); drawn as uniform
+            # variates so that images of other sizes use the same draw (see ragged())
+            h_u = rng.random(n)  # type: ignore[union-attr]
+            w_u = rng.random(n)  # type: ignore[union-attr]
+            h_off = _offsets(h_u, height - crop + 1)
+            w_off = _offsets(w_u, width - crop + 1)
         elif crop:
             h_off = np.full(n, (height - crop) // 2)
             w_off = np.full(n, (width - crop) // 2)
@@ -162,7 +293,7 @@ class DataTransformer:
             h_off = np.zeros(n, np.int64)
             w_off = np.zeros(n, np.int64)
         return TransformDraw(h_off.astype(np.int64), w_off.astype(np.int64),
-                             np.ascontiguousarray(mirror, np.bool_))
+                             np.ascontiguousarray(mirror, np.bool_), h_u, w_u)
 
     def __call__(self, batch: Any, rng: np.random.Generator | None = None, *,
                  draw: TransformDraw | None = None, out: Any = None, xp: Any = np) -> Any:
@@ -170,7 +301,13 @@ class DataTransformer:
 
         Decisions come from ``draw`` when given, else are drawn from ``rng``. ``xp`` is the
         array module of ``batch`` (numpy or cupy); decisions are always numpy arrays.
+        A :class:`RaggedImages` batch (images of several sizes) goes to :meth:`ragged`.
         """
+        if isinstance(batch, RaggedImages):
+            same = batch.uniform()
+            if same is None:
+                return self.ragged(batch, rng, draw=draw, out=out)
+            batch = same
         c = self.check(batch.shape)[0]
         n = int(batch.shape[0])
         if draw is None:
@@ -185,6 +322,67 @@ class DataTransformer:
         return transform_batch(batch, draw, crop_size=self.crop_size, scale=self.scale,
                                mean=mean, mean_values=mean_values, out=out, xp=xp)
 
+    def ragged(self, images: RaggedImages, rng: np.random.Generator | None = None, *,
+               draw: TransformDraw | None = None, out: np.ndarray | None = None
+               ) -> np.ndarray:
+        """Images of several sizes to the float32 ``(N, C, crop, crop)`` batch, as Caffe's
+        ``DataTransformer`` treats each datum: every image cropped at an offset drawn for its
+        own size (random in train, centred in test), mirrored, mean values subtracted,
+        scaled. Caffe's checks, per image: one channel count for the batch, ``crop_size``
+        set and no larger than the image, no mean file (it has one size: Caffe requires
+        each datum to have it). Decisions come from ``draw`` or ``rng`` (:meth:`draw`,
+        whose uniform variates give each image its offsets): the same values as the fused
+        Datum path (:meth:`datums`) gives the same records."""
+        from loaders import _transform_kernels as k
+
+        n = len(images)
+        shapes = images.shapes
+        crop = self.crop_size
+        c = int(shapes[0, 0]) if n else 0
+        odd = np.flatnonzero(shapes[:, 0] != c)
+        if odd.size:
+            i = int(odd[0])
+            raise ConfigError(f"transform: image {i} of the batch has {int(shapes[i, 0])} "
+                              f"channel(s), image 0 has {c}: grey and colour images mixed "
+                              "(Caffe refuses them too); convert them to one kind")
+        if not crop:
+            raise ConfigError(_mixed_sizes_text(shapes))
+        if self.mean is not None:
+            raise ConfigError(f"transform.mean_file holds one {self.mean.shape} mean image, "
+                              "and Caffe requires every image to have its size; the images of "
+                              "this batch differ in size: use transform.mean_values")
+        small = np.flatnonzero((shapes[:, 1] < crop) | (shapes[:, 2] < crop))
+        if small.size:
+            i = int(small[0])
+            raise ConfigError(f"transform.crop_size {crop} is larger than image {i} of the "
+                              f"batch ({int(shapes[i, 1])}x{int(shapes[i, 2])})")
+        if self.mean_values.size not in (0, 1, c):
+            raise ConfigError(f"transform.mean_values has {self.mean_values.size} values; "
+                              f"specify either 1 or as many as channels: {c}")
+        ends = images.starts + shapes.prod(axis=1)
+        if n and (int(images.starts.min()) < 0 or int(ends.max()) > images.pixels.shape[0]):
+            raise ConfigError("RaggedImages: an image lies outside its pixels")
+        if draw is None:
+            draw = self.draw(n, crop, crop, rng)
+        train = self.phase == "train"
+        if train and (draw.h_u is None or draw.w_u is None):
+            raise ConfigError("transform: images of several sizes take random crops from the "
+                              "draw's uniform variates (DataTransformer.draw)")
+        shape = (n, c, crop, crop)
+        if out is None:
+            out = np.empty(shape, np.float32)
+        elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
+            raise ConfigError(f"transform: out must be C-contiguous float32 {shape}, got "
+                              f"{out.shape} {out.dtype}")
+        mode, mv, _ = self._kernel_mean(c)
+        none = np.zeros(n)
+        k.transform_ragged(images.pixels, images.starts, shapes, train,
+                           none if draw.h_u is None else np.ascontiguousarray(draw.h_u),
+                           none if draw.w_u is None else np.ascontiguousarray(draw.w_u),
+                           np.ascontiguousarray(draw.mirror, np.bool_), mode, mv, self.scale,
+                           out)
+        return out
+
     def _means_on(self, xp: Any, mean_values: np.ndarray | None) -> tuple[Any, Any]:
         """The mean image and per-channel means as arrays of ``xp``, copied to a device
         once (a mean file is as large as an image: not a copy per batch)."""
@@ -197,28 +395,58 @@ class DataTransformer:
         return hit
 
     def datums(self, buf: np.ndarray, spans: Any, rng: np.random.Generator | None = None,
-               *, out: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+               *, out: np.ndarray | None = None, header_fmt: np.ndarray | None = None,
+               alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None
+               ) -> tuple[np.ndarray, np.ndarray] | None:
         """The transformed float32 batch ``(N, C, h, w)`` and int64 labels of the raw
         uint8 Datums ``spans`` (:class:`loaders.decode.DatumSpans`) in ``buf``, in one
         compiled pass over the records' bytes: the same values as decoding them to uint8
         and calling this transformer, without the uint8 batch in between. Decisions are
         drawn from ``rng`` as :meth:`__call__` draws them. ``None`` when a record is not a
-        raw uint8 Datum of ``spans.shape`` (the general decoder then explains it)."""
-        from lmdbio.codecs._record_kernels import NCOLS
-        from loaders import _transform_kernels as k
-
+        raw uint8 Datum of ``spans.shape`` (the general decoder then explains it), or, with
+        ``header_fmt`` (the database's page format, for spans of its mapping whose overflow
+        page headers are still to be checked), when one of those headers is wrong.
+        ``alloc(shape, dtype)`` gives the output when ``out`` is not given (e.g. a
+        :class:`~loaders.buffer_pool.BufferPool`'s ``take``)."""
+        k, ncols, no_check = _fused_kernels()
         n = len(spans)
         shape, dims, mode, mv, mean, fixed = self._datum_args(n, spans.shape)
         draw = fixed if fixed is not None else self.draw(n, dims[1], dims[2], rng)
         if out is None:
-            out = np.empty(shape, np.float32)
+            out = (np.empty if alloc is None else alloc)(shape, np.float32)
         elif out.shape != shape or out.dtype != np.float32 or not out.flags.c_contiguous:
             raise ConfigError(f"transform: out must be C-contiguous float32 {shape}, got "
                               f"{out.shape} {out.dtype}")
         labels = np.empty(n, np.int64)
+        table = np.empty((n, ncols), np.int64)
+        fmt = no_check if header_fmt is None else header_fmt
         if k.transform_datums(buf, spans.starts, spans.lengths, dims, draw.h_off, draw.w_off,
                               draw.mirror, mode, mean, mv, self.scale, out, labels,
-                              np.empty((n, NCOLS), np.int64)) >= 0:
+                              table, fmt) >= 0:
+            if not self.crop_size or self.mean is not None:
+                return None
+            # records of several sizes, each cropped as Caffe crops it: its own pass
+            return self._ragged_datums(buf, spans, draw, mode, mv, out, labels, table, fmt)
+        return out, labels
+
+    def _ragged_datums(self, buf: np.ndarray, spans: Any, draw: TransformDraw, mode: int,
+                       mv: np.ndarray, out: np.ndarray, labels: np.ndarray,
+                       table: np.ndarray, fmt: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray] | None:
+        """:meth:`datums` for a batch whose raw uint8 Datums differ in size (a crop, no
+        mean file): each cropped at offsets for its own size from the batch's ``draw``,
+        as :meth:`ragged` crops the decoded images. ``None`` when a record is not a raw
+        uint8 Datum of the batch's channels at least ``crop_size`` in both sides (the
+        general decoder then names it)."""
+        from loaders import _transform_kernels as k
+
+        n = len(spans)
+        none = np.zeros(n)
+        train = draw.h_u is not None and draw.w_u is not None
+        if k.transform_datums_ragged(buf, spans.starts, spans.lengths, train,
+                                     draw.h_u if train else none,
+                                     draw.w_u if train else none, draw.mirror, mode, mv,
+                                     self.scale, out, labels, table, fmt) >= 0:
             return None
         return out, labels
 

@@ -59,3 +59,42 @@ def ibp_rows(n: int) -> list[tuple[bytes, bytes]]:
         row[rng.integers(0, 24, 3)] = rng.normal(size=3)
         items.append((b"%06d" % i, encode_tensor(row, i % 5)))
     return items
+
+
+def check_cursor_hand_off(got: dict[int, list[dict]], crc: np.ndarray) -> None:
+    """What tests/mpi/read_cursor.py's ranks 0 and 1 emitted (``got[rank]``, their outputs
+    of the cursor case): for the symmetric and the private mapping, rank 1 read through the
+    cursor bytes rank 0 sent exactly the records rank 0 positioned them at, and rank 0 the
+    one rank 1 advanced to, every value's CRC-32 ``crc[record]``; the bytes carry addresses
+    with the symmetric mapping only, and a private mapping elsewhere refuses them."""
+    pos = np.cumsum([0, 1, 100, 77, 3])  # read_cursor.py's STEPS, summed
+    for kind in ("symmetric", "private"):
+        r0 = next(o for o in got[0] if o["kind"] == kind)
+        r1 = next(o for o in got[1] if o["kind"] == kind)
+        assert r0["symmetric"] == r1["symmetric"] == (kind == "symmetric")
+        assert r0["has_address"] == r1["has_address"] == (kind == "symmetric")
+        assert [s[0] for s in r0["seen"][:-1]] == pos.tolist()
+        assert r1["seen"][:-1] == r0["seen"][:-1]
+        assert r0["seen"][-1] == r1["seen"][-1] == [int(pos[-1]) + 5, int(crc[pos[-1] + 5])]
+        assert all(c == crc[i] for i, c in r0["seen"])
+    mismatch = next(o for o in got[1] if o["kind"] == "mismatch")
+    assert "mapped at" in mismatch["refused"]  # address cursors need the same mapping
+
+
+def check_symmetric_mapping(readers: list[dict], expect: str, what: object = None) -> None:
+    """The readers' mappings of a run (tests/mpi/read_epochs.py's ``symmetric`` and
+    ``symmetric_attempts``): ``"symmetric"``, all at one address; ``"fallback"``, every
+    attempt failed on some reader and all fell back to private mappings; ``"off"``, not
+    asked for (``ReadOptions.symmetric`` false), no attempt made."""
+    from lmdbio.io.symmap import DEFAULT_MAX_ATTEMPTS
+
+    assert readers, what
+    if expect == "symmetric":
+        assert all(r["symmetric"] and r["symmetric_attempts"] >= 1 for r in readers), what
+    elif expect == "fallback":
+        assert all(not r["symmetric"] for r in readers), what
+        assert all(r["symmetric_attempts"] == DEFAULT_MAX_ATTEMPTS for r in readers), what
+    elif expect == "off":
+        assert all(not r["symmetric"] and r["symmetric_attempts"] == 0 for r in readers), what
+    else:
+        raise ValueError(f"expect: symmetric, fallback or off, got {expect!r}")

@@ -13,6 +13,7 @@ import pytest
 import structfuzz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lmdbgen import read_pylmdb
 
 from lmdbio.codecs.datum import (
     Datum,
@@ -35,21 +36,10 @@ CAFFE = {
 }
 
 
-def _read_lmdb(path) -> list[tuple[bytes, bytes]]:
-    import lmdb
-
-    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
-    try:
-        with env.begin() as txn:
-            return [(bytes(k), bytes(v)) for k, v in txn.cursor()]
-    finally:
-        env.close()
-
-
 @pytest.fixture(scope="module", params=sorted(CAFFE))
 def caffe_db(request, shared_testdata):
     path = shared_testdata / "lmdb" / request.param
-    items = _read_lmdb(path)
+    items = read_pylmdb(path)
     h = hashlib.sha256()
     for k, v in items:
         h.update(k)

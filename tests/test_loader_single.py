@@ -297,12 +297,16 @@ def test_spans_transfer_raises_at_the_bad_record(db_with_corrupt_record):
             pass
 
 
+@pytest.mark.parametrize("transform", [None, {"scale": 0.5}, {"scale": 1.0}],
+                         ids=["decoded", "fused-transform", "fused-widen"])
 @pytest.mark.parametrize("transfer", ["copy", "spans"])
-def test_a_bad_overflow_header_is_named_however_records_travel(tmp_path, transfer):
+def test_a_bad_overflow_header_is_named_however_records_travel(tmp_path, transfer,
+                                                                transform):
     """A record whose overflow page header is damaged (its page number) stops the loader
     with the file and the page named, whether the reader copies the records into the slots
     (it checks before copying) or hands out their spans (each consumer checks its spans
-    as it receives them)."""
+    as it reads them: the general decoder's path, and the fused Datum kernels of a
+    transform or of the identity one, which check each header as they read its value)."""
     from lmdbio.errors import LmdbFormatError
 
     rng = np.random.default_rng(2)
@@ -320,6 +324,8 @@ def test_a_bad_overflow_header_is_named_however_records_travel(tmp_path, transfe
         f.seek(pg * psize)
         f.write((pg + 7).to_bytes(8, "little"))
     cfg = config(tmp_path, readers__transfer=transfer)
+    if transform is not None:
+        cfg["transform"] = transform
     with loaders.open(cfg) as loader, \
             pytest.raises(LmdbFormatError, match=f"data.mdb, page {pg}: overflow page header"):
         for _ in loader:

@@ -16,11 +16,15 @@ the real ``Split_type(COMM_TYPE_SHARED)``, no ``simulate_nodes``:
   environment): every epoch exactly once across the hosts' workers;
 * the same job with host h2 killed mid-epoch (SIGKILL to its daemon and ranks): the job ends
   promptly, ``lmdbio launch`` exits non-zero naming h2, and h1 (the survivor) is left with
-  nothing in its /dev/shm.
+  nothing in its /dev/shm;
+* ``lmdbio bench read --direct`` (naive-stride, both ranks of a host reading on their own
+  into the host's O_DIRECT cache): each host reads its pages once per epoch, with and
+  without read-around.
 
-The three launches cost 45-50 s on the 2-core project machine (17 + 16 + 11 s at a load
-average of 7-9 from other jobs); the hosts are made once per module and removed whatever
-happens (tests/multihost.py sweeps what a killed run left). The mpiexec lines of
+The first three launches cost 45-50 s on the 2-core project machine (17 + 16 + 11 s at a
+load average of 7-9 from other jobs), the bench runs 10-20 s more; the hosts are made once
+per module and removed whatever happens (tests/multihost.py sweeps what a killed run
+left). The mpiexec lines of
 ``lmdbio launch --hosts`` and its lost-host report are also checked without hosts.
 Skipped where network namespaces cannot be made (not root, no iproute2).
 """
@@ -37,10 +41,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import lmdb
 import numpy as np
 import pytest
-from lmdbgen import random_items, write_db
+from engine_helpers import check_cursor_hand_off, check_symmetric_mapping
+from lmdbgen import random_items, read_pylmdb, write_db
 from mpi_harness import REPO, CompletedRun, require_mpiexec, run_mpi
 from multihost import Hosts, make_hosts, sweep_stale, unavailable
 from test_read_strategies import Generated, check_case, check_pages
@@ -117,17 +121,6 @@ def test_what_a_killed_run_left_is_swept() -> None:
     assert leftovers(tag) == []
 
 
-def pylmdb_items(path: Path) -> list[tuple[bytes, bytes]]:
-    """Every (key, value) of the database in key order, as py-lmdb reads them: the
-    reference the delivered records are checked against (independent of lmdbio)."""
-    env = lmdb.open(str(path), readonly=True, lock=False, subdir=True)
-    try:
-        with env.begin() as txn:
-            return [(bytes(k), bytes(v)) for k, v in txn.cursor()]
-    finally:
-        env.close()
-
-
 @pytest.fixture(scope="module")
 def mixed(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     """203 records of 100..5000 random bytes (inline and overflow values; 203 is prime, so
@@ -135,7 +128,7 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Generated:
     comes from py-lmdb and must equal what was written."""
     path = tmp_path_factory.mktemp("multihost") / "mixed"
     written = write_db(path, random_items(203, (100, 5000), seed=11), commit_every=50)
-    items = pylmdb_items(path)
+    items = read_pylmdb(path)
     assert items == sorted(written)
     # no lock file, so no snapshot pins: a pin is a child process under SCHED_IDLE that
     # must answer within 10 s, which a 2-core machine busy with 4 ranks (and other jobs)
@@ -246,21 +239,9 @@ def test_cursor_hand_off_between_hosts(epochs: EpochRun, mixed: Generated) -> No
     back the one it advanced to; with the symmetric mapping the bytes are addresses, valid on
     both hosts, and refused by a mapping elsewhere."""
     (index,) = epochs.indices("cursor")
-    got = {rank: [o for o in epochs.run.results[rank] if o.get("case") == index]
-           for rank in range(2)}
-    pos = np.cumsum([0, 1, 100, 77, 3])
-    for kind in ("symmetric", "private"):
-        r0 = next(o for o in got[0] if o["kind"] == kind)
-        r1 = next(o for o in got[1] if o["kind"] == kind)
-        assert r0["symmetric"] == r1["symmetric"] == (kind == "symmetric")
-        assert r0["has_address"] == r1["has_address"] == (kind == "symmetric")
-        assert [s[0] for s in r0["seen"][:-1]] == pos.tolist()
-        assert r1["seen"][:-1] == r0["seen"][:-1]
-        assert r0["seen"][-1] == r1["seen"][-1] == [int(pos[-1]) + 5,
-                                                   int(mixed.crc[pos[-1] + 5])]
-        assert all(c == mixed.crc[i] for i, c in r0["seen"])
-    mismatch = next(o for o in got[1] if o["kind"] == "mismatch")
-    assert "mapped at" in mismatch["refused"]
+    check_cursor_hand_off({rank: [o for o in epochs.run.results[rank]
+                                  if o.get("case") == index] for rank in range(2)},
+                          mixed.crc)
 
 
 @pytest.mark.mpiexec
@@ -269,20 +250,17 @@ def test_symmetric_mapping_across_hosts_and_its_fallback(epochs: EpochRun,
     """The DM readers on h1 and h2 map the file at one address (two address spaces of two
     hosts); when h2's reader cannot, both fall back to private mappings, cursors travel as
     page numbers, and every record still arrives intact."""
-    from lmdbio.io.symmap import DEFAULT_MAX_ATTEMPTS
-
     dm = [i for i in epochs.indices("epochs") if epochs.cases[i]["strategy"] == "dm-spec"]
     for i in dm:
         readers = [r for r in epochs.results(i) if r["reader"]]
         assert len(readers) == 2 and {r["hostname"] for r in readers} == {"h1", "h2"}
-        assert all(r["symmetric"] and r["symmetric_attempts"] >= 1 for r in readers)
+        check_symmetric_mapping(readers, "symmetric", epochs.cases[i])
     (index,) = epochs.indices("fallback")
     case, results = epochs.cases[index], epochs.results(index)
     check_case(mixed, case, results)
     readers = [r for r in results if r["reader"]]
     assert len(readers) == 2
-    assert all(not r["symmetric"] for r in readers)
-    assert all(r["symmetric_attempts"] == DEFAULT_MAX_ATTEMPTS for r in readers)
+    check_symmetric_mapping(readers, "fallback", case)
 
 
 @pytest.mark.mpiexec
@@ -292,6 +270,68 @@ def test_a_finished_job_leaves_the_hosts_clean(hosts: Hosts, epochs: EpochRun) -
         assert hosts.wait_idle(h, timeout=20), (h, hosts.pids(h))
         assert hosts.shm_files(h) == [], (h, hosts.shm_files(h))
     assert epochs.run.returncode == 0
+
+
+# --------------------------------------------------------------------------- bench read
+
+#: ``lmdbio bench read`` runs one after another inside one job (one start-up)
+BENCH_RUNS = """
+import json, sys
+from lmdbio.cli import main
+for argv in json.loads(sys.argv[1]):
+    if main(argv):
+        sys.exit(1)
+"""
+
+
+@pytest.fixture(scope="module")
+def direct_reads(hosts: Hosts, tmp_path_factory: pytest.TempPathFactory
+                 ) -> tuple[int, dict[int, dict]]:
+    """``bench read --direct`` of naive-stride on the hosts (map by slot: h1 runs consumers
+    0 and 1, h2 2 and 3, each rank reading on its own into its host's O_DIRECT cache), two
+    epochs of a CIFAR-like file (512 records of 3,072 B, one overflow page each), read-around
+    0 and 128 KiB: the file's pages and the JSON document of each run."""
+    out = tmp_path_factory.mktemp("multihost-direct")
+    path = out / "cifar"
+    write_db(path, random_items(512, 3072, seed=7), commit_every=64)
+    runs = {kib: ["bench", "read", str(path), "--strategy", "naive-stride", "--mode",
+                  "colocated", "--direct", "--direct-read-around", str(kib), "--batch-size",
+                  "8", "--iters", "32", "--json", str(out / f"{kib}.json")]
+            for kib in (0, 128)}
+    run_on_hosts(hosts, 4, BENCH_RUNS, [json.dumps(list(runs.values()))], timeout=180,
+                 map_by="slot")
+    pages = (path / "data.mdb").stat().st_size // 4096
+    return pages, {kib: json.loads((out / f"{kib}.json").read_text()) for kib in runs}
+
+
+@pytest.mark.mpiexec
+def test_each_host_reads_its_pages_once_per_epoch(direct_reads: tuple[int, dict[int, dict]]
+                                                  ) -> None:
+    """Each host's node reads, every epoch, exactly the pages its ranks touch, though its two
+    ranks read on their own and change epoch at different times (one rank emptying the
+    host's cache at its epoch boundary raced with the other: a host read anywhere between
+    one and two epochs' worth). With 128 KiB of read-around, the records dealt one by one
+    between the hosts make every host read the whole file each epoch."""
+    file_pages, docs = direct_reads
+    for kib, doc in docs.items():
+        assert doc["direct"] and doc["direct_read_around_kib"] == kib
+        assert doc["records_in_database"] == 512 and doc["iterations"]  # 16 an epoch
+        for node in doc["totals"]["per_node"]:
+            ranks = [r for r in doc["per_rank"] if r["node"] == node["node"]]
+            assert len(ranks) == 2 and len({r["host"] for r in ranks}) == 1, ranks
+            read = sum(r["direct_io"]["pages"] for r in ranks)
+            assert all(r["direct_io"]["read_around_pages"] == max(kib // 4, 1)
+                       for r in ranks)
+            if kib == 0:
+                # no shuffle: both epochs touch the same pages (a quarter of the leaves'
+                # records per rank, every leaf)
+                assert read == 2 * node["pages_touched"], (node, read)
+                assert node["resident_pages"] == node["pages_touched"]
+            else:
+                # the last epoch held the whole file; each epoch read it, but for a window
+                # a rank already in the next epoch read before the other rank needed it
+                assert node["resident_pages"] == file_pages, node
+                assert file_pages < read <= 2 * file_pages, (node, read)
 
 
 # --------------------------------------------------------------------------- lmdbio launch
@@ -389,7 +429,7 @@ def test_lmdbio_launch_runs_a_job_on_the_hosts(hosts: Hosts, datum_db: Path,
     result = json.loads(metrics.read_text())
     assert result["totals"]["nodes"] == 2, output(out)
     assert [r["node"] for r in result["per_rank"]] == [0, 0, 1, 1], output(out)
-    keys = Counter(k for k, _ in pylmdb_items(datum_db))
+    keys = Counter(k for k, _ in read_pylmdb(datum_db))
     seen = delivered(logs)
     assert sorted(seen) == [0, 1] and all(seen[e] == keys for e in seen), output(out)
     for h in hosts.names:
@@ -428,7 +468,7 @@ def test_resume_across_hosts_delivers_exactly_the_rest(resumed: list[dict[int, d
             f"rank {r}"
         seen.update(k for b in out["batches"] for k, pad in zip(b["keys"], b["padding"],
                                                                   strict=True) if not pad)
-    assert seen == Counter(k.hex() for k, _ in pylmdb_items(datum_db))
+    assert seen == Counter(k.hex() for k, _ in read_pylmdb(datum_db))
 
 
 IBP_ON_HOSTS = """

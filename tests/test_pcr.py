@@ -93,8 +93,10 @@ def image_folder(tmp_path_factory) -> Path:
 
 
 def _args(**kw) -> argparse.Namespace:
+    # the test folder mixes sizes and grey and colour images: --keep-sizes --color
     base = {"group_size": 3, "quality": 90, "jpeg_tool": "auto", "workers": 2,
-            "shuffle_seed": None, "labels": None, "overwrite": True, "format_version": 1}
+            "shuffle_seed": None, "labels": None, "overwrite": True, "format_version": 1,
+            "keep_sizes": True, "color": True}
     base.update(kw)
     return argparse.Namespace(**base)
 

@@ -27,6 +27,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from engine_helpers import check_cursor_hand_off, check_symmetric_mapping
 from lmdbgen import random_items, uneven_key_items, write_db
 from mpi_harness import run_mpi
 
@@ -407,42 +408,24 @@ def test_cursor_bytes_from_one_rank_used_on_another(two_ranks: Launch, mixed: Ge
     """Rank 0 positions cursors and sends their bytes; rank 1 reads the same records, and
     rank 0 the one rank 1 advanced to; with a symmetric mapping the bytes are addresses."""
     (index,) = two_ranks.indices("cursor")
-    got = {rank: [o for o in two_ranks.run.results[rank] if o.get("case") == index]
-           for rank in range(2)}
-    for kind in ("symmetric", "private"):
-        r0 = next(o for o in got[0] if o["kind"] == kind)
-        r1 = next(o for o in got[1] if o["kind"] == kind)
-        assert r0["has_address"] == r1["has_address"] == (kind == "symmetric")
-        pos = np.cumsum([0, 1, 100, 77, 3])
-        assert [s[0] for s in r0["seen"][:-1]] == pos.tolist()
-        assert r1["seen"][:-1] == r0["seen"][:-1]
-        assert r0["seen"][-1] == r1["seen"][-1] == [int(pos[-1]) + 5,
-                                                   int(mixed.crc[pos[-1] + 5])]
-        assert all(c == mixed.crc[i] for i, c in r0["seen"])
-    mismatch = next(o for o in got[1] if o["kind"] == "mismatch")
-    assert "mapped at" in mismatch["refused"]  # address cursors need the same mapping
+    check_cursor_hand_off({rank: [o for o in two_ranks.run.results[rank]
+                                  if o.get("case") == index] for rank in range(2)},
+                          mixed.crc)
 
 
 def test_symmetric_mapping_fallback_still_reads_correctly(four_ranks: Launch,
                                                           mixed: Generated) -> None:
     """Reader 1 fails every symmetric-mapping attempt: all readers fall back to private
     mappings, cursors travel as page numbers, and every record arrives intact."""
-    from lmdbio.io.symmap import DEFAULT_MAX_ATTEMPTS
-
-    for role in ("fallback", "no-symmetric", "symmetric"):
+    # the failure hook was for the fallback cases only
+    for role, expect in (("fallback", "fallback"), ("no-symmetric", "off"),
+                         ("symmetric", "symmetric")):
         for i in four_ranks.indices(role):
             case, results = four_ranks.cases[i], four_ranks.results(i)
             check_case(mixed, case, results)
             readers = [r for r in results if r["reader"]]
             assert len(readers) == case["nodes"]
-            if role == "fallback":
-                assert all(not r["symmetric"] for r in readers), case
-                assert all(r["symmetric_attempts"] == DEFAULT_MAX_ATTEMPTS for r in readers)
-            elif role == "no-symmetric":
-                assert all(not r["symmetric"] and r["symmetric_attempts"] == 0
-                           for r in readers)
-            else:  # the hook was for its cases only
-                assert all(r["symmetric"] and r["symmetric_attempts"] >= 1 for r in readers)
+            check_symmetric_mapping(readers, expect, case)
 
 
 # --------------------------------------------------------------------------- pages

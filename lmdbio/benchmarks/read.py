@@ -62,13 +62,12 @@ from lmdbio.commands.argtypes import (
     positive_float,
     positive_int,
 )
+from lmdbio.plan.strategies import STRATEGIES
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="LMDB directory or data.mdb")
-    parser.add_argument("--strategy", default="dm-spec",
-                        choices=["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec",
-                                 "indexed"])
+    parser.add_argument("--strategy", default="dm-spec", choices=list(STRATEGIES))
     parser.add_argument("--subdb", default=None, metavar="NAME",
                         help="read the named database NAME instead of the main one")
     parser.add_argument("--batch-size", type=positive_int, default=64, help="records per consumer")
@@ -120,6 +119,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="every (simulated) node reads its pages into its own cache with "
                              "O_DIRECT reads (nodes stop sharing the host's page cache; "
                              "the caches start empty after the setup and at every epoch)")
+    parser.add_argument("--direct-read-around", type=non_negative_int, default=0,
+                        metavar="KIB",
+                        help="with --direct: every page a rank whose mapping keeps the "
+                             "kernel's read-around faults in (the naive strategies, lmm, "
+                             "dm-serial; see --advice) is read with the rest of its aligned "
+                             "window of KIB KiB, as the kernel's read-around would on a "
+                             "node of its own (128: Linux's default read_ahead_kb, the "
+                             "scaling model's readahead_bytes); default 0: exactly the pages "
+                             "touched, as with read-around off")
     parser.add_argument("--transfer", choices=["copy", "spans"], default="spans",
                         help="node-level strategies: the ring slot carries each record's "
                              "span in the file and the worker reads the record from its "
@@ -291,6 +299,15 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         consumes = (not session.shared) or topo.is_worker
         if args.advice:
             _advise(session, args.advice)
+        around = 1  # pages per fault in the node's O_DIRECT cache (1: the page alone)
+        # as the session would set the mapping's read-around without the node cache (and
+        # lmdbio.scale's model reads faults): off for the strategies that ask for their
+        # pages (dm-spec, indexed) unless --no-prefetch-advice, off with --advice random
+        asks = session.cls.advises and not args.no_prefetch_advice
+        if session.node_cache is not None and args.direct_read_around \
+                and session.db.read_around and not asks:
+            around = max(1, args.direct_read_around * 1024 // session.db.psize)
+            session.node_cache.read_around_pages = around
         drop_seconds = 0.0  # the benchmark's own cache eviction: not part of the run
         drop_cpu = 0.0
         if args.cold:
@@ -373,6 +390,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         mine = {
             "rank": topo.rank,
             "node": topo.node_index,
+            "host": topo.hostname,
             "reader": session.reads,
             "worker": consumes,
             "records": delivered_ids,
@@ -416,7 +434,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "symmetric_attempts": totals.symmetric_attempts,
             "pylmdb_seconds": baseline,
             "resident_pages": resident,
-            "direct_io": direct,
+            "direct_io": direct if direct is None else {**direct,
+                                                        "read_around_pages": around},
         }
         n_records = len(session.db)
         psize = session.db.psize
@@ -556,6 +575,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "last": args.last,
         "cold": args.cold,
         "direct": args.direct,
+        "direct_read_around_kib": args.direct_read_around if args.direct else None,
         "advice": args.advice,
         "prefetch_advice": not args.no_prefetch_advice,
         "batches_per_slot": max((r.get("batches_per_slot", 1) for r in ranks), default=1),
@@ -592,7 +612,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
             "symmetric_mapping_attempts": max((r["symmetric_attempts"] for r in readers),
                                               default=0),
             "symmetric_mapping": all(r["symmetric"] for r in readers)
-            if args.strategy.startswith("dm") else None,
+            if STRATEGIES[args.strategy].chained else None,
             "direct_io": _direct_totals(ranks) if args.direct else None,
             "pylmdb_seconds": max(baseline) if baseline else None,
             "pylmdb_ratio": max(baseline) / loop if baseline and loop else None,

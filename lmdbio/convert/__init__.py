@@ -1,4 +1,5 @@
-"""Writers of LMDB layouts: one module per layout, loaded by name.
+"""Writers of LMDB layouts: one module per layout, loaded by name (the layout's
+``converter`` in the registry :data:`lmdbio.layouts.LAYOUTS`, re-exported here).
 
 Every layout module exposes ``add_arguments(parser)`` for its own options and
 ``convert(src, dst, args) -> dict`` returning a summary (records written, bytes, ratio...).
@@ -8,26 +9,20 @@ Shared helpers (creating the environment, writing in commits, the metadata sidec
 
 from __future__ import annotations
 
-import importlib
 from types import ModuleType
 
 from lmdbio.errors import LmdbioError
-
-#: layout name -> module implementing it
-LAYOUTS: dict[str, str] = {
-    "caffe-datum": "lmdbio.convert.datum",
-    "tensor": "lmdbio.convert.tensor",
-    "toc": "lmdbio.convert.toc",
-    "ibp": "lmdbio.convert.ibp",
-    "pcr": "lmdbio.convert.pcr",
-    "btable": "lmdbio.convert.btable",
-}
+from lmdbio.layouts import LAYOUTS
 
 
 def load_layout(name: str) -> ModuleType:
-    """Import the module that writes layout ``name``."""
+    """Import the module that writes layout ``name`` (its ``converter`` in
+    :data:`lmdbio.layouts.LAYOUTS`)."""
     try:
-        module_name = LAYOUTS[name]
+        layout = LAYOUTS[name]
     except KeyError:
         raise LmdbioError(f"unknown layout {name!r}; known: {', '.join(sorted(LAYOUTS))}") from None
-    return importlib.import_module(module_name)
+    return layout.converter_module()
+
+
+__all__ = ["LAYOUTS", "load_layout"]

@@ -4,15 +4,21 @@ folder of images (one subfolder per class, as for Caffe's ``convert_imageset``),
 
 A source yields :class:`Sample` objects lazily (a folder is read one image at a time), in the
 order records will be written; ``--shuffle`` reorders them first, ``--limit`` keeps the first N.
+
+The images of a folder are measured before anything is written (their headers only, see
+:func:`check_image_sizes`): a folder of several image sizes needs a choice, ``--resize H W``
+(one size for all) or, where the layout offers it, ``--keep-sizes`` (each image stored as it
+is and cropped on its own when read, as Caffe's data layer crops each datum); without one the
+conversion stops naming the first image of another size.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -44,6 +50,9 @@ class Source:
     label_names: list[str]
     provenance: str
     from_image_files: bool  #: pixels come from image files/bundled photos (Caffe reads BGR)
+    folder: Path | None = None  #: the image folder, for a folder source
+    #: what :func:`check_image_sizes` found (``sizes_vary``, ``smallest_image``...)
+    sizes: dict[str, Any] = field(default_factory=dict)
 
 
 def add_source_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,11 +67,87 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
                         help="image folders: read images as one grey channel (default: 3 "
                              "colour channels, as convert_imageset)")
     parser.add_argument("--resize", type=int, nargs=2, metavar=("H", "W"), default=None,
-                        help="image folders: resize every image to H x W (bilinear)")
+                        help="image folders: resize every image to H x W (bilinear); "
+                             "needed for a folder of several image sizes")
     parser.add_argument("--input-order", choices=("nchw", "nhwc"), default="nchw",
                         help=".npy/.npz 4-D arrays: axis order of X (default nchw)")
     parser.add_argument("--labels", default=None, metavar="FILE.npy",
                         help=".npy input: labels (default: every label 0)")
+
+
+def image_header(path: Path) -> tuple[int, int, str]:
+    """``(height, width, mode)`` of an image file, from its header (no pixels decoded)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as im:
+            return int(im.height), int(im.width), str(im.mode)
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise LmdbioError(f"{path}: cannot read image ({exc})") from None
+
+
+def decoded_channels(mode: str) -> int:
+    """Channels an image of Pillow ``mode`` decodes to when nothing forces colour or grey:
+    1 for grey modes, 3 for the others (alpha dropped, CMYK and palettes as RGB): what the
+    Datum decoder and the PCR decoder give, and OpenCV's ``IMREAD_ANYCOLOR`` in Caffe."""
+    return 1 if mode in ("1", "L", "LA", "I", "F") or mode.startswith("I;") else 3
+
+
+def check_image_sizes(root: Path, entries: list[tuple[str, Path]], *, resized: bool,
+                      keep_option: str | None, keep: bool,
+                      channels_fix: str | None = None) -> dict[str, Any]:
+    """Measure every image of ``entries`` (``(name, file)``, in write order) before
+    anything is written. Images of several sizes need a choice: ``resized`` (``--resize``:
+    one size for all), or ``keep`` (the layout's ``keep_option``: stored as they are, each
+    cropped when read, with ``transform.crop_size`` no larger than the smallest image);
+    without one, :class:`~lmdbio.errors.LmdbioError` names the first image of another size
+    than the first. Returns what the metadata sidecar records: ``sizes_vary``,
+    ``min_size`` (the smallest height and width) and ``smallest_image`` (the image whose
+    shorter side is the shortest: the largest crop every image allows).
+
+    ``channels_fix``: where the images are stored as they are (PCR), grey and colour images
+    mixed are refused too (Caffe's data layer refuses them in one batch), naming the first
+    image of other channels than the first and this way out."""
+    first_mode: tuple[str, int] | None = None
+    first: tuple[str, int, int] | None = None
+    odd: tuple[str, int, int] | None = None
+    smallest: tuple[str, int, int] | None = None
+    min_h = min_w = 0
+    for name, path in entries:
+        h, w, mode = image_header(path)
+        if channels_fix is not None:
+            c = decoded_channels(mode)
+            if first_mode is None:
+                first_mode = (name, c)
+            elif c != first_mode[1]:
+                raise LmdbioError(
+                    f"{root}: grey and colour images mixed: {name} decodes to {c} channel(s), "
+                    f"the first image {first_mode[0]} to {first_mode[1]}; Caffe's data layer "
+                    f"refuses them in one batch. {channels_fix}")
+        if first is None:
+            first, min_h, min_w = (name, h, w), h, w
+        elif odd is None and (h, w) != first[1:]:
+            odd = (name, h, w)
+        min_h, min_w = min(min_h, h), min(min_w, w)
+        if smallest is None or min(h, w) < min(smallest[1:]):
+            smallest = (name, h, w)
+    if first is None or smallest is None:
+        return {"sizes_vary": False}
+    if odd is not None and not resized and not keep:
+        keep_text = (f", or {keep_option} (each image stored as it is; read them with "
+                     f"transform.crop_size at most {min(smallest[1:])}, the shorter side of "
+                     f"the smallest image {smallest[0]} ({smallest[1]}x{smallest[2]}): each "
+                     "image is cropped on its own, as Caffe's data layer does)"
+                     if keep_option else "")
+        raise LmdbioError(
+            f"{root}: images of several sizes (height x width): {odd[0]} is "
+            f"{odd[1]}x{odd[2]}, the first image {first[0]} {first[1]}x{first[2]}. Choose "
+            f"--resize H W (every image resized to one size){keep_text}")
+    if resized:
+        return {"sizes_vary": False}
+    return {"sizes_vary": odd is not None, "min_size": [min_h, min_w],
+            "smallest_image": {"name": smallest[0], "height": smallest[1],
+                               "width": smallest[2]}}
 
 
 def _read_image_file(path: Path, gray: bool, resize: tuple[int, int] | None) -> np.ndarray:
@@ -106,7 +191,7 @@ def _folder_source(root: Path, args: argparse.Namespace) -> Source:
     names = [g for g, _ in groups]
     return Source("image", samples, names,
                   f"image folder {root} ({len(samples)} images, {len(names)} classes from "
-                  "subfolder names)", True)
+                  "subfolder names)", True, folder=root)
 
 
 def _array_source(path: Path, args: argparse.Namespace) -> Source:
@@ -189,6 +274,12 @@ def open_source(src: str, args: argparse.Namespace) -> Source:
         source.samples = source.samples[:limit]
     if not source.samples:
         raise LmdbioError(f"{src}: nothing to write (0 samples)")
+    if source.folder is not None:  # the images that will be written, measured first
+        source.sizes = check_image_sizes(
+            source.folder, [(s.name or "", s.file) for s in source.samples if s.file],
+            resized=bool(getattr(args, "resize", None)),
+            keep_option="--keep-sizes" if hasattr(args, "keep_sizes") else None,
+            keep=bool(getattr(args, "keep_sizes", False)))
     return source
 
 

@@ -20,8 +20,16 @@ What is written, following Caffe:
   uint8 (not rescaled to 0..255);
 * ``--encoded jpg|png``: ``data`` holds an image file, ``encoded: true`` and no shape fields
   (``convert_imageset --encoded``). An image file whose suffix matches the format is stored
-  byte for byte unless ``--resize`` is given (as Caffe does); others are encoded with Pillow
-  (JPEG quality 95, OpenCV's default). Encoding needs uint8 images with 1, 3 or 4 channels.
+  byte for byte unless ``--resize`` is given (as Caffe does) or its channels are not the
+  ones asked for (a grey file in a colour conversion, or the reverse: Caffe would store it
+  as it is, and its data layer then refuses a batch of grey and colour images); others are
+  encoded with Pillow (JPEG quality 95, OpenCV's default). Encoding needs uint8 images with
+  1, 3 or 4 channels.
+* a folder of images of several sizes needs a choice, made before anything is written:
+  ``--resize H W`` (one size), or ``--keep-sizes`` (each image stored at its own size; the
+  loader crops each one to ``transform.crop_size``, as Caffe's data layer does; the sidecar
+  records the smallest image, the largest crop every image allows). Without either, the
+  conversion stops and names the first image of another size.
 
 Dataset metadata (layout, shape, dtype, channel order, label names, provenance) goes in the
 ``lmdbio.json`` sidecar.
@@ -47,6 +55,10 @@ _SUFFIXES = {"jpg": (".jpg", ".jpeg"), "png": (".png",)}
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--encoded", choices=("jpg", "png"), default=None,
                         help="store encoded image files instead of raw pixels")
+    parser.add_argument("--keep-sizes", action="store_true",
+                        help="image folders of several sizes: store each image at its own "
+                             "size; read them with transform.crop_size, which crops each one "
+                             "as Caffe does (the other choice is --resize H W)")
     add_source_arguments(parser)
 
 
@@ -68,7 +80,8 @@ def _encode_image(sample: Sample, arr: np.ndarray, fmt: str, args: argparse.Name
     from PIL import Image
 
     f = sample.file
-    if f is not None and f.suffix.lower() in _SUFFIXES[fmt] and not getattr(args, "resize", None):
+    if (f is not None and f.suffix.lower() in _SUFFIXES[fmt] and not getattr(args, "resize", None)
+            and _has_channels(f, arr)):
         return f.read_bytes()  # convert_imageset: files of the asked format go in unchanged
     if arr.dtype != np.uint8:
         raise LmdbioError(f"--encoded {fmt} needs uint8 images; this source holds {arr.dtype} "
@@ -89,6 +102,19 @@ def _encode_image(sample: Sample, arr: np.ndarray, fmt: str, args: argparse.Name
     else:
         im.save(out, format="PNG")
     return out.getvalue()
+
+
+def _has_channels(path: Any, arr: np.ndarray) -> bool:
+    """Whether the image file decodes (as the Datum decoder decodes it) to the channels of
+    ``arr``, the pixels read for the conversion (grey with ``--gray``, else colour)."""
+    from PIL import Image
+
+    with Image.open(path) as im:
+        if im.mode.startswith(("I", "F")):
+            return False  # 16/32-bit pixels: the Datum decoder takes 8-bit images only
+        native = 1 if im.mode in ("1", "L", "LA") else 3
+    want = 1 if arr.ndim == 2 or (arr.ndim == 3 and arr.shape[2] == 1) else 3
+    return native == want
 
 
 def _decoded_shape(image: bytes) -> tuple[int, int, int]:
@@ -154,6 +180,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     meta.update({
         "shape": list(next(iter(shapes))) if len(shapes) == 1 else None,
         "shapes_vary": len(shapes) > 1,
+        **{k: v for k, v in source.sizes.items() if k != "sizes_vary"},
         "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
         "float32_rounding_max_abs_error": state["max_err"],
     })
@@ -162,6 +189,8 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     summary.update({
         "layout": "caffe-datum", "source": src, "encoded": fmt, "shape": meta["shape"],
         "dtype": meta["dtype"], "float32_rounding_max_abs_error": state["max_err"],
+        **({"smallest_image": meta["smallest_image"]} if meta["shapes_vary"]
+           and "smallest_image" in meta else {}),
         "provenance": source.provenance, "seconds": round(time.perf_counter() - t0, 3),
     })
     return summary

@@ -10,7 +10,17 @@ Sources:
   (:mod:`lmdbio.codecs.progressive_tensor`), labels from ``--labels FILE.npy``.
 
 Images become progressive JPEGs: JPEG sources losslessly (DCT-domain transcoding with
-``--jpeg-tool``), everything else at ``--quality``. Every ``--group-size`` items form one
+``--jpeg-tool``), everything else at ``--quality``.
+
+Images must fit in one batch as Caffe's data layer takes them, and the folder is checked
+before anything is written (image headers only): grey and colour images mixed need
+``--color`` (every image decoded with three channels when read, as Caffe's ``is_color``) or
+``--gray`` (one channel), recorded in the sidecar (``decode_mode``): the stored JPEGs stay
+lossless. Several sizes need ``--resize H W`` (every image resized and re-encoded at
+``--quality``) or ``--keep-sizes`` (stored as they are, each cropped on its own when read with
+``transform.crop_size``); without a choice the conversion stops naming the first odd image.
+An LMDB source is checked as it is converted (its records are read once): the conversion
+stops at the first odd record, and leaves nothing behind. Every ``--group-size`` items form one
 value (layout in :mod:`lmdbio.codecs.pcr`) under the key ``%08d`` (group number). The
 ``lmdbio.json`` sidecar records the layout, number of scan groups, classes and tool used.
 """
@@ -18,7 +28,9 @@ value (layout in :mod:`lmdbio.codecs.pcr`) under the key ``%08d`` (group number)
 from __future__ import annotations
 
 import argparse
+import io
 import os
+import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -48,6 +60,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="shuffle items with this seed before grouping (default: keep "
                         "source order)")
     parser.add_argument("--labels", default=None, help=".npy labels for a .npy source")
+    parser.add_argument("--resize", type=int, nargs=2, metavar=("H", "W"), default=None,
+                        help="resize every image to H x W (bilinear, re-encoded at --quality: "
+                             "no longer lossless); one choice for images of several sizes")
+    parser.add_argument("--keep-sizes", action="store_true",
+                        help="images of several sizes: store each at its own size; read them "
+                             "with transform.crop_size, which crops each one as Caffe does")
+    colour = parser.add_mutually_exclusive_group()
+    colour.add_argument("--color", action="store_true",
+                        help="decode every image with 3 colour channels when read, grey ones "
+                             "too (Caffe's is_color); needed for grey and colour images mixed")
+    colour.add_argument("--gray", action="store_true",
+                        help="decode every image as one grey channel when read")
 
 
 # ------------------------------------------------------------------------------ sources
@@ -174,6 +198,82 @@ def _datum_image(key: bytes, value: bytes) -> tuple[bytes | np.ndarray, int]:
     return np.ascontiguousarray(img), int(d["label"])
 
 
+# ------------------------------------------------------------------------------ checks
+_CHOICES_COLOUR = "Choose --color (every image read in colour) or --gray."
+
+
+class _Shapes:
+    """The (C, H, W) of every image as stored and as the loader decodes it, checked as
+    records are converted (for an LMDB source, whose records are read once): the first
+    image of other channels, or of another size without --resize / --keep-sizes, stops
+    the conversion; what the sidecar records about sizes."""
+
+    def __init__(self, src: str, decode_mode: str | None, keep: bool) -> None:
+        self.src, self.mode, self.keep = src, decode_mode, keep
+        self.first: tuple[bytes, tuple[int, int, int]] | None = None
+        self.vary = False
+        self.smallest: tuple[bytes, int, int] | None = None
+        self.min_h = self.min_w = 0
+
+    def add(self, key: bytes, jpeg: bytes) -> None:
+        from PIL import Image
+
+        from lmdbio.convert._sources import decoded_channels
+
+        with Image.open(io.BytesIO(jpeg)) as im:
+            h, w = int(im.height), int(im.width)
+            c = {"RGB": 3, "L": 1}.get(self.mode or "", decoded_channels(im.mode))
+        if self.first is None:
+            self.first, self.min_h, self.min_w = (key, (c, h, w)), h, w
+        else:
+            k0, (c0, h0, w0) = self.first
+            if c != c0:
+                raise LmdbioError(f"{self.src}: grey and colour images mixed: {key!r} decodes "
+                                  f"to {c} channel(s), the first item {k0!r} to {c0}; Caffe's "
+                                  f"data layer refuses them in one batch. {_CHOICES_COLOUR}")
+            if (h, w) != (h0, w0) and not self.keep:
+                raise LmdbioError(f"{self.src}: images of several sizes (height x width): "
+                                  f"{key!r} is {h}x{w}, the first item {k0!r} {h0}x{w0}. "
+                                  "Choose --resize H W or --keep-sizes (each image cropped "
+                                  "on its own when read, as Caffe does)")
+            self.vary = self.vary or (h, w) != (h0, w0)
+            self.min_h, self.min_w = min(self.min_h, h), min(self.min_w, w)
+        if self.smallest is None or min(h, w) < min(self.smallest[1:]):
+            self.smallest = (key, h, w)
+
+    def meta(self) -> dict[str, Any]:
+        if self.first is None or self.smallest is None:
+            return {"shape": None, "sizes_vary": False}
+        out: dict[str, Any] = {"shape": None if self.vary else list(self.first[1]),
+                               "sizes_vary": self.vary}
+        if self.vary:
+            out["min_size"] = [self.min_h, self.min_w]
+            out["smallest_image"] = {"name": self.smallest[0].decode("utf-8", "replace"),
+                                     "height": self.smallest[1], "width": self.smallest[2]}
+        return out
+
+
+def _resized(data: bytes | np.ndarray, size: tuple[int, int], mode: str | None,
+             quality: int) -> bytes:
+    """An image resized to ``size`` = (H, W) (bilinear, as ``convert_imageset``), encoded
+    as progressive JPEG at ``quality``; in ``mode`` (``RGB``, ``L``) when given, else grey
+    stays grey and anything else becomes RGB."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        im = Image.fromarray(data) if isinstance(data, np.ndarray) else \
+            Image.open(io.BytesIO(data))
+        im.load()
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
+        raise CodecError(f"not an image Pillow can read: {exc}") from exc
+    from lmdbio.convert._sources import decoded_channels
+
+    want = mode or ("L" if decoded_channels(im.mode) == 1 else "RGB")
+    if im.mode != want:
+        im = im.convert(want)
+    return pcr.encode_progressive(im.resize((size[1], size[0]), Image.Resampling.BILINEAR), quality)
+
+
 # ------------------------------------------------------------------------------ convert
 def _is_lmdb(src: Path) -> bool:
     return (src.is_dir() and (src / "data.mdb").exists()) or src.name == "data.mdb"
@@ -190,6 +290,14 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     quality = int(getattr(args, "quality", 90))
     tool_req = getattr(args, "jpeg_tool", "auto")
     workers = max(1, int(getattr(args, "workers", 1) or 1))
+    resize: tuple[int, int] | None = None
+    if getattr(args, "resize", None):
+        resize = (int(args.resize[0]), int(args.resize[1]))
+    if resize is not None and min(resize) < 1:
+        raise LmdbioError(f"--resize {resize[0]} {resize[1]}: sizes must be >= 1")
+    decode_mode = "RGB" if getattr(args, "color", False) else \
+        "L" if getattr(args, "gray", False) else None
+    keep = bool(getattr(args, "keep_sizes", False))
     classes: list[str] = []
     if _is_lmdb(srcp):
         source_kind = "caffe-datum-lmdb"
@@ -211,13 +319,26 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     if getattr(args, "shuffle_seed", None) is not None:
         order = np.random.default_rng(args.shuffle_seed).permutation(len(entries))
         entries = [entries[i] for i in order]
+    if source_kind == "image-folder":  # every image measured before anything is written
+        from lmdbio.convert._sources import check_image_sizes
+
+        check_image_sizes(srcp, [(e[0].decode(), e[1][1]) for e in entries],
+                          resized=resize is not None, keep_option="--keep-sizes", keep=keep,
+                          channels_fix=None if decode_mode else _CHOICES_COLOUR)
+    shapes = _Shapes(src, decode_mode, keep or resize is not None)
     tool = None
     stats = {"lossless": 0, "reencoded": 0, "source_bytes": 0, "pcr_image_bytes": 0,
-             "n_groups": 0}
+             "n_groups": 0, "started": 0}
 
     def one(entry: tuple[bytes, Any]) -> tuple[bytes, int, bool, int]:
         nonlocal tool
         data, label = load(entry)
+        if resize is not None:
+            try:
+                jpeg = _resized(data, resize, decode_mode, quality)
+            except CodecError as exc:
+                raise CodecError(f"{src}: item {entry[0]!r}: {exc}") from exc
+            return jpeg, label, False, len(data) if isinstance(data, bytes) else data.nbytes
         if isinstance(data, np.ndarray):
             return pcr.encode_progressive(data, quality), label, False, data.nbytes
         if pcr.is_jpeg(data) and tool is None:
@@ -229,11 +350,14 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         return jpeg, label, lossless, len(data)
 
     def records() -> Iterator[tuple[bytes, bytes]]:
+        stats["started"] = 1  # write_records made DST (it asks for records after that)
         with ThreadPoolExecutor(workers) as pool:
             for gi, a in enumerate(range(0, len(entries), group)):
                 chunk = entries[a:a + group]
                 done = list(pool.map(one, chunk))
                 jpegs = [d[0] for d in done]
+                for e, j in zip(chunk, jpegs, strict=True):
+                    shapes.add(e[0], j)
                 value = pcr.encode_pcr_images(jpegs, [d[1] for d in done], [e[0] for e in chunk])
                 hdr = pcr.parse_header(value)
                 stats["n_groups"] = max(stats["n_groups"], hdr.n_groups)
@@ -246,9 +370,14 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     try:
         if not entries:
             raise LmdbioError(f"{src}: no records")
-        summary = write_records(dst, records(), meta=None,
-                                format_version=getattr(args, "format_version", 1),
-                                overwrite=getattr(args, "overwrite", False))
+        try:
+            summary = write_records(dst, records(), meta=None,
+                                    format_version=getattr(args, "format_version", 1),
+                                    overwrite=getattr(args, "overwrite", False))
+        except LmdbioError:
+            if stats["started"]:  # DST was made for this conversion: nothing left behind
+                shutil.rmtree(dst, ignore_errors=True)
+            raise
     finally:
         if source_kind == "caffe-datum-lmdb":
             lsrc.close()
@@ -258,12 +387,14 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
             "jpeg_tool": tool, "lossless_items": stats["lossless"],
             "reencoded_items": stats["reencoded"], "records": summary["records"],
             "format_version": getattr(args, "format_version", 1),
-            "value_format": "LPCR v1 (see lmdbio.codecs.pcr)"}
+            "value_format": "LPCR v1 (see lmdbio.codecs.pcr)", "decode_mode": decode_mode,
+            "resize": list(resize) if resize else None, **shapes.meta()}
     write_dataset_meta(dst, meta)
     return {**summary, "items": len(entries), "scan_groups": stats["n_groups"],
             "jpeg_tool": tool, "lossless_items": stats["lossless"],
             "reencoded_items": stats["reencoded"], "source_bytes": stats["source_bytes"],
-            "pcr_image_bytes": stats["pcr_image_bytes"]}
+            "pcr_image_bytes": stats["pcr_image_bytes"], "decode_mode": decode_mode,
+            **shapes.meta()}
 
 
 def _convert_tensor(src: Path, dst: str, args: argparse.Namespace, group: int) -> dict[str, Any]:

@@ -406,7 +406,7 @@ def mark_values(touched, val_off, val_len, psize):
 
 
 @njit(inline="always")
-def _bad_span_header(buf, fmt, off, length):
+def bad_span_header(buf, fmt, off, length):
     """The first page of the overflow run a value span ``[off, off + length)`` of the
     mapping lies in when its header does not say so; -1 when it does, or when the span is
     an inline value. A span that starts right after a page header is an overflow value's
@@ -423,11 +423,11 @@ def _bad_span_header(buf, fmt, off, length):
 
 @njit(cache=True, nogil=True)
 def check_value_spans(buf, fmt, starts, lengths):
-    """Check the overflow page header of every value span (:func:`_bad_span_header`), for a
+    """Check the overflow page header of every value span (:func:`bad_span_header`), for a
     consumer handed spans of the mapping. Returns ``(code, page)``: the first page whose
     header is wrong, with the code."""
     for i in range(starts.shape[0]):
-        bad = _bad_span_header(buf, fmt, starts[i], lengths[i])
+        bad = bad_span_header(buf, fmt, starts[i], lengths[i])
         if bad >= 0:
             return E_OVERFLOW_HEADER, bad
     return OK, 0
@@ -708,7 +708,7 @@ def gather_each_batch(buf, fmt, val_off, val_len, batch, out, check):
     """Copy value spans batch by batch (``batch`` spans each) into ``out``, every batch
     from ``out[0]`` on: a consumer taking the batches of a ring slot one after another, each
     into memory the size of one batch. With ``check``, each overflow value's page header
-    is checked (:func:`_bad_span_header`) just before its bytes are copied: one pass over
+    is checked (:func:`bad_span_header`) just before its bytes are copied: one pass over
     the values instead of a checking pass over the slot and then a copying one (on a
     slot of thousands of values the second pass found neither their cache lines nor their
     page translations any more). Returns ``(code, value)``: ``(OK, bytes copied over all
@@ -726,7 +726,7 @@ def gather_each_batch(buf, fmt, val_off, val_len, batch, out, check):
             if pos + val_len[t] > out.shape[0]:
                 return -1, t
             if check:
-                bad = _bad_span_header(buf, fmt, val_off[t], val_len[t])
+                bad = bad_span_header(buf, fmt, val_off[t], val_len[t])
                 if bad >= 0:
                     return E_OVERFLOW_HEADER, bad
             copy_bytes(out, pos, buf, val_off[t], val_len[t])

@@ -13,11 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from lmdbio.errors import ConfigError
+from lmdbio.plan.strategies import STRATEGIES
 from lmdbio.scale.costs import Costs
 from lmdbio.scale.model import EpochResult, epoch_time
 from lmdbio.scale.trace import Trace, trace
 
-ALL_STRATEGIES = ("naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed")
+#: every registered strategy, in registry order
+ALL_STRATEGIES = tuple(STRATEGIES)
 
 
 @dataclass(frozen=True)

@@ -386,5 +386,5 @@ def _trace(db, cls, ranks, nodes, batch, bounds, node_ranks, iterations, batches
                  psize=db.psize, n_pages=db.file_size // db.psize, n_records=n,
                  record_bytes=float(db.file_size) / n, batches_per_slot=per_slot,
                  iterations=len(schedule), epoch_iterations=per_epoch, shared=shared,
-                 read_around=not cls.advises, chained=cls.name.startswith("dm"),
+                 read_around=not cls.advises, chained=cls.chained,
                  actors=actors, steps=steps, node_ranks=node_ranks)

@@ -1,6 +1,8 @@
 """Host side of the CUDA decoder (``lmdbio/codecs/ibp_kernel.cu``), through cupy.
 
-The compressed data section is copied to the device (only the compressed bytes cross PCIe),
+The compressed data section is copied to the device (only the compressed bytes cross PCIe;
+already there when :func:`lmdbio.codecs.ibp.device.decompress_pinned` sent the frame through
+a pinned ring),
 row offsets are the prefix sums of the condensed lengths (or ``i * stride`` in place), and
 ``ibp_decompress_u32``/``_u64`` decode with one warp per row. Structural checks (lengths,
 cluster ids) were done when the frame was parsed; per-row content errors come back from the
@@ -57,7 +59,9 @@ def decode_words_cuda(model: IBPModel, packed: IBPPacked, cp: Any) -> Any:
     wd = model.words_dtype
     masks, bitvals = _device_tables(model.model_id, model.masks.tobytes(),
                                     model.bitvals.tobytes(), wd.str, model.masks.shape)
-    src = cp.asarray(np.ascontiguousarray(packed.data))
+    # a device array already where the frame came through a pinned ring (ibp.device)
+    src = packed.data if not isinstance(packed.data, np.ndarray) \
+        else cp.asarray(np.ascontiguousarray(packed.data))
     condensed = packed.layout == "condensed"
     if condensed:
         lengths = cp.asarray(packed.lengths).astype(cp.int32)

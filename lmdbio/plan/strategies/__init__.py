@@ -8,6 +8,11 @@
 | ``dm-serial`` | one reader per node | cursor handed along the chain of readers (LMDBIO-DM) |
 | ``dm-spec`` | one reader per node | dm-serial + speculative prefetch of its page range |
 | ``indexed`` | one reader per node | leaf directory: exact positions, shuffles |
+
+:data:`STRATEGIES` is the registry: the names ``readers.strategy`` and ``--strategy``
+accept, and through each class's attributes (``summary``, ``shared``, ``shuffles``,
+``chained``...) what each can do. The job configuration, its generated reference and the
+commands read it; a new strategy is a :class:`ReadStrategy` subclass added here.
 """
 
 from __future__ import annotations

@@ -76,7 +76,10 @@ class ReaderContext:
 class ReadStrategy(ABC):
     """Base class of the read strategies (see :mod:`lmdbio.plan.strategies`)."""
 
+    #: the registered name (``readers.strategy``, ``--strategy``)
     name: ClassVar[str]
+    #: one line for the configuration reference (``docs/configuration.md``)
+    summary: ClassVar[str]
     #: plan scheme: ``blocked`` (a node's records are contiguous), ``stride`` or ``shard``
     scheme: ClassVar[str] = "blocked"
     #: one reader per node sharing with the node's workers (True), or every rank reads its own
@@ -90,6 +93,9 @@ class ReadStrategy(ABC):
     #: asks the kernel for the pages it will read before reading them (:meth:`advise_pages`):
     #: the kernel's read-around is then off by default (``ReadOptions.read_around``)
     advises: ClassVar[bool] = False
+    #: readers hand a serialized cursor along the chain of readers (the DM strategies):
+    #: the mapping must be symmetric (one address on every reader)
+    chained: ClassVar[bool] = False
 
     def __init__(self, ctx: ReaderContext) -> None:
         self.ctx = ctx

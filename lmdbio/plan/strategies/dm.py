@@ -53,6 +53,8 @@ class DmSerial(ReadStrategy):
     first record is further on (an epoch resumed inside a slot group) walks the gap."""
 
     name = "dm-serial"
+    summary = "LMDBIO-DM cursor hand-off without speculative prefetch"
+    chained = True
     walks_slots = True
 
     def begin_epoch(self, plan: EpochPlan) -> None:
@@ -165,6 +167,8 @@ class DmSpec(DmSerial):
     """LMDBIO-DM with speculative parallel prefetch of each reader's pages."""
 
     name = "dm-spec"
+    summary = ("LMDBIO-DM: cursor hand-off between readers with speculative parallel "
+               "prefetch of the pages each reader expects to need (index-free, file order)")
     advises = True
     #: place each share in the leaves (their counts, or the leaf directory where they
     #: vary) and ask for exactly its pages; False: the estimates alone, the reference

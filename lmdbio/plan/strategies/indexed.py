@@ -302,6 +302,8 @@ class Indexed(ReadStrategy):
     """Reads located through the leaf directory: exact, random access, shuffle-capable."""
 
     name = "indexed"
+    summary = ("a leaf directory built once gives every record's position: O(1) seeks, "
+               "exact page ranges, global and block shuffles, exact resume")
     advises = True
     shuffles = True
 

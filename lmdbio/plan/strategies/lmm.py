@@ -19,6 +19,8 @@ class Lmm(WalkingStrategy):
     """One reader per node; each reader walks to its own range (LMDBIO-LMM)."""
 
     name = "lmm"
+    summary = ("LMDBIO-LMM: one reader per node walks to its node's records and shares "
+               "them through node shared memory")
     walks_slots = True
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,

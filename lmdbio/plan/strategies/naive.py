@@ -20,6 +20,8 @@ class NaiveStride(WalkingStrategy):
     """Walk every record; keep every ``ranks``-th (BVLC Caffe, Caffe-MPI)."""
 
     name = "naive-stride"
+    summary = ("every reader walks the whole database and keeps record i iff "
+               "i % readers == rank (BVLC Caffe's scheme; the baseline)")
     scheme = "stride"
     shared = False
 
@@ -45,6 +47,8 @@ class NaiveContig(WalkingStrategy):
     """Contiguous shards reached by walking from the first record (DALI)."""
 
     name = "naive-contig"
+    summary = ("each reader walks from the first record to its contiguous shard "
+               "(DALI's scheme; a baseline)")
     scheme = "shard"
     shared = False
 

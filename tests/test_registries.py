@@ -1,0 +1,197 @@
+"""The registries are the one vocabulary: strategies (:data:`lmdbio.plan.strategies.
+STRATEGIES`), layouts (:data:`lmdbio.layouts.LAYOUTS`) and batch codecs
+(:data:`lmdbio.codecs.registry.BATCH_CODECS`). The job configuration accepts exactly their
+names, the generated reference lists exactly them, the commands offer them, and an unknown
+name is refused with the registered ones listed."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import re
+import typing
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from lmdbio.codecs.registry import BATCH_CODECS, BatchCodec, get_batch_codec
+from lmdbio.config import JobConfig, load_config, render_reference
+from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.layouts import LAYOUTS, Layout, get_layout, layout_names
+from lmdbio.plan.strategies import STRATEGIES, ReadStrategy, strategy_class
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: (config key, registry) for every key whose values a registry names
+REGISTERED_KEYS = [
+    ("readers.strategy", STRATEGIES),
+    ("dataset.layout", LAYOUTS),
+    ("codec.name", BATCH_CODECS),
+]
+
+
+def _field(dotted: str) -> tuple[dataclasses.Field, typing.Any]:
+    section, key = dotted.split(".")
+    cls = typing.get_type_hints(JobConfig)[section]
+    return {f.name: f for f in dataclasses.fields(cls)}[key], cls
+
+
+def _error(raw: dict) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config({"dataset": {"path": "/x"}, **raw})
+    return str(info.value)
+
+
+def _raw(dotted: str, value: object) -> dict:
+    section, key = dotted.split(".")
+    raw: dict = {section: {key: value}}
+    if section == "dataset":
+        raw["dataset"]["path"] = "/x"
+    return raw
+
+
+@pytest.mark.parametrize(("key", "registry"), REGISTERED_KEYS)
+def test_the_config_accepts_exactly_the_registered_names(key, registry):
+    f, _ = _field(key)
+    assert list(f.metadata["choices"]) == list(registry)  # the allowed values, in order
+    for name in registry:
+        cfg = load_config({"dataset": {"path": "/x"}, **_raw(key, name)})
+        section, k = key.split(".")
+        assert getattr(getattr(cfg, section), k) == name
+    msg = _error(_raw(key, "no-such-name"))
+    assert f"{key}: string 'no-such-name' is not allowed; allowed: " \
+           f"{', '.join(registry)}" in msg
+
+
+@pytest.mark.parametrize(("key", "registry"), REGISTERED_KEYS)
+def test_the_reference_lists_exactly_the_registered_names(key, registry):
+    text = (REPO / "docs" / "configuration.md").read_text()
+    assert text == render_reference(), \
+        "regenerate: python -m lmdbio.config > docs/configuration.md"
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
+    type_cell = row.split(" | ")[1]
+    assert re.findall(r"`([^`]+)`", type_cell) == list(registry)
+    block = text.split(f"\n`{key}`:\n\n", 1)[1].split("\n\n", 1)[0]
+    listed = [re.match(r"- `([^`]+)`: ", line).group(1) for line in block.splitlines()]
+    assert listed == list(registry)
+    for name, entry in registry.items():  # each described by its own entry
+        assert f"- `{name}`: {entry.summary}" in text
+
+
+def test_the_reference_derives_the_rules_from_capabilities():
+    text = render_reference()
+    shuffling = [n for n, cls in STRATEGIES.items() if cls.shuffles]
+    assert f"needs `readers.strategy: {' | '.join(shuffling)}`" in text
+    images = ", ".join(f"`{n}`" for n in layout_names(image=True))
+    assert f"`dataset.layout` one of {images}." in text
+    progressive = " | ".join(layout_names(progressive=True))
+    assert f"only applies to `dataset.layout: {progressive}`" in text
+    # batch.size counts images (rows), not records
+    row = next(line for line in text.splitlines() if line.startswith("| `batch.size` |"))
+    assert "Images (or rows) per global batch" in row
+    for name, layout in LAYOUTS.items():
+        assert (f"`{name}`" in row.split(" | ")[3]) == (layout.items_field is not None)
+
+
+def test_unknown_names_list_the_registered_ones():
+    with pytest.raises(ConfigError, match="readers.strategy: unknown strategy 'x'; known: "
+                       + ", ".join(STRATEGIES)):
+        strategy_class("x")
+    with pytest.raises(ConfigError, match="dataset.layout: unknown layout 'x'; known: "
+                       + ", ".join(LAYOUTS)):
+        get_layout("x")
+    with pytest.raises(ConfigError, match="codec.name: unknown batch codec 'x'; known: "
+                       + ", ".join(BATCH_CODECS)):
+        get_batch_codec("x")
+    from lmdbio.convert import load_layout
+
+    with pytest.raises(LmdbioError, match="unknown layout 'x'; known: "
+                       + ", ".join(sorted(LAYOUTS))):
+        load_layout("x")
+    # a misspelt name in a job: the allowed names and the closest one
+    msg = _error({"readers": {"strategy": "dm_spec"}})
+    assert ", ".join(STRATEGIES) in msg and "did you mean 'dm-spec'" in msg
+    with pytest.raises(TypeError, match="no field 'colour'"):
+        layout_names(colour=True)
+
+
+def test_strategy_entries():
+    for name, cls in STRATEGIES.items():
+        assert issubclass(cls, ReadStrategy) and cls.name == name
+        assert cls.summary and "\n" not in cls.summary
+        assert not (cls.chained and not cls.shared)  # a chain of readers shares its reads
+    assert strategy_class("indexed") is STRATEGIES["indexed"]
+
+
+def test_layout_entries():
+    for name, layout in LAYOUTS.items():
+        assert isinstance(layout, Layout) and layout.name == name and layout.summary
+        assert importlib.util.find_spec(layout.converter) is not None
+        factory = layout.decoder_factory()
+        assert (factory is None) == (layout.decoder is None)
+        if factory is not None:
+            assert callable(factory) and factory.__module__ == "loaders.decode"
+        # a record of several items says which sidecar field counts them, and what it holds
+        assert (layout.items_field is None) == (layout.items_note is None)
+        assert not (layout.row_per_record and layout.items_field)
+        assert not (layout.batch_per_record and not layout.items_field)
+        # records handed out as stored are decoded one row each
+        assert not (layout.spans and not layout.row_per_record)
+    import lmdbio.convert
+
+    assert lmdbio.convert.LAYOUTS is LAYOUTS  # lmdbio convert --layout offers the registry
+
+
+def test_the_loader_decodes_through_the_registry():
+    from loaders.decode import ROW_PER_RECORD_LAYOUTS, make_decoder
+
+    assert frozenset(layout_names(row_per_record=True)) == ROW_PER_RECORD_LAYOUTS
+    for name, layout in LAYOUTS.items():
+        cfg = SimpleNamespace(dataset=SimpleNamespace(layout=name, path="/x", scan_groups=None),
+                              on_error="raise")
+        if layout.decoder is None:
+            with pytest.raises(ConfigError, match=f"the loader has no decoder for '{name}'"):
+                make_decoder(cfg)
+        elif name in ("caffe-datum", "tensor", "toc"):  # the others read the data set's sidecar
+            assert callable(make_decoder(cfg))
+
+
+def test_batch_codec_entries():
+    for name, spec in BATCH_CODECS.items():
+        assert spec.name == name and spec.summary
+        cls = spec.codec_class()
+        assert (cls is None) == (spec.codec is None)
+        if cls is not None:
+            codec = cls()
+            assert isinstance(codec, BatchCodec)  # the protocol, checked at run time
+            assert cls.from_config(codec.get_config()) == codec
+    assert BATCH_CODECS["none"].codec is None and BATCH_CODECS["none"].transport
+    # a codec that cannot travel through the ring is read as the layout of its name
+    for name, spec in BATCH_CODECS.items():
+        if not spec.transport:
+            assert name in LAYOUTS
+
+
+def test_record_codecs_follow_the_batch_codec_interface():
+    from lmdbio.codecs.btable_rows import SparseRowCodec
+    from lmdbio.codecs.datum import DatumCodec
+    from lmdbio.codecs.pcr import PCRCodec
+    from lmdbio.codecs.progressive_tensor import ProgressiveTensorCodec
+    from lmdbio.codecs.tensor import TensorCodec
+
+    for cls in (DatumCodec, TensorCodec, PCRCodec, ProgressiveTensorCodec, SparseRowCodec):
+        for member in ("codec_id", "encode", "decode", "get_config", "from_config"):
+            assert hasattr(cls, member), (cls, member)
+
+
+def test_the_commands_offer_the_registered_strategies():
+    from lmdbio.benchmarks import read
+    from lmdbio.scale.project import ALL_STRATEGIES
+
+    parser = argparse.ArgumentParser()
+    read.add_arguments(parser)
+    (action,) = [a for a in parser._actions if a.dest == "strategy"]
+    assert list(action.choices) == list(STRATEGIES)
+    assert tuple(STRATEGIES) == ALL_STRATEGIES
