@@ -19,29 +19,45 @@ from lmdbio.commands.argtypes import non_negative_int, output_file, positive_int
 #: the default cost file, next to the package in a checkout
 DEFAULT_FS = Path(__file__).resolve().parents[1] / "scale" / "lustre.yaml"
 
+DESCRIPTION = """\
+Project how long one epoch of a database takes with every read strategy on a cluster
+of R ranks on N nodes, without the cluster. The strategies' own code runs over the
+database for every simulated reader (one process, no MPI) to find the exact pages each
+rank reads; a cost model of the file system (Lustre-like by default, --fs FS.yaml for
+your own) then times them (docs/scaling.md). Prints one row per strategy: epoch
+seconds, samples/s, where the time goes, extra pages read and bytes from the file
+system."""
+
+EXAMPLES = """\
+lmdbio plan-scale build/demo/digits-datum --ranks 512 --nodes 32
+lmdbio plan-scale DB --ranks 64 --nodes 8 --strategies indexed,dm-spec
+lmdbio plan-scale DB --ranks 16 --nodes 4 --fs my-filesystem.yaml"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="LMDB directory or data.mdb")
-    parser.add_argument("--ranks", type=positive_int, required=True, help="ranks of the job")
-    parser.add_argument("--nodes", type=positive_int, required=True,
+    parser.add_argument("--ranks", type=positive_int, required=True, metavar="R",
+                        help="ranks of the job")
+    parser.add_argument("--nodes", type=positive_int, required=True, metavar="N",
                         help="nodes (ranks split into consecutive groups)")
-    parser.add_argument("--batch-size", type=positive_int, default=None,
+    parser.add_argument("--batch-size", type=positive_int, default=None, metavar="B",
                         help="records per rank and iteration (default: 4096 / ranks, at "
                              "least 1: the paper's global batch)")
     parser.add_argument("--fs", metavar="FS.yaml", default=None,
                         help="cost file (a mapping of lmdbio.scale.Costs fields, or one "
                              "under `costs:`); default lmdbio/scale/lustre.yaml, else "
                              "the built-in costs")
-    parser.add_argument("--strategies", default="all",
+    parser.add_argument("--strategies", default="all", metavar="S1,S2",
                         help="comma-separated strategies (default all six)")
-    parser.add_argument("--iterations", type=positive_int, default=None,
+    parser.add_argument("--iterations", type=positive_int, default=None, metavar="I",
                         help="iterations to trace (default: one epoch); the model scales "
                              "them to one epoch")
-    parser.add_argument("--batches-per-slot", type=non_negative_int, default=1,
+    parser.add_argument("--batches-per-slot", type=non_negative_int, default=1, metavar="K",
                         help="batches per ring slot of the node-level strategies (1: "
                              "read iteration by iteration, as LMDBIO does; 0: a job's "
                              "default)")
-    parser.add_argument("--json", metavar="OUT", default=None, type=output_file)
+    parser.add_argument("--json", metavar="OUT", default=None, type=output_file,
+                        help="also write the whole projection to OUT as JSON")
 
 
 def main(args: argparse.Namespace) -> int:

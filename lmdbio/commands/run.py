@@ -18,6 +18,13 @@ Errors: a mistake every rank finds (a bad configuration, a missing or corrupt fi
 reported once, by rank 0, and the command exits 2 on every rank; Ctrl-C exits 130
 ("interrupted"); an error on some ranks only ends the whole job (see
 ``lmdbio.mpiutil.fail_together``).
+
+Progress: one bar, drawn by the first worker (rank 0, or in dedicated mode the first
+rank that is not a reader: its batches are the trainer's), of the samples the job
+delivers (the epochs' batches, cut at ``max_iterations``, times the batch size and the
+workers), where :func:`lmdbio.commands.progress.wanted` says someone watches. The loader's
+``metrics.every`` lines are then turned off (the bar says the same, in place), as under
+``--quiet``.
 """
 
 from __future__ import annotations
@@ -30,14 +37,42 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from lmdbio.commands import progress
 from lmdbio.commands.argtypes import non_negative_float, non_negative_int, output_file
+
+DESCRIPTION = """\
+Run a data-loading job described by a YAML file (docs/configuration.md lists every key)
+and report what it delivered. Every epoch of the job is read and handed to the workers,
+which take the batches without a model: this measures and checks the data path. Run it
+alone for one process, or under mpiexec or lmdbio launch for several ranks (every rank
+runs the same command).
+
+On a terminal a progress bar shows the samples delivered, the rate and the time left.
+The last line is the summary: the steady-state samples/s (after each worker's first
+--warmup batches, which carry one-off costs) is the figure to compare between runs and
+with other loaders; the whole run's figure, setup included, follows it.
+
+Exit status: 0 done, 2 an error (reported once, by rank 0), 130 interrupted (Ctrl-C)."""
+
+EXAMPLES = """\
+lmdbio run configs/quickstart.yaml
+lmdbio run JOB.yaml --set batch.size=128 --set epochs=3
+lmdbio run JOB.yaml --step-seconds 0.005   # a 5 ms step: do workers wait?
+lmdbio run JOB.yaml --metrics-json run.json --stages
+lmdbio launch -n 4 --simulate-nodes 2 JOB.yaml -- lmdbio run JOB.yaml
+mpiexec -n 8 lmdbio run JOB.yaml --record-log logs/"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="YAML job configuration")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
-    parser.add_argument("--metrics-json", metavar="OUT", default=None, type=output_file)
+                        metavar="KEY.PATH=VALUE",
+                        help="override a configuration value, e.g. --set batch.size=128 "
+                             "(repeatable)")
+    parser.add_argument("--metrics-json", metavar="OUT", default=None, type=output_file,
+                        help="write the job's figures to OUT as JSON: the totals (whole run "
+                             "and steady state, startup, stages) and every rank's own "
+                             "(written by rank 0)")
     parser.add_argument("--record-log", metavar="DIR", default=None,
                         help="write each worker's received keys, in order, to DIR")
     parser.add_argument("--step-seconds", type=non_negative_float, default=0.0, metavar="S",
@@ -55,6 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=non_negative_int, default=2, metavar="N",
                         help="batches per worker left out of the steady-state figures "
                         "(default 2)")
+    progress.add_arguments(parser)
 
 
 def process_age() -> float | None:
@@ -235,6 +271,70 @@ def stage_lines(by_role: dict[str, dict[str, dict[str, float]]]) -> list[str]:
         for name, s in stages.items()) for role, stages in by_role.items()]
 
 
+def summary_line(total: dict[str, Any], warmup: int) -> str:
+    """The job's one summary line: the steady-state rate first (the figure to compare: it
+    leaves out the one-off costs of the first batches), then the whole run's, labelled."""
+    workers = total["workers"]
+    head = f"[lmdbio] done: {total['samples']} samples to {workers} worker" + \
+        ("s" if workers != 1 else "")
+    whole = (f"whole run {total['samples_per_second']:,.0f} samples/s over "
+             f"{total['seconds']:.2f} s, setup included")
+    st = total.get("steady")
+    if st is None:
+        return (f"{head}; {whole} (no steady-state figure: no worker got more than "
+                f"--warmup {warmup} batches)")
+    line = (f"{head}; steady state {st['samples_per_second']:,.0f} samples/s (the figure "
+            f"to compare: after {warmup} warm-up batches per worker)")
+    if total.get("step_seconds"):
+        line += (f", workers waited for data {100 * st['stall_fraction_mean']:.1f}% of "
+                 f"the time (blocked on the ring {100 * st['blocked_fraction_mean']:.1f}%)")
+    return f"{line}; {whole}"
+
+
+class _Bar:
+    """The progress of the samples a job delivers, drawn by one rank (see the module's
+    doc): each of this worker's batches counts for every worker's (they get as many)."""
+
+    def __init__(self, tqdm_bar: Any, workers: int, batch_size: int, epochs: int) -> None:
+        self._bar = tqdm_bar
+        self.workers = workers
+        self.epochs = epochs  #: the job's last epoch, counted from 1
+        self._batch_size = batch_size
+        self._first = True
+
+    def set_description_str(self, text: str, refresh: bool = True) -> None:
+        self._bar.set_description_str(text, refresh=refresh)
+
+    def batch(self, samples: int) -> None:
+        """One batch of ``samples`` delivered to this worker (and to every other)."""
+        if self._first:
+            self._first = False
+            if self._bar.total and samples != self._batch_size and self._batch_size:
+                # records holding several samples (PCR groups, IBP and TOC rows)
+                self._bar.total = self._bar.total * samples // self._batch_size
+        self._bar.update(samples * self.workers)
+
+    def close(self) -> None:
+        self._bar.close()
+
+
+def delivery_bar(loader: Any, show: bool) -> _Bar:
+    """The bar of :func:`main`'s loop: total = the job's iterations (every epoch, cut at
+    ``max_iterations``) x batch size x workers; a disabled one on every other rank."""
+    from lmdbio.plan.epoch import job_epochs
+
+    here = show and loader.is_worker and loader.topo.worker_rank == 0
+    workers = max(int(getattr(loader.session, "consumers", 1) or 1), 1)
+    total, last = None, loader.cfg.epochs
+    if here:
+        per = loader.session.epoch_iterations
+        schedule = job_epochs(loader.cfg.epochs, loader.cfg.max_iterations, per)
+        total = sum(stop or per for _, stop in schedule) * loader.cfg.batch.size * workers
+        last = schedule[-1][0] + 1 if schedule else last
+    return _Bar(progress.bar(total, "run", " samples", show=here, unit_scale=True),
+                workers, loader.cfg.batch.size, last)
+
+
 @contextlib.contextmanager
 def _quiet_on_error() -> Iterator[None]:
     """Silence lmdbio's cleanup warnings once the block raised (the error is reported)."""
@@ -253,6 +353,12 @@ def main(args: argparse.Namespace) -> int:
 
     step = float(getattr(args, "step_seconds", 0.0) or 0.0)
     warmup = int(getattr(args, "warmup", 2))
+    show = progress.wanted(args)
+    overrides = list(args.overrides)
+    if show or getattr(args, "quiet", False):
+        # the bar says what the loader's periodic lines say, in place (under --quiet:
+        # neither); the same on every rank, decided before the loader opens
+        overrides.append("metrics.every=0")
     # an error on every rank (a bad config, a missing or corrupt file) is reported once, by
     # rank 0, and every rank exits 2 (130 interrupted); an error on some ranks only ends
     # the job (Abort) after a short grace; one process starts MPI only if it gets that far
@@ -260,7 +366,7 @@ def main(args: argparse.Namespace) -> int:
         age0 = process_age()
         t_open = time.perf_counter()
         checksum = getattr(args, "slot_checksum", None)
-        loader = open_loader(args.config, args.overrides, slot_checksum=checksum)
+        loader = open_loader(args.config, overrides, slot_checksum=checksum)
         checksum = loader.cfg.readers.checksum if checksum is None else checksum
         open_seconds = time.perf_counter() - t_open
         # an error inside is reported by fail_together: the warnings of the ring's abort
@@ -280,10 +386,12 @@ def main(args: argparse.Namespace) -> int:
                 reader_meter = SteadyMeter(warmup)
                 reader_meter.begin()
                 count_reads(loader.session, reader_meter)
+            bar = delivery_bar(loader, show)
             t_loop, cpu_loop = time.perf_counter(), time.process_time()
             faults_loop = minor_page_faults()
             try:
                 for epoch in loader.epochs():  # cfg.epochs, cut at cfg.max_iterations
+                    bar.set_description_str(f"epoch {epoch + 1}/{bar.epochs}", refresh=False)
                     batches = iter(loader)
                     while True:
                         t0 = time.perf_counter()
@@ -307,9 +415,11 @@ def main(args: argparse.Namespace) -> int:
                         if step > 0:
                             time.sleep(step)
                         meter.mark(loader.metrics)
+                        bar.batch(len(batch))
                         if meter.count == warmup and loader.is_worker:
                             loader.stages.reset()  # stages timed in the steady window only
             finally:
+                bar.close()
                 if log is not None:
                     log.close()
             meter.finish()
@@ -333,19 +443,12 @@ def main(args: argparse.Namespace) -> int:
             }
             summaries = loader.topo.world.gather(summary, root=0)
             if loader.topo.rank == 0:
+                assert summaries is not None  # gathered at the root
                 total = totals(summaries, loader.topo.n_nodes, loader.cfg.readers.strategy,
                                loader.topo.mode, step)
                 total["slot_checksum"] = checksum
                 result = {"totals": total, "per_rank": summaries}
-                line = (f"[lmdbio] done: {total['samples']} samples in {total['seconds']:.2f} s "
-                        f"({total['samples_per_second']:.0f} samples/s), mean stall "
-                        f"{100 * total['stall_fraction_mean']:.1f}%")
-                if "steady" in total:
-                    st = total["steady"]
-                    line += (f"; steady state: {st['samples_per_second']:.0f} samples/s, "
-                             f"mean stall {100 * st['stall_fraction_mean']:.1f}% (blocked on "
-                             f"the ring {100 * st['blocked_fraction_mean']:.1f}%, in the "
-                             f"loader {100 * st['loader_fraction_mean']:.1f}%)")
+                line = summary_line(total, warmup)
                 print(line, flush=True)
                 for text in stage_lines(total.get("stages_us_per_sample", {})):
                     print(text, flush=True)

@@ -5,20 +5,55 @@ Records are written in key order in commits of ``commit_every`` records (as Caff
 doubling when full, so no size has to be guessed up front. Dataset metadata (layout, shape,
 codec parameters...) goes in a JSON sidecar ``lmdbio.json`` beside ``data.mdb``: it keeps the
 main database holding data records only, so Caffe and py-lmdb readers see exactly the records.
+
+Progress: inside :func:`lmdbio.commands.progress.enabled` ``(True)`` (``lmdbio convert`` on a
+terminal) :func:`write_records` draws a bar of the records written, with the total when it
+is known: the ``total`` a layout passes, else the count :func:`expected_records` announced
+(``lmdbio convert`` counts the sources it can count cheaply).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from lmdbio.errors import LmdbioError
 
 META_FILE = "lmdbio.json"
+
+#: the records the next :func:`write_records` is expected to write (a count, or a function
+#: that counts them, called only when a bar is drawn and the layout gave no total)
+_EXPECTED: ContextVar[int | Callable[[], int | None] | None] = ContextVar(
+    "lmdbio_expected_records", default=None)
+
+
+@contextlib.contextmanager
+def expected_records(count: int | Callable[[], int | None] | None) -> Iterator[None]:
+    """Announce how many records the conversion inside the block writes (the progress
+    bar's total where the layout does not pass one to :func:`write_records`)."""
+    token = _EXPECTED.set(count)
+    try:
+        yield
+    finally:
+        _EXPECTED.reset(token)
+
+
+def _progress_total(total: int | None) -> int | None:
+    if total is not None:
+        return total
+    expected = _EXPECTED.get()
+    if callable(expected):
+        try:
+            return expected()
+        except Exception:  # only a bar's total: the conversion reports its own errors
+            return None
+    return expected
 
 
 def dataset_dir(path: str | os.PathLike) -> Path:
@@ -80,13 +115,17 @@ def write_records(
     commit_every: int = 1000,
     overwrite: bool = False,
     initial_map_size: int = 1 << 26,
+    total: int | None = None,
 ) -> dict[str, Any]:
     """Write ``(key, value)`` pairs into a new LMDB at ``dst``; return a summary.
 
     ``format_version`` 1 writes LMDB 0.9's format (what Caffe writes), 3 writes LMDB 1.0's.
     Keys need not arrive sorted, but sorted keys give the file order that readers prefer.
+    ``total``: the number of records coming, for the progress bar (see the module's doc).
     """
     import lmdb
+
+    from lmdbio.commands import progress
 
     if format_version not in (1, 3):
         raise LmdbioError(f"format_version must be 1 or 3, not {format_version}")
@@ -109,17 +148,26 @@ def write_records(
             except lmdb.MapFullError:
                 env.set_mapsize(env.info()["map_size"] * 2)
 
+    show = progress.active()
+    bar = progress.bar(_progress_total(total) if show else None, "writing", " records",
+                       show=show, unit_scale=True)
     try:
         for key, value in records:
             pending.append((bytes(key), bytes(value)))
             count += 1
             nbytes += len(value)
+            bar.update(1)
             if len(pending) >= commit_every:
                 flush()
                 pending.clear()
+                bar.set_postfix_str(f"{nbytes / 1e6:.1f} MB", refresh=False)
         if pending:
             flush()
+        if show and bar.total != count:  # a count announced from the source was off
+            bar.total = count
+        bar.set_postfix_str(f"{nbytes / 1e6:.1f} MB", refresh=False)
     finally:
+        bar.close()
         env.close()
     if meta is not None:
         write_dataset_meta(d, {**meta, "records": count, "format_version": format_version})

@@ -1,0 +1,72 @@
+"""The comparison of ``lmdbio demo`` (``make run``): the loader alone against the per-rank
+py-lmdb loop, interleaved inside one MPI job.
+
+Run on every rank (``lmdbio launch -n N ... -- python -m lmdbio.commands.demo_compare``).
+Each repeat runs ``lmdbio run CONFIG`` (the loader, no model), then
+:mod:`lmdbio.benchmarks.service_baseline` (every rank reads its own records with py-lmdb in
+``DistributedSampler`` order, parses each Datum with protobuf, stacks a float32 batch: what
+PyTorch and Caffe users run) with the same ranks, batch size and batches per rank. Both
+print their own summary; their JSON goes to ``OUT/lmdbio-R.json`` and
+``OUT/pylmdb-R.json``. Repeats alternate the two so that a machine busy with other work
+for a moment slows both alike; the demo keeps the best steady state of each (the usual way
+to time on a shared machine), with its CPU time per sample, which depends little on what
+else runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmdbio.commands.demo_compare",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="YAML job configuration (a caffe-datum data set)")
+    parser.add_argument("out", help="folder for the JSON results")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE", help="override a configuration value")
+    parser.add_argument("--repeat", type=int, default=2, help="repeats of each (default 2)")
+    args = parser.parse_args(argv)
+
+    from lmdbio.benchmarks import service_baseline
+    from lmdbio.cli import main as lmdbio
+    from lmdbio.config import load_config
+    from lmdbio.mpiutil import start_mpi
+
+    world = start_mpi().COMM_WORLD
+    cfg = load_config(args.config, args.overrides)
+    out = Path(args.out)
+    sets = [x for o in args.overrides for x in ("--set", o)]
+    for rep in range(args.repeat):
+        ours = out / f"lmdbio-{rep}.json"
+        code = lmdbio(["run", args.config, *sets, "--quiet", "--metrics-json", str(ours)])
+        if code:
+            return code
+        world.Barrier()  # rank 0 wrote the figures: how many batches every worker took
+        totals = _read_totals(ours)
+        batches = totals["samples"] // max(totals["workers"], 1) // cfg.batch.size
+        baseline = argparse.Namespace(
+            path=str(cfg.dataset.path), batch_size=cfg.batch.size, batches=batches,
+            seed=cfg.shuffle.seed, warmup=2, step_seconds=0.0, parser="auto", uint8=False,
+            json=str(out / f"pylmdb-{rep}.json"))
+        service_baseline.main(baseline)
+        world.Barrier()
+    return 0
+
+
+def _read_totals(path: Path) -> dict:
+    import json
+
+    for _ in range(100):  # the file system of one host: there at once, but be kind
+        try:
+            return json.loads(path.read_text())["totals"]
+        except (OSError, ValueError):
+            time.sleep(0.05)
+    return json.loads(path.read_text())["totals"]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

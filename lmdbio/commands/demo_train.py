@@ -1,0 +1,174 @@
+"""The trainer of ``lmdbio demo`` (``make run``): a one-hidden-layer network trained by SGD
+through the loader, timed the way a user asks "is the loader my bottleneck?".
+
+Run on every rank of an MPI job (``lmdbio launch ... -- python -m lmdbio.commands.demo_train
+CONFIG``). Workers compute the softmax loss and its gradients on their batch (the loss of
+:mod:`loaders.caffe_trainer`; padding records masked out), average the gradients with one
+allreduce per step (data-parallel SGD, as Caffe's solvers), and update; dedicated readers
+read and train nothing.
+
+Every worker times each step in three parts: inside the loader's iterator (``next``:
+waiting for the batch, and in colocated mode reading it, plus decoding where it is not
+done ahead), computing, and averaging the gradients. The figures are steady state: after
+``--warmup`` batches per worker, which carry one-off costs (the readers starting, compiled
+kernels loaded, first page faults); how long the first batch took is reported apart.
+World rank 0 prints the loss of every epoch and one summary line, and writes the figures
+(``--summary-json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m lmdbio.commands.demo_train",
+                                     description=__doc__.splitlines()[0])
+    parser.add_argument("config", help="YAML job configuration")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE", help="override a configuration value")
+    parser.add_argument("--hidden", type=int, default=128, help="hidden units")
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate")
+    parser.add_argument("--classes", type=int, default=10, help="classes of the labels")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="batches per worker left out of the steady-state figures")
+    parser.add_argument("--summary-json", default=None, metavar="OUT",
+                        help="write the figures to OUT (world rank 0)")
+    args = parser.parse_args(argv)
+
+    from lmdbio.mpiutil import abort_on_error, start_mpi
+
+    MPI = start_mpi()
+
+    from loaders import open as open_loader
+    from loaders.caffe_trainer import softmax_loss
+
+    with abort_on_error(), open_loader(args.config, args.overrides) as loader:
+        opened = time.perf_counter()
+        mine: dict[str, Any] = {"worker": loader.is_worker, "first_batch_seconds": None}
+        losses: list[float] = []
+        if not loader.is_worker:  # a dedicated reader: reads the node's batches
+            for _ in loader.epochs():
+                for _ in loader:
+                    pass
+        else:
+            comm = loader.comm
+            workers = comm.Get_size()
+            params: list[np.ndarray] = []
+            flat = np.empty(0, np.float32)
+            steps = samples = 0
+            spent = {"loader": 0.0, "compute": 0.0, "allreduce": 0.0}
+            steady_samples = 0
+            for _ in loader.epochs():
+                batches = iter(loader)
+                total, count = 0.0, 0
+                while True:
+                    t0 = time.perf_counter()
+                    batch = next(batches, None)
+                    t1 = time.perf_counter()
+                    if batch is None:
+                        break
+                    if mine["first_batch_seconds"] is None:
+                        mine["first_batch_seconds"] = t1 - opened
+                    x = np.asarray(batch.data, np.float32).reshape(len(batch), -1)
+                    y = np.asarray(batch.label, np.int64)
+                    mask = (~np.asarray(batch.padding)).astype(np.float32)
+                    if not params:  # the same seed on every worker: the same start
+                        rng = np.random.default_rng(0)
+                        dims = [x.shape[1], args.hidden, args.classes]
+                        params = [(rng.standard_normal((a, b)) * np.sqrt(2.0 / a))
+                                  .astype(np.float32) for a, b in itertools.pairwise(dims)]
+                        flat = np.empty(sum(p.size for p in params), np.float32)
+                    hidden = np.maximum(x @ params[0], 0)
+                    loss, g = softmax_loss(hidden @ params[1], y, mask)
+                    g1 = hidden.T @ g
+                    g0 = x.T @ ((g @ params[1].T) * (hidden > 0))
+                    flat[:g0.size] = g0.ravel()
+                    flat[g0.size:] = g1.ravel()
+                    t2 = time.perf_counter()
+                    comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+                    t3 = time.perf_counter()
+                    params[0] -= args.lr / workers * flat[:g0.size].reshape(g0.shape)
+                    params[1] -= args.lr / workers * flat[g0.size:].reshape(g1.shape)
+                    t4 = time.perf_counter()
+                    steps += 1
+                    samples += len(batch)
+                    if steps > args.warmup:
+                        spent["loader"] += t1 - t0
+                        spent["compute"] += (t2 - t1) + (t4 - t3)
+                        spent["allreduce"] += t3 - t2
+                        steady_samples += len(batch)
+                    total += loss
+                    count += 1
+                mean = comm.allreduce(total / max(count, 1), op=MPI.SUM) / workers
+                losses.append(mean)
+                if comm.Get_rank() == 0:
+                    print(f"[train] epoch {len(losses)}: mean loss {mean:.4f}", flush=True)
+            steady_steps = max(steps - args.warmup, 0)
+            seconds = sum(spent.values())
+            mine.update({
+                "steps": steps, "samples": samples, "steady_steps": steady_steps,
+                "steady_samples": steady_samples, "steady_seconds": seconds,
+                **{f"{k}_seconds": v for k, v in spent.items()},
+                "loader_fraction": spent["loader"] / seconds if seconds else 0.0,
+            })
+        mine["seconds"] = time.perf_counter() - opened
+        everyone = loader.topo.world.gather(mine, root=0)
+        every_loss = loader.topo.world.gather(losses, root=0)
+        if loader.topo.rank == 0:
+            assert everyone is not None and every_loss is not None
+            summary = summarize(everyone, next((x for x in every_loss if x), []))
+            print(summary_line(summary), flush=True)
+            if args.summary_json:
+                with open(args.summary_json, "w") as f:
+                    json.dump(summary, f, indent=2)
+    return 0
+
+
+def summarize(ranks: list[dict[str, Any]], losses: list[float]) -> dict[str, Any]:
+    """The job's figures from every rank's (world rank 0)."""
+    workers = [r for r in ranks if r["worker"]]
+    n = max(len(workers), 1)
+    steady_seconds = max((w["steady_seconds"] for w in workers), default=0.0)
+    steps = sum(w["steady_steps"] for w in workers)
+    out: dict[str, Any] = {
+        "workers": len(workers), "ranks": len(ranks), "losses": losses,
+        "samples": sum(w["samples"] for w in workers),
+        "seconds": max(r["seconds"] for r in ranks),
+        "steady_samples": sum(w["steady_samples"] for w in workers),
+        "steady_seconds": steady_seconds,
+        "first_batch_seconds": max((w["first_batch_seconds"] or 0.0 for w in workers),
+                                   default=0.0),
+        "loader_fraction_mean": sum(w["loader_fraction"] for w in workers) / n,
+        "loader_fraction_max": max((w["loader_fraction"] for w in workers), default=0.0),
+    }
+    for part in ("loader", "compute", "allreduce"):
+        out[f"{part}_ms_per_step"] = 1e3 * sum(w[f"{part}_seconds"] for w in workers) / \
+            max(steps, 1)
+    out["samples_per_second"] = out["samples"] / out["seconds"] if out["seconds"] else 0.0
+    out["steady_samples_per_second"] = out["steady_samples"] / steady_seconds \
+        if steady_seconds else 0.0
+    return out
+
+
+def summary_line(s: dict[str, Any]) -> str:
+    losses = s["losses"]
+    loss = f"; loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else ""
+    return (f"[train] {s['samples']} samples to {s['workers']} workers in {s['seconds']:.1f} s"
+            f"{loss}. Steady state: {s['steady_samples_per_second']:,.0f} samples/s; a step: "
+            f"{s['compute_ms_per_step']:.2f} ms computing, {s['allreduce_ms_per_step']:.2f} ms "
+            f"averaging gradients, {s['loader_ms_per_step']:.2f} ms in the loader, so "
+            f"{100 * s['loader_fraction_mean']:.1f}% of the time in the loader (waiting, "
+            f"reading, decoding). The first batch came {s['first_batch_seconds']:.2f} s after "
+            "the loader opened (the readers starting: left out above).")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
