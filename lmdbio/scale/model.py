@@ -96,6 +96,7 @@ class _Node:
     """One node's page cache (cold at the epoch's start)."""
 
     def __init__(self, n_pages: int) -> None:
+        self.n_pages = n_pages  # the file's pages: a read-around window ends at its end
         self.resident = np.zeros(n_pages + 1, bool)
 
     def ask(self, pages: np.ndarray, max_pages: int) -> tuple[int, int]:
@@ -116,7 +117,7 @@ class _Node:
         if window <= 1:
             self.resident[new] = True
             return int(new.size), int(new.size)
-        n = self.resident.shape[0]
+        n = self.n_pages
         starts = np.unique(new // window) * window
         read = 0
         for s in starts.tolist():
