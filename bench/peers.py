@@ -14,6 +14,9 @@ bench/service.py launches it):
                          what any loader must at least do (gather, convert, scale), done as
                          numpy does it, in three passes (a loader fusing them into one
                          compiled pass can beat it where records are large)
+  floor-R                the floor in R processes at once under mpiexec, each converting its
+                         share of the batches (batch i on rank i mod R): what this machine's
+                         cores and memory allow R ranks, the ceiling of an R-rank loader
   sequential-read        data.mdb read once front to back in 8 MiB reads into one buffer
                          (bytes/s; samples/s = records / seconds): the storage path alone
   pylmdb-loop            one process: py-lmdb ``txn.get`` per key in shuffled order, Datum
@@ -215,14 +218,27 @@ def timed_epochs(epoch: Callable[[int, Check | None], int]) -> dict[str, Any]:
     return {"samples": n, "seconds": secs, "cpu_seconds": cpu, "check": check.as_dict()}
 
 
-def child_floor(p: dict[str, Any]) -> dict[str, Any]:
-    """The floor: gather, convert and scale from pixels already in memory."""
+def child_floor(p: dict[str, Any]) -> dict[str, Any] | None:
+    """The floor: gather, convert and scale from pixels already in memory. Under mpiexec
+    (``floor-R``) every rank holds the pixels and converts its share of the epoch's
+    batches (batch ``i`` on rank ``i mod R``, as R workers share a global batch), all at
+    once: what the machine's cores and memory allow R processes, the ceiling of any
+    R-rank loader here. Rank 0 returns the totals (samples summed, the slowest rank's
+    seconds, CPU summed)."""
     pix, lab = read_all(p["db"], p["parser"])
     scale = np.float32(SCALE)
+    comm = None
+    if p.get("ranks", 0) > 1:
+        from mpi4py import MPI
+
+        comm = MPI.COMM_WORLD
+    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
 
     def epoch(e: int, check: Check | None) -> int:
         n = 0
-        for idx in batches(pix.shape[0], p["batch"], p["seed"], e):
+        for i, idx in enumerate(batches(pix.shape[0], p["batch"], p["seed"], e)):
+            if i % size != rank:
+                continue
             x = pix[idx].astype(np.float32)
             x *= scale
             y = lab[idx]
@@ -231,7 +247,22 @@ def child_floor(p: dict[str, Any]) -> dict[str, Any]:
                 check.add(x, y)
         return n
 
-    return timed_epochs(epoch)
+    if comm is None:
+        return timed_epochs(epoch)
+    check = Check()
+    epoch(0, check)
+    comm.Barrier()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    n = epoch(1, None)
+    mine = {"samples": n, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": cpu_seconds() - cpu0, "check": check.as_dict()}
+    every = comm.gather(mine, root=0)
+    if rank != 0:
+        return None
+    return {"samples": sum(r["samples"] for r in every),
+            "seconds": max(r["seconds"] for r in every),
+            "cpu_seconds": sum(r["cpu_seconds"] for r in every),
+            "check": Check.merge([r["check"] for r in every]), "per_rank": every}
 
 
 def child_seqread(p: dict[str, Any]) -> dict[str, Any]:
@@ -692,6 +723,7 @@ class Runner:
         p: list[tuple[str, str, dict[str, Any], int]] = [
             ("floor", "floor", {}, 0), ("sequential-read", "sequential-read", {}, 0),
             ("pylmdb-loop", "pylmdb-loop", {}, 0)]
+        p += [(f"floor-{r}", "floor", {"ranks": r}, r) for r in self.ranks]
         p += [(f"pylmdb-per-rank-{r}", "baseline", {}, r) for r in self.ranks]
         p += [(f"torch-dataloader-w{k}", "torch", {"workers": k}, 0) for k in (0, 1, 2)]
         p += [(f"streaming-w{k}", "streaming", {"workers": k}, 0) for k in (0, 2)]
@@ -831,6 +863,9 @@ def variant_notes(variant: str, kind: str, p: dict[str, Any], ranks: int, cores:
         if p["mode"] == "dedicated":
             notes.append("dedicated: one reader rank per node delivers nothing itself; its "
                          "CPU is counted")
+    if kind == "floor" and ranks:
+        notes.append(f"{ranks} processes converting their shares of the batches at once: "
+                     "the ceiling of any loader at this rank count on this machine")
     if kind == "sequential-read":
         notes.append("bytes from the page cache (read once before); no decoding, no output")
     if ranks > cores:
