@@ -517,30 +517,57 @@ class _LostHosts:
                 "down, killed or cut off), and the job was ended on every host")
 
 
+#: the (empty) places right after a newline or a carriage return
+_AFTER_EOL = re.compile(rb"(?<=[\r\n])")
+
+
+def _pieces(buffer: bytes) -> tuple[list[bytes], bytes]:
+    """Split ``buffer`` after every ``\\n`` and ``\\r`` (each piece keeps its terminator):
+    the complete pieces, and the unterminated rest."""
+    pieces = _AFTER_EOL.split(buffer)
+    return pieces[:-1], pieces[-1]
+
+
 def _pass_on(stream: IO[bytes], out: IO[str] | None, scan: _LostHosts) -> None:
-    """Copy ``stream`` to ``out`` line by line, feeding ``scan`` (under its lock: stdout
-    and stderr are read by a thread each). A reader that went away (a closed pipe) stops
-    the copying, never the draining: ``mpiexec`` must not block on a full pipe."""
+    """Copy ``stream`` to ``out`` as it comes, feeding ``scan`` its lines (under its lock:
+    stdout and stderr are read by a thread each). A line ends in a newline or a carriage
+    return, and what arrived is passed on at once, a line's end or not: a progress bar
+    redrawn in place (``\\r`` then the bar) shows as it is drawn, not when the job ends. A
+    reader that went away (a closed pipe) stops the copying, never the draining:
+    ``mpiexec`` must not block on a full pipe."""
+    import codecs
+
     binary = getattr(out, "buffer", None)
-    for line in iter(stream.readline, b""):
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    read = getattr(stream, "read1", None) or stream.read
+    rest = b""  # the line being received, for ``scan``
+    while True:
+        chunk = read(65536)
+        if chunk:
+            pieces, rest = _pieces(rest + chunk)
+            rest = rest[-65536:]  # a line without an end: its tail is enough to scan
+        else:  # the end of the output: what is left, unterminated
+            pieces, rest = ([rest] if rest else []), b""
         with scan.lock:
-            scan.feed(line)
-        if out is None:
-            continue
-        try:
-            if binary is not None:
-                binary.write(line)
-            else:
-                out.write(line.decode(errors="replace"))
-            out.flush()
-        except (OSError, ValueError):  # closed pipe or file
-            out = None
+            for piece in pieces:
+                scan.feed(piece)
+        if out is not None:
+            try:
+                if binary is not None:
+                    binary.write(chunk)
+                else:
+                    out.write(decoder.decode(chunk, final=not chunk))
+                out.flush()
+            except (OSError, ValueError):  # closed pipe or file
+                out = None
+        if not chunk:
+            break
     stream.close()
 
 
 def run_openmpi(argv: Sequence[str], env: dict[str, str], private_shm: bool = True) -> int:
     """Run Open MPI's ``mpiexec`` as a child: forward SIGINT/SIGTERM/SIGHUP to it, pass its
-    output on line by line (stdout to stdout, stderr to stderr) and say when a host was
+    output on as it comes (stdout to stdout, stderr to stderr) and say when a host was
     lost, and (``private_shm``) keep its shared-memory files in a private
     folder of /dev/shm, removed when it ends.
 

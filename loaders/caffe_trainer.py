@@ -9,6 +9,11 @@ Reader ranks (dedicated mode) read and never train; the workers compute gradient
 batches and average them with an allreduce over the workers' communicator, as Caffe's
 data-parallel solvers do. Padding records (policy ``pad``) are masked out of the loss.
 Worker 0 prints the loss of every epoch and a summary at the end.
+
+The summary's share of time in the loader is steady state: it leaves out each worker's first
+batch of the run (which waits for the readers to start; its time is reported apart) and
+counts the wall time of every later ``next()`` on the loader's iterator: waiting for a
+batch, and in colocated mode reading it, plus decoding where that is not done ahead.
 """
 
 from __future__ import annotations
@@ -37,6 +42,50 @@ def softmax_loss(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray
     return loss, grad
 
 
+def summarize(ranks: list[dict], losses: list[float]) -> dict:
+    """The job's figures from every rank's ``loader.summary()`` and its own clock (the
+    whole run, the first batch, then steady state: the loader's share is the mean over the
+    workers of the time in ``next()`` over the time since their second ``next()`` began)."""
+    workers = [s for s in ranks if s["worker"]]
+    elapsed = max((s["run_seconds"] for s in workers), default=0.0)
+    timed = [s for s in workers if s["first_batch_seconds"] is not None]
+    samples = sum(s["samples"] for s in workers)
+    mb = sum(s["bytes"] for s in workers) / 1e6
+    steady_seconds = max((s["steady_seconds"] for s in timed), default=0.0)
+    steady_samples = sum(s["steady_samples"] for s in timed)
+    fractions = [s["loader_seconds"] / s["steady_seconds"] for s in timed
+                 if s["steady_seconds"] > 0]
+    n = max(len(timed), 1)
+    return {
+        "workers": len(workers), "samples": samples, "seconds": elapsed,
+        "samples_per_second": samples / elapsed if elapsed else 0.0,
+        "megabytes_per_second": mb / elapsed if elapsed else 0.0,
+        "first_batch_seconds": max((s["first_batch_seconds"] for s in timed), default=None),
+        "steady_samples": steady_samples, "steady_seconds": steady_seconds,
+        "steady_samples_per_second": steady_samples / steady_seconds
+        if steady_seconds else 0.0,
+        # steady state: after each worker's first batch; the wall time of next()
+        "mean_seconds_waiting_for_data": sum(s["loader_seconds"] for s in timed) / n,
+        "waiting_fraction": sum(fractions) / len(fractions) if fractions else 0.0,
+        "losses": losses,
+    }
+
+
+def summary_line(s: dict) -> str:
+    """The summary worker 0 prints."""
+    losses = s["losses"]
+    if not losses:
+        return "[trainer] no worker"
+    first = s["first_batch_seconds"]
+    return (f"[trainer] {s['samples']} samples in {s['seconds']:.2f} s: "
+            f"{s['samples_per_second']:.0f} samples/s, {s['megabytes_per_second']:.2f} MB/s; "
+            f"steady state (after each worker's first batch, which waits for the readers to "
+            f"start and came after {first or 0.0:.2f} s): "
+            f"{s['steady_samples_per_second']:.0f} samples/s, "
+            f"{100 * s['waiting_fraction']:.1f}% of the time in the loader (waiting, "
+            f"reading, decoding); loss {losses[0]:.4f} -> {losses[-1]:.4f}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("config")
@@ -60,10 +109,28 @@ def main(argv: list[str] | None = None) -> int:
         rank0 = loader.is_worker and comm.Get_rank() == 0
         params: list[np.ndarray] = []
         losses = []
+        # this worker's clock: the first batch apart, then steady state (see the docstring)
+        first_batch: float | None = None
+        steady_from: float | None = None  # when the second next() began
+        loader_seconds = 0.0
+        steady_samples = 0
         t_start = time.perf_counter()
         for epoch in loader.epochs():  # cfg.epochs, cut at cfg.max_iterations (max_iter)
             total, count = 0.0, 0
-            for batch in loader:
+            batches = iter(loader)  # dedicated readers read here and yield nothing
+            while True:
+                t0 = time.perf_counter()
+                batch = next(batches, None)
+                t1 = time.perf_counter()
+                if first_batch is None:
+                    if batch is not None:  # the run's first batch: reported apart
+                        first_batch = t1 - t_start
+                else:  # steady state
+                    steady_from = t0 if steady_from is None else steady_from
+                    loader_seconds += t1 - t0
+                    steady_samples += 0 if batch is None else len(batch)
+                if batch is None:
+                    break
                 x = np.asarray(batch.data, np.float32).reshape(len(batch), -1)
                 y = np.asarray(batch.label, np.int64)
                 mask = (~batch.padding).astype(np.float32)
@@ -94,29 +161,20 @@ def main(argv: list[str] | None = None) -> int:
                 losses.append(mean)
                 if rank0:
                     print(f"[trainer] epoch {epoch}: mean loss {mean:.4f}", flush=True)
-        elapsed = time.perf_counter() - t_start
-        summaries = loader.topo.world.gather(loader.summary(), root=0)
+        t_end = time.perf_counter()
+        elapsed = t_end - t_start
+        mine = {"run_seconds": elapsed,
+                "first_batch_seconds": first_batch, "loader_seconds": loader_seconds,
+                "steady_samples": steady_samples,
+                "steady_seconds": 0.0 if steady_from is None else t_end - steady_from}
+        summaries = loader.topo.world.gather({**loader.summary(), **mine}, root=0)
         every_loss = loader.topo.world.gather(losses, root=0)
         if loader.topo.rank == 0:
             losses = next((x for x in every_loss if x), [])
-            workers = [s for s in summaries if s["worker"]]
-            samples = sum(s["samples"] for s in workers)
-            mb = sum(s["bytes"] for s in workers) / 1e6
-            wait = sum(s["wait_seconds"] for s in workers) / max(len(workers), 1)
-            summary = {
-                "ranks": loader.topo.size, "nodes": loader.topo.n_nodes,
-                "workers": len(workers), "strategy": loader.cfg.readers.strategy,
-                "samples": samples, "seconds": elapsed,
-                "samples_per_second": samples / elapsed, "megabytes_per_second": mb / elapsed,
-                "mean_seconds_waiting_for_data": wait,
-                "waiting_fraction": wait / elapsed, "losses": losses,
-            }
-            print(f"[trainer] {samples} samples in {elapsed:.2f} s: "
-                  f"{summary['samples_per_second']:.0f} samples/s, "
-                  f"{summary['megabytes_per_second']:.2f} MB/s, waiting for data "
-                  f"{100 * summary['waiting_fraction']:.1f}% of the time; loss "
-                  f"{losses[0]:.4f} -> {losses[-1]:.4f}"
-                  if losses else "[trainer] no worker", flush=True)
+            summary = summarize(summaries, losses)
+            summary.update({"ranks": loader.topo.size, "nodes": loader.topo.n_nodes,
+                            "strategy": loader.cfg.readers.strategy})
+            print(summary_line(summary), flush=True)
             if args.summary_json:
                 with open(args.summary_json, "w") as f:
                     json.dump(summary, f, indent=2)

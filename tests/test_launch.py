@@ -312,3 +312,73 @@ def test_real_launch_two_ranks(config: Path) -> None:
     assert out.returncode == 0, out.stdout + out.stderr
     lines = sorted(line for line in out.stdout.splitlines() if line.startswith("RANK"))
     assert lines == [f"RANK {r} 2 {config.resolve()} 2" for r in range(2)]
+
+
+# --------------------------------------------------------------------------- output passing
+
+
+class _Recorder:
+    """A text stream that tells a waiting test what was written so far."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.text = ""
+        self.changed = threading.Condition()
+
+    def write(self, text: str) -> int:
+        with self.changed:
+            self.text += text
+            self.changed.notify_all()
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def wait_for(self, text: str, timeout: float = 20.0) -> bool:
+        with self.changed:
+            return self.changed.wait_for(lambda: text in self.text, timeout=timeout)
+
+
+def test_pass_on_forwards_carriage_return_updates_as_they_come() -> None:
+    """A progress bar redraws with \\r and no \\n: each state is passed on at once, not
+    when the rank's output ends (the child waits for the test before drawing the next)."""
+    import threading
+
+    script = (
+        "import sys\n"
+        "for i in range(3):\n"
+        "    sys.stderr.write(f'\\rstep {i}/3'); sys.stderr.flush()\n"
+        "    sys.stdin.readline()\n"
+        "sys.stderr.write('\\rstep 3/3\\n')\n"
+        "sys.stderr.write('done\\r\\nno end')\n"
+    )
+    child = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE,
+                             stderr=subprocess.PIPE)
+    assert child.stdin is not None and child.stderr is not None
+    out = _Recorder()
+    copier = threading.Thread(target=mpirun._pass_on,
+                              args=(child.stderr, out, mpirun._LostHosts()), daemon=True)
+    copier.start()
+    try:
+        for i in range(3):
+            assert out.wait_for(f"\rstep {i}/3"), f"step {i} not passed on: {out.text!r}"
+            child.stdin.write(b"\n")
+            child.stdin.flush()
+    finally:
+        child.stdin.close()
+        child.wait(timeout=30)
+        copier.join(timeout=30)
+    assert out.text == "\rstep 0/3\rstep 1/3\rstep 2/3\rstep 3/3\ndone\r\nno end"
+
+
+def test_pass_on_scans_for_lost_hosts_across_chunks() -> None:
+    import io
+
+    banner = (b"x" * 70000 + b"\rPRTE has lost communication with a remote daemon\n"
+              b"  Remote daemon: [prterun-x] on node host7\n")
+    scan = mpirun._LostHosts()
+    out = _Recorder()
+    mpirun._pass_on(io.BufferedReader(io.BytesIO(banner)), out, scan)  # type: ignore[arg-type]
+    assert scan.lost and scan.hosts == ["host7"]
+    assert out.text == banner.decode()

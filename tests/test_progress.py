@@ -21,7 +21,6 @@ import pytest
 from lmdbio.cli import main
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.commands import progress
-from lmdbio.commands.convert import expected_records
 from lmdbio.commands.run import summary_line
 from tests.lmdbgen import write_db
 from tests.mpi_harness import CLI_SCRIPT, run_mpi
@@ -158,24 +157,92 @@ def test_convert_is_silent_in_a_pipe_or_when_quiet(tmp_path: Path, flag, capsys,
     assert out.err == "" and "records: 1797" in out.out
 
 
-def test_expected_records_of_the_sources(tmp_path: Path) -> None:
-    import argparse
+def _first_state(err: str) -> str:
+    """The bar's first state (drawn when it opens, before any record is written: the
+    closing state always has the count, so the first one shows whether a total was known)."""
+    return next(s for s in err.split("\r") if s.strip())
 
-    np.save(tmp_path / "x.npy", np.zeros((7, 3, 2), np.uint8))
-    np.savez(tmp_path / "x.npz", X=np.zeros((9, 4), np.float32), y=np.zeros(9, np.int64))
-    for cls, n in (("cat", 3), ("dog", 2)):
-        (tmp_path / "imgs" / cls).mkdir(parents=True)
+
+def _layout_sources(tmp_path: Path) -> dict[str, tuple[list[str], int]]:
+    """Per layout: the convert arguments (source and options) and the records written."""
+    from PIL import Image
+
+    from lmdbio import btable
+
+    rng = np.random.default_rng(0)
+    for cls, n in (("cat", 5), ("dog", 3)):
+        (tmp_path / "images" / cls).mkdir(parents=True)
         for i in range(n):
-            (tmp_path / "imgs" / cls / f"{i}.png").write_bytes(b"")
-    (tmp_path / "imgs" / "dog" / "notes.txt").write_text("not an image")
-    none = argparse.Namespace(limit=None)
-    assert expected_records("caffe-datum", str(tmp_path / "x.npy"), none) == 7
-    assert expected_records("tensor", str(tmp_path / "x.npz"), none) == 9
-    assert expected_records("caffe-datum", str(tmp_path / "imgs"), none) == 5
-    assert expected_records("caffe-datum", "sklearn:digits", none) == 1797
-    assert expected_records("caffe-datum", "sklearn:digits", argparse.Namespace(limit=100)) \
-        == 100
-    assert expected_records("pcr", str(tmp_path / "imgs"), none) is None
+            Image.fromarray(rng.integers(0, 256, (8, 10, 3), dtype=np.uint8)).save(
+                tmp_path / "images" / cls / f"{i}.png")
+    btable.write(tmp_path / "t.btable", ["a", "b", "c"],
+                 np.array([[0.0, 1.5, 0.0], [2.0, 0.0, 3.0], [0.0, 0.0, 4.0]]))
+    return {
+        "caffe-datum": (["sklearn:digits", "--limit", "37"], 37),
+        "tensor": (["sklearn:digits", "--limit", "30"], 30),
+        "toc": (["sklearn:iris", "--batch-size", "50"], 3),
+        "ibp": (["sklearn:wine", "--rows-per-record", "40"], 5),  # 178 rows
+        "pcr": ([str(tmp_path / "images"), "--group-size", "3"], 3),  # 8 images
+        "btable": ([str(tmp_path / "t.btable")], 3),
+    }
+
+
+def test_convert_of_every_layout_draws_a_total(tmp_path: Path, capsys) -> None:
+    """Every layout's converter passes its record count: the bar has a total (and a time
+    left) from its first state on."""
+    from lmdbio.layouts import LAYOUTS
+
+    sources = _layout_sources(tmp_path)
+    assert set(sources) == set(LAYOUTS)
+    for layout, (argv, records) in sources.items():
+        capsys.readouterr()
+        assert main(["convert", argv[0], str(tmp_path / layout), "--layout", layout,
+                     *argv[1:], "--progress"]) == 0, layout
+        out = capsys.readouterr()
+        assert f"records: {records}" in out.out, (layout, out.out)
+        first = _first_state(out.err)
+        total = re.search(r"0%\|[^|]*\| ?0(?:\.0+)?/([\d.]+) \[", first)  # unit_scale: 37.0
+        assert total and float(total.group(1)) == records, (layout, first)
+
+
+def test_convert_loads_a_bundled_data_set_once(tmp_path: Path, monkeypatch) -> None:
+    """The bar's total comes from the converter's own source: nothing is loaded twice."""
+    import lmdbio.datasets
+
+    loads: list[str] = []
+    real = lmdbio.datasets.load_dataset
+
+    def counted(name: str, *args, **kwargs):
+        loads.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(lmdbio.datasets, "load_dataset", counted)
+    for layout in ("caffe-datum", "tensor"):
+        loads.clear()
+        assert main(["convert", "sklearn:digits", str(tmp_path / layout), "--layout", layout,
+                     "--progress"]) == 0
+        assert loads == ["sklearn:digits"], (layout, loads)
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def test_bench_scan_draws_its_repeats_when_asked(db: Path, capsys, monkeypatch) -> None:
+    monkeypatch.delenv(progress.ENV, raising=False)
+    assert main(["bench", "scan", str(db), "--repeat", "2", "--progress"]) == 0
+    err = capsys.readouterr().err
+    assert re.search(r"engine scans: 100%\|.*\| 2/2 ", err), err
+    assert re.search(r"py-lmdb scans: 100%\|.*\| 2/2 ", err), err
+
+
+@pytest.mark.parametrize("flag", [None, "--quiet"])
+def test_bench_scan_is_silent_in_a_pipe_or_when_quiet(db: Path, flag, capsys,
+                                                      monkeypatch) -> None:
+    monkeypatch.delenv(progress.ENV, raising=False)
+    argv = ["bench", "scan", str(db), "--repeat", "1"]
+    assert main(argv + ([flag] if flag else [])) == 0
+    out = capsys.readouterr()
+    assert out.err == "" and '"benchmark": "scan"' in out.out
 
 
 # --------------------------------------------------------------------------- run

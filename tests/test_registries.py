@@ -195,3 +195,37 @@ def test_the_commands_offer_the_registered_strategies():
     (action,) = [a for a in parser._actions if a.dest == "strategy"]
     assert list(action.choices) == list(STRATEGIES)
     assert tuple(STRATEGIES) == ALL_STRATEGIES
+
+
+def _option(module_name: str, dest: str) -> argparse.Action:
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    (action,) = [a for a in parser._actions if a.dest == dest]
+    return action
+
+
+def test_demo_offers_the_registered_strategies():
+    action = _option("lmdbio.commands.demo", "strategy")
+    assert list(action.choices) == list(STRATEGIES)
+    assert action.default in STRATEGIES
+
+
+def test_plan_scale_counts_the_registered_strategies(monkeypatch):
+    """The help's default ("all N") follows the registry, not a number written by hand."""
+    action = _option("lmdbio.commands.plan_scale", "strategies")
+    assert f"all {len(STRATEGIES)}: " in action.help
+    assert all(name in action.help for name in STRATEGIES)
+    monkeypatch.setitem(STRATEGIES, "extra-strategy", strategy_class("indexed"))
+    action = _option("lmdbio.commands.plan_scale", "strategies")
+    assert f"all {len(STRATEGIES)}: " in action.help and "extra-strategy" in action.help
+
+
+def test_run_offers_the_configs_slot_checksums(monkeypatch):
+    import lmdbio.config
+
+    action = _option("lmdbio.commands.run", "slot_checksum")
+    assert list(action.choices) == list(typing.get_args(lmdbio.config.SlotChecksum))
+    monkeypatch.setattr(lmdbio.config, "SlotChecksum",
+                        typing.Literal["xxh64", "crc32", "none", "sha1"])
+    assert "sha1" in _option("lmdbio.commands.run", "slot_checksum").choices

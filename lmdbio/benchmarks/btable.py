@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio import btable
+from lmdbio.commands import progress
 
 DATASETS = ("fixture", "lee", "digits", "blog")
 SLOW_S = 20.0
@@ -163,7 +164,7 @@ def run(datasets: list[str], fixture: str | None = None, repeat: int = 3,
                            "baseline": "CSV via pandas (and .npz via scipy), same run",
                            "datasets": {}}
     try:
-        for name in datasets:
+        for name in progress.steps(datasets, "data sets", unit=" sets"):
             labels, m, desc = load_dataset(name, fixture)
             r = bench_dataset(labels, m, tmp, repeat)
             r["description"] = desc

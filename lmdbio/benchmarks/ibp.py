@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.commands import progress
+
 DATASETS = ("digits", "breast_cancer", "wine", "lfw", "bow", "svd", "mnist5k")
 #: figures quoted from the IBP notes (an independent model of the authors' format), for
 #: comparison in the output only; every other number is measured in the run
@@ -318,7 +320,7 @@ def main(args: argparse.Namespace) -> int:
         "gpu": "not run: no GPU on this machine; CUDA source compiled only",
         "datasets": {},
     }
-    for name in names:
+    for name in progress.steps(names, "data sets", unit=" sets"):
         result["datasets"][name] = run_dataset(name, chunks, args)
         _print_dataset(name, result["datasets"][name])
     ks = [int(k) for k in str(args.clusters).split(",") if k]

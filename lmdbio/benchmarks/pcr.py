@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs import pcr
+from lmdbio.commands import progress
 
 PAGE = 4096
 #: pread: header then rest of the prefix, default kernel read-ahead; -noreadahead: with
@@ -260,7 +261,7 @@ def run(path: str, repeat: int = 3, methods: tuple[str, ...] = METHODS,
     full_items = [pcr.decode_pcr_value(v, g_max)[0] for v in sample_values]
 
     groups = []
-    for k in range(1, g_max + 1):
+    for k in progress.steps(range(1, g_max + 1), "scan groups", unit=" groups"):
         need = prefix[:, k - 1]
         row: dict[str, Any] = {
             "k": k, "bytes": int(need.sum()), "pages": distinct_pages(off, need)}

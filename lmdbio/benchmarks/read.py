@@ -56,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.commands import progress
 from lmdbio.commands.argtypes import (
     non_negative_int,
     output_file,
@@ -320,6 +321,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         c_loop = time.process_time()
 
         own_copy = _BatchCopy()
+        # the bar of the batches delivered, drawn by the first consumer (the first worker
+        # of a shared session, else rank 0) when the command asked for one
+        first_consumer = consumes and (topo.worker_rank == 0 if session.shared
+                                       else world.Get_rank() == 0)
+        delivered = progress.bar(len(schedule), "delivered", " batches",
+                                 show=first_consumer and progress.active())
 
         def take(got: Any) -> None:
             nonlocal delivered_bytes
@@ -336,6 +343,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             batch_bytes.append(nbytes)
             batch_counts.append(int(got.batches))
             delivered_bytes += nbytes
+            delivered.update(int(got.batches))
             got.release()
 
         for epoch, it, count in _slots(schedule, session.batches_per_slot):
@@ -362,6 +370,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                     break
                 take(got)
             del got
+        delivered.close()
         t_end = time.perf_counter()
         c_end = time.process_time()
         elapsed = t_end - t_start - drop_seconds

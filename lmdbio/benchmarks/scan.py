@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.commands import progress
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("path", help="LMDB directory or data.mdb")
@@ -113,8 +115,12 @@ def run(path: str, batch: int = 256, repeat: int = 3, startup: bool = False) -> 
     """The benchmark as a JSON-able dictionary."""
     engine_scan(path, batch)  # compile / load kernels and warm the page cache
     pylmdb_scan(path, batch)
-    eng = min((engine_scan(path, batch) for _ in range(repeat)), key=lambda r: r[0])
-    ref = min((pylmdb_scan(path, batch) for _ in range(repeat)), key=lambda r: r[0])
+    eng = min((engine_scan(path, batch)
+               for _ in progress.steps(range(repeat), "engine scans", unit=" runs")),
+              key=lambda r: r[0])
+    ref = min((pylmdb_scan(path, batch)
+               for _ in progress.steps(range(repeat), "py-lmdb scans", unit=" runs")),
+              key=lambda r: r[0])
     if eng[1:] != ref[1:]:
         raise RuntimeError(f"engine read {eng[1:]} records/bytes, py-lmdb {ref[1:]}")
     result: dict[str, Any] = {

@@ -39,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.commands import progress
+
 DATASETS = ("digits", "mnist", "fair", "randhie", "cancer_bins", "btable")
 BATCH_SIZES = (50, 100, 150, 200, 250)
 LARGE_FRACTIONS = (0.1, 0.25, 0.5, 0.75, 1.0)
@@ -447,7 +449,7 @@ def main(args: argparse.Namespace) -> int:
                                                        if not k.startswith("_")},
                                "datasets": {}}
     data: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for name in names:
+    for name in progress.steps(names, "data sets", unit=" sets"):
         try:
             X, y, src = load(name, args.btable, args.seed)
         except (ImportError, OSError) as exc:

@@ -138,6 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         p = sub.add_parser(name, help=help_text, description=description,
                            epilog=epilog(examples), formatter_class=HelpFormatter)
         module.add_arguments(p)
+        progress.add_arguments(p)
         for action in p._actions:
             key = action.option_strings[-1] if action.option_strings else action.dest
             if not action.help and key in _GENERIC_HELP:

@@ -8,8 +8,8 @@ Help: ``--help`` lists the options of every layout, grouped by layout; with ``--
 only those of ``L``. The help flag is handled after the parse (``src``, ``dst`` and
 ``--layout`` are checked by hand) so that ``--help`` may come before or after ``--layout``.
 
-Progress: a bar of the records written (see :mod:`lmdbio.convert.writer`), with a total
-counted here, cheaply, for the sources of the ``caffe-datum`` and ``tensor`` layouts.
+Progress: a bar of the records written (see :mod:`lmdbio.convert.writer`), with the total
+each layout's converter passes.
 """
 
 from __future__ import annotations
@@ -17,8 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
-from typing import Any
 
 from lmdbio.commands import progress
 from lmdbio.commands.helptext import plain
@@ -140,68 +138,6 @@ def format_help(parser: argparse.ArgumentParser, layout: str | None) -> str:
     return f"{general.rstrip()}\n\n{sections}\n{note}{sep.lstrip(chr(10))}{examples}\n"
 
 
-def expected_records(layout: str, src: str, args: argparse.Namespace) -> int | None:
-    """How many records converting ``src`` writes, where that is cheap to know: the sources
-    of the caffe-datum and tensor layouts (a .npy or .npz header, the image files of a
-    folder, a bundled data set), after ``--limit``. None where it is not known."""
-    if layout not in ("caffe-datum", "tensor"):
-        return None
-    n = _count_source(src, args)
-    limit = getattr(args, "limit", None)
-    if n is not None and limit is not None and limit >= 0:
-        n = min(n, limit)
-    return n
-
-
-def _count_source(src: str, args: argparse.Namespace) -> int | None:
-    import numpy as np
-
-    from lmdbio.datasets import is_dataset_name
-
-    p = Path(src)
-    if is_dataset_name(src):
-        from lmdbio.datasets import load_dataset
-
-        return len(load_dataset(src))
-    if p.is_file() and p.suffix == ".npy":
-        return int(np.load(p, mmap_mode="r").shape[0])
-    if p.is_file() and p.suffix == ".npz":
-        return _npz_rows(p)
-    if p.is_dir():
-        from lmdbio.convert._sources import IMAGE_SUFFIXES
-
-        def images(files: Any) -> int:
-            return sum(1 for f in files if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
-
-        classes = [d for d in p.iterdir() if d.is_dir() and not d.name.startswith(".")]
-        in_classes = sum(images(d.rglob("*")) for d in classes)
-        return in_classes or images(p.iterdir())
-    return None
-
-
-def _npz_rows(path: Path) -> int | None:
-    """Rows of the data array of an .npz file (X, x, data or images), from its header."""
-    import zipfile
-
-    import numpy as np
-
-    with zipfile.ZipFile(path) as z:
-        names = {n.removesuffix(".npy"): n for n in z.namelist()}
-        key = next((k for k in ("X", "x", "data", "images") if k in names), None)
-        if key is None:
-            return None
-        with z.open(names[key]) as f:
-            fmt = np.lib.format
-            version = fmt.read_magic(f)
-            read = fmt.read_array_header_1_0 if version == (1, 0) else \
-                fmt.read_array_header_2_0
-            try:
-                shape = read(f)[0]
-            except ValueError:  # a header version this numpy reads otherwise
-                return None
-    return int(shape[0]) if shape else None
-
-
 def main(args: argparse.Namespace) -> int:
     parser: argparse.ArgumentParser | None = getattr(args, "_parser", None)
     if getattr(args, "help", False) and parser is not None:
@@ -222,8 +158,7 @@ def main(args: argparse.Namespace) -> int:
             setattr(layout_args, key, value)
     module = load_layout(args.layout)
     show = progress.wanted(args)
-    with progress.enabled(show), \
-            _expected(lambda: expected_records(args.layout, args.src, layout_args)):
+    with progress.enabled(show):
         summary = module.convert(args.src, args.dst, layout_args)
     if args.json:
         json.dump(summary, sys.stdout, indent=2, default=str)
@@ -233,8 +168,3 @@ def main(args: argparse.Namespace) -> int:
             print(f"{key}: {value}")
     return 0
 
-
-def _expected(count: Any) -> Any:
-    from lmdbio.convert.writer import expected_records as announce
-
-    return announce(count)

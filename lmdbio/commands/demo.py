@@ -98,6 +98,8 @@ def is_current(db: Path) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from lmdbio.plan.strategies import STRATEGIES
+
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
                         help="where the data set is written (default: %(default)s, which "
                         "configs/quickstart.yaml reads)")
@@ -112,7 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--epochs", type=positive_int, default=2, metavar="E",
                         help="training epochs (default %(default)s)")
     parser.add_argument("--strategy", default="indexed", metavar="S",
-                        help="read strategy (default %(default)s; docs/reading.md)")
+                        choices=list(STRATEGIES),
+                        help=f"read strategy: {', '.join(STRATEGIES)} (default "
+                             "%(default)s; docs/reading.md)")
     parser.add_argument("--no-compare", action="store_true",
                         help="skip the comparison with the per-rank py-lmdb loop")
     progress.add_arguments(parser)

@@ -35,6 +35,8 @@ lmdbio plan-scale DB --ranks 16 --nodes 4 --fs my-filesystem.yaml"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from lmdbio.plan.strategies import STRATEGIES
+
     parser.add_argument("path", help="LMDB directory or data.mdb")
     parser.add_argument("--ranks", type=positive_int, required=True, metavar="R",
                         help="ranks of the job")
@@ -48,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "under `costs:`); default lmdbio/scale/lustre.yaml, else "
                              "the built-in costs")
     parser.add_argument("--strategies", default="all", metavar="S1,S2",
-                        help="comma-separated strategies (default all six)")
+                        help=f"comma-separated strategies (default all {len(STRATEGIES)}: "
+                             f"{', '.join(STRATEGIES)})")
     parser.add_argument("--iterations", type=positive_int, default=None, metavar="I",
                         help="iterations to trace (default: one epoch); the model scales "
                              "them to one epoch")

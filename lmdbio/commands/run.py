@@ -33,6 +33,7 @@ import argparse
 import contextlib
 import json
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,8 @@ mpiexec -n 8 lmdbio run JOB.yaml --record-log logs/"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from lmdbio.config import SlotChecksum
+
     parser.add_argument("config", help="YAML job configuration")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY.PATH=VALUE",
@@ -79,7 +82,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers sleep S seconds per batch to simulate the trainer's "
                         "compute; the stall fraction is the share of time spent waiting for "
                         "data")
-    parser.add_argument("--slot-checksum", choices=["xxh64", "crc32", "none"], default=None,
+    parser.add_argument("--slot-checksum", choices=list(typing.get_args(SlotChecksum)),
+                        default=None,
                         help="checksum of each worker's part of a node batch in shared memory "
                         "(overrides readers.checksum, default xxh64; none where the batch path "
                         "is trusted)")

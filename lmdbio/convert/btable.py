@@ -21,6 +21,7 @@ from typing import Any
 
 from lmdbio import btable
 from lmdbio.codecs import btable_rows
+from lmdbio.commands import progress
 from lmdbio.convert.writer import write_records
 from lmdbio.errors import LmdbioError
 
@@ -62,7 +63,9 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
 
     meta = {"layout": "btable", "record_format": RECORD_FORMAT, "labels": labels,
             "n_cols": n_cols, "source": os.path.abspath(src), "key_format": f"%0{KEY_DIGITS}d"}
-    summary = write_records(dst, records(), meta=None,
+    # the bar's total: one pass over the row headers (not the values), only for a bar
+    total = btable.info(src, chunk)["rows"] if progress.active() else None
+    summary = write_records(dst, records(), meta=None, total=total,
                             format_version=getattr(args, "format_version", 1),
                             overwrite=getattr(args, "overwrite", False))
     from lmdbio.convert.writer import write_dataset_meta

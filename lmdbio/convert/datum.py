@@ -173,6 +173,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     # shape and dtype are known only after the pass: write the sidecar once writing is done
     summary = write_records(dst, records(), meta=None, format_version=args.format_version,
+                            total=len(source.samples),
                             overwrite=args.overwrite)
     shapes, dtypes = state["shapes"], state["dtypes"]
     if source.kind == "image" and shapes and all(sh[0] == 1 for sh in shapes):

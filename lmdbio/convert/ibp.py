@@ -302,6 +302,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     }
     meta["ibp"] = ibp_meta
     summary = write_records(dst, records(), meta=None, format_version=args.format_version,
+                            total=-(-nrows // per),
                             overwrite=args.overwrite)
     ibp_meta.update({
         "raw_bytes": raw_bytes,

@@ -372,6 +372,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
             raise LmdbioError(f"{src}: no records")
         try:
             summary = write_records(dst, records(), meta=None,
+                                    total=-(-len(entries) // group),
                                     format_version=getattr(args, "format_version", 1),
                                     overwrite=getattr(args, "overwrite", False))
         except LmdbioError:
@@ -416,7 +417,7 @@ def _convert_tensor(src: Path, dst: str, args: argparse.Namespace, group: int) -
             yield b"%08d" % gi, progressive_tensor.encode_planes_value(
                 np.asarray(x[a:b]), labels[a:b], keys)
 
-    summary = write_records(dst, records(), meta=None,
+    summary = write_records(dst, records(), meta=None, total=-(-x.shape[0] // group),
                             format_version=getattr(args, "format_version", 1),
                             overwrite=getattr(args, "overwrite", False))
     meta = {"layout": "pcr", "kind": "tensor", "source": os.path.abspath(src),

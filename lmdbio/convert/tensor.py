@@ -65,6 +65,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
             yield f"{i:08d}".encode(), encode_tensor(rec, sample.label)
 
     summary = write_records(dst, records(), meta=None, format_version=args.format_version,
+                            total=len(source.samples),
                             overwrite=args.overwrite)
     shapes, dtypes = state["shapes"], state["dtypes"]
     channel_order = None

@@ -121,7 +121,7 @@ def convert(src: str, dst: str | os.PathLike, args: argparse.Namespace) -> dict[
         "dense_bytes": dense_bytes,
         **info,
     }
-    summary = write_records(dst, records(), meta=meta,
+    summary = write_records(dst, records(), meta=meta, total=n_batches,
                             format_version=int(getattr(args, "format_version", 1)),
                             overwrite=bool(getattr(args, "overwrite", False)))
     # the sizes are known only once every batch is encoded: add them to the sidecar

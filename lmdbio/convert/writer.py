@@ -7,54 +7,22 @@ codec parameters...) goes in a JSON sidecar ``lmdbio.json`` beside ``data.mdb``:
 main database holding data records only, so Caffe and py-lmdb readers see exactly the records.
 
 Progress: inside :func:`lmdbio.commands.progress.enabled` ``(True)`` (``lmdbio convert`` on a
-terminal) :func:`write_records` draws a bar of the records written, with the total when it
-is known: the ``total`` a layout passes, else the count :func:`expected_records` announced
-(``lmdbio convert`` counts the sources it can count cheaply).
+terminal) :func:`write_records` draws a bar of the records written, with the ``total`` the
+layout passes (every layout's converter knows its record count before writing).
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from lmdbio.errors import LmdbioError
 
 META_FILE = "lmdbio.json"
-
-#: the records the next :func:`write_records` is expected to write (a count, or a function
-#: that counts them, called only when a bar is drawn and the layout gave no total)
-_EXPECTED: ContextVar[int | Callable[[], int | None] | None] = ContextVar(
-    "lmdbio_expected_records", default=None)
-
-
-@contextlib.contextmanager
-def expected_records(count: int | Callable[[], int | None] | None) -> Iterator[None]:
-    """Announce how many records the conversion inside the block writes (the progress
-    bar's total where the layout does not pass one to :func:`write_records`)."""
-    token = _EXPECTED.set(count)
-    try:
-        yield
-    finally:
-        _EXPECTED.reset(token)
-
-
-def _progress_total(total: int | None) -> int | None:
-    if total is not None:
-        return total
-    expected = _EXPECTED.get()
-    if callable(expected):
-        try:
-            return expected()
-        except Exception:  # only a bar's total: the conversion reports its own errors
-            return None
-    return expected
-
 
 def dataset_dir(path: str | os.PathLike) -> Path:
     """The LMDB directory for ``path`` (a directory, or a ``data.mdb`` inside one)."""
@@ -149,7 +117,7 @@ def write_records(
                 env.set_mapsize(env.info()["map_size"] * 2)
 
     show = progress.active()
-    bar = progress.bar(_progress_total(total) if show else None, "writing", " records",
+    bar = progress.bar(total if show else None, "writing", " records",
                        show=show, unit_scale=True)
     try:
         for key, value in records:
