@@ -44,14 +44,20 @@ class BufferPool:
         self.capacity = capacity
         self._arrays: list[np.ndarray] = []  # 1-D uint8 arrays owning their memory
         self._lock = threading.Lock()
+        #: (dtype, bytes) of each (shape, dtype) asked for
+        self._sizes: dict[tuple[tuple[int, ...], Any], tuple[np.dtype, int]] = {}
         #: how many :meth:`take` calls reused a pooled array / allocated one
         self.reused = 0
         self.allocated = 0
 
     def take(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         """An uninitialised C-contiguous array of ``shape`` and ``dtype``."""
-        dt = np.dtype(dtype)
-        nbytes = prod(shape) * dt.itemsize
+        key = (shape, dtype)
+        known = self._sizes.get(key)
+        if known is None:  # a handful of (shape, dtype) per job: asked once each
+            dt = np.dtype(dtype)
+            known = self._sizes[key] = (dt, prod(shape) * dt.itemsize)
+        dt, nbytes = known
         with self._lock:
             i = self._free_index(nbytes)
             if i is None:
@@ -70,13 +76,20 @@ class BufferPool:
     def _free_index(self, nbytes: int) -> int | None:
         """The smallest free pooled array that holds ``nbytes`` (a free one too small is
         dropped, so that a pool follows a batch shape that grows)."""
-        free = [i for i in range(len(self._arrays))
-                if sys.getrefcount(self._arrays[i]) == _FREE_REFS]
-        fits = [i for i in free if self._arrays[i].nbytes >= nbytes]
-        if fits:
-            return min(fits, key=lambda i: self._arrays[i].nbytes)
-        if free:
-            del self._arrays[free[0]]
+        best = first_free = None
+        arrays = self._arrays
+        for i in range(len(arrays)):  # a few arrays: a plain loop, once per batch
+            a = arrays[i]
+            if sys.getrefcount(a) != _FREE_REFS + 1:  # + ``a`` itself
+                continue
+            if first_free is None:
+                first_free = i
+            if a.nbytes >= nbytes and (best is None or a.nbytes < self._arrays[best].nbytes):
+                best = i
+        if best is not None:
+            return best
+        if first_free is not None:
+            del self._arrays[first_free]
         return None
 
     def clear(self) -> None:
