@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -133,6 +133,8 @@ def main() -> int:
     parser.add_argument("--examples", type=int, default=200)
     parser.add_argument("--random", action="store_true",
                         help="explore new cases (default: the same cases every run, for CI)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="explore the cases of this seed (replays a --random run)")
     parser.add_argument("--base", action="append", type=Path, default=[],
                         help="mutate this data.mdb (repeatable; any page size) instead of "
                         "the generated 4 KiB-page v1 and v3 files")
@@ -143,8 +145,10 @@ def main() -> int:
         target = root / "mutated" / "data.mdb"
         target.parent.mkdir()
 
+        explore = args.random or args.seed is not None
+
         @settings(max_examples=args.examples, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck), derandomize=not args.random)
+                  suppress_health_check=list(HealthCheck), derandomize=not explore)
         @given(mutation(bases))
         def run(case):
             base, kind, edits, data = case
@@ -157,6 +161,8 @@ def main() -> int:
             except LmdbioError:
                 OUTCOMES["error"] += 1
 
+        if args.seed is not None:
+            run = seed(args.seed)(run)
         run()
     print(f"RESULT ok={OUTCOMES['ok']} error={OUTCOMES['error']}")
     return 0

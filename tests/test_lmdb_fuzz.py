@@ -37,6 +37,15 @@ def run_fuzzer(args: list[str], timeout: float) -> tuple[int, int]:
 
 
 def test_mutated_files_never_crash_or_hang():
-    ok, errors = run_fuzzer(["--examples", "1500"], timeout=240)
+    """The same 1,000 cases every run (the regression set), then 500 of this run's seed
+    (``structfuzz.RUN_SEED``: new every run, fixed by ``LMDBIO_FUZZ_SEED`` to replay)."""
+    from structfuzz import RUN_SEED, SEED_ENV
+
+    ok, errors = run_fuzzer(["--examples", "1000"], timeout=200)
     # the mutations must really exercise both outcomes, or this test could not fail
     assert ok > 0 and errors > 0
+    try:
+        run_fuzzer(["--examples", "500", "--seed", str(RUN_SEED)], timeout=120)
+    except AssertionError as exc:
+        raise AssertionError(f"seed {RUN_SEED} (replay: {SEED_ENV}={RUN_SEED} pytest "
+                             f"tests/test_lmdb_fuzz.py): {exc}") from None
