@@ -75,6 +75,16 @@ def uneven_key_items(n: int, value_size: int = 3072, seed: int = 0, *,
              else bytes(value_size)) for i in range(n)]
 
 
+def tiny_datum_items(n: int, seed: int) -> list[tuple[bytes, bytes]]:
+    """``n`` Caffe Datums of random 1x4x4 uint8 images, labels 0..2, keys ``%08d``: the
+    smallest data set a command-line test runs a job on."""
+    from lmdbio.codecs.datum import datum_from_array, encode_datum
+
+    rng = np.random.default_rng(seed)
+    return [(b"%08d" % i, encode_datum(datum_from_array(
+        rng.integers(0, 256, (1, 4, 4), dtype=np.uint8), i % 3))) for i in range(n)]
+
+
 def churn_db(path: str | os.PathLike, commits: int = 2000, seed: int = 1, version: int = 1):
     """Thousands of small commits with inserts, overwrites and deletes (free-list reuse);
     returns the final contents in key order."""

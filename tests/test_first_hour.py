@@ -28,15 +28,13 @@ import time
 from functools import cache
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from launch import mpirun
-from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.commands import demo
 from lmdbio.config import load_config
 from lmdbio.errors import LmdbFormatError
-from tests.lmdbgen import write_db
+from tests.lmdbgen import tiny_datum_items, write_db
 from tests.mpi_harness import CLI_SCRIPT, require_mpiexec, run_mpi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,9 +45,7 @@ N_RECORDS = 40
 def db(tmp_path_factory) -> Path:
     """A small Caffe Datum LMDB: ``N_RECORDS`` 1x4x4 images."""
     path = tmp_path_factory.mktemp("first-hour-db")
-    rng = np.random.default_rng(3)
-    write_db(path, [(b"%08d" % i, encode_datum(datum_from_array(
-        rng.integers(0, 256, (1, 4, 4), dtype=np.uint8), i % 3))) for i in range(N_RECORDS)])
+    write_db(path, tiny_datum_items(N_RECORDS, seed=3))
     return path
 
 

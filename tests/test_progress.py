@@ -19,10 +19,9 @@ import numpy as np
 import pytest
 
 from lmdbio.cli import main
-from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.commands import progress
 from lmdbio.commands.run import summary_line
-from tests.lmdbgen import write_db
+from tests.lmdbgen import tiny_datum_items, write_db
 from tests.mpi_harness import CLI_SCRIPT, run_mpi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,9 +33,7 @@ RUN_BAR_END = re.compile(r"100%\|[^\r\n]*\| ?([\d.]+k?)/([\d.]+k?) \[[^\]]*sampl
 @pytest.fixture(scope="module")
 def db(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("progress-db")
-    rng = np.random.default_rng(5)
-    write_db(path, [(b"%08d" % i, encode_datum(datum_from_array(
-        rng.integers(0, 256, (1, 4, 4), dtype=np.uint8), i % 3))) for i in range(N_RECORDS)])
+    write_db(path, tiny_datum_items(N_RECORDS, seed=5))
     return path
 
 

@@ -33,6 +33,7 @@ from lmdbio.codecs.ibp.packed import (
     _section_layout,
     check_compatible,
 )
+from lmdbio.codecs.ibp.transport import as_uint8
 from lmdbio.errors import CodecError
 
 #: the ``auto`` rule's threshold: send IBP frames where the sample's ratio is at least this
@@ -55,14 +56,6 @@ class DevicePacked(IBPPacked):
     def data_words(self) -> Any:
         # the data section starts 8-aligned in the frame, and the device buffer is aligned
         return self.data.view(np.dtype("<u4") if self.chunk_bytes == 4 else np.dtype("<u8"))
-
-
-def _uint8_frame(buffer: Any) -> np.ndarray:
-    if isinstance(buffer, np.ndarray):
-        if not buffer.flags.c_contiguous:
-            raise CodecError("IBP buffer must be C-contiguous")
-        return buffer.reshape(-1).view(np.uint8)
-    return np.frombuffer(buffer, np.uint8)
 
 
 def to_device(packed: IBPPacked, frame: np.ndarray, feed: Any) -> tuple[DevicePacked, Any]:
@@ -135,7 +128,7 @@ def decompress_pinned(model: IBPModel, buffer: Any, feed: Any, nrows: int | None
     kernel, :mod:`lmdbio.codecs.ibp.cuda`) or ``"xp"`` (the array-API decoder)."""
     if method not in ("kernel", "xp"):
         raise CodecError(f"IBP decompress_pinned: method must be kernel or xp, not {method!r}")
-    frame = _uint8_frame(buffer)
+    frame = as_uint8(buffer)
     packed = IBPPacked.from_bytes(frame, exact=False, validate=False)
     if nrows is not None and packed.nrows != nrows:
         raise CodecError(f"IBP frame holds {packed.nrows} rows, expected {nrows}")

@@ -22,7 +22,8 @@ from lmdbio.codecs.ibp.packed import (
 from lmdbio.errors import CodecError
 
 
-def _as_uint8(buffer: Any) -> np.ndarray:
+def as_uint8(buffer: Any) -> np.ndarray:
+    """An IBP frame (a C-contiguous array or any buffer) as flat uint8, without a copy."""
     if isinstance(buffer, np.ndarray):
         if not buffer.flags.c_contiguous:
             raise CodecError("IBP buffer must be C-contiguous")
@@ -40,7 +41,7 @@ def compress_into(model: IBPModel, rows: Any, out_buffer: Any, layout: str = "co
     """Compress ``rows`` into ``out_buffer`` (writable, e.g. a numpy view over shared memory)
     as one frame; return the bytes written. ``layout``: ``"condensed"`` (fewest bytes) or
     ``"inplace"``. ``checksum`` adds a CRC-32 (not needed within one host)."""
-    out = _as_uint8(out_buffer)
+    out = as_uint8(out_buffer)
     if not out.flags.writeable:
         raise CodecError("IBP compress_into needs a writable buffer")
     return compress_frame_into(model, rows, out, layout, checksum)
@@ -51,7 +52,7 @@ def decompress_from(model: IBPModel, buffer: Any, nrows: int | None = None, xp: 
     """Rows of the frame at the start of ``buffer`` (trailing slot bytes are ignored), decoded
     with ``xp``. ``nrows``, when given, must match the frame; ``out`` (CPU only) receives the
     rows without an extra allocation."""
-    packed = IBPPacked.from_bytes(_as_uint8(buffer), exact=False, validate=False)
+    packed = IBPPacked.from_bytes(as_uint8(buffer), exact=False, validate=False)
     if nrows is not None and packed.nrows != nrows:
         raise CodecError(f"IBP frame holds {packed.nrows} rows, expected {nrows}")
     return decompress(model, packed, xp=xp, method=method, out=out)
