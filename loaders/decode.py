@@ -296,7 +296,7 @@ def datum_spans(payload: np.ndarray, offsets: np.ndarray,
 
 def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans,
                            alloc: Allocator = np.empty, lengths: np.ndarray | None = None,
-                           *, header_fmt: np.ndarray = NO_HEADER_CHECK
+                           *, header_fmt: np.ndarray | None = None
                            ) -> tuple[np.ndarray, np.ndarray] | None:
     """``(N, C, H, W)`` float32 pixels and int64 labels of a batch of raw uint8 Datums of
     one shape, in one compiled pass (each record parsed, then its pixels widened as they
@@ -326,7 +326,8 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     streaming = out.nbytes >= STREAMING_MIN_BYTES
     table = np.empty((n, k.NCOLS), np.int64)
     if widen_datums(payload, spans.starts, spans.lengths, spans.shape_array(),
-                    out.reshape(n, -1), labels, table, header_fmt, streaming) >= 0:
+                    out.reshape(n, -1), labels, table,
+                    NO_HEADER_CHECK if header_fmt is None else header_fmt, streaming) >= 0:
         return None
     return out, labels
 

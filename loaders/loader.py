@@ -891,11 +891,10 @@ class Loader:
         t = self.transform
         assert t is not None  # only called where _fuses_datums: there is a transform
         if t.is_identity:  # widened only (streaming stores for large batches)
-            from loaders.decode import NO_HEADER_CHECK, uniform_datums_float32
+            from loaders.decode import uniform_datums_float32
 
-            return uniform_datums_float32(
-                payload, spans, self.buffers.take,
-                header_fmt=NO_HEADER_CHECK if header_fmt is None else header_fmt)
+            return uniform_datums_float32(payload, spans, self.buffers.take,
+                                          header_fmt=header_fmt)
         rng = self._transform_rng(iteration, self.epoch if epoch is None else epoch)
         return t.datums(payload, spans, rng, alloc=self.buffers.take, header_fmt=header_fmt)
 
@@ -944,7 +943,7 @@ class Loader:
             lo, hi = int(offsets[a]), int(offsets[b])
             nbytes = hi - lo
         else:
-            nbytes = int(got.value_bytes(a, b))
+            nbytes = got.value_bytes(a, b)
 
         def key(i: int) -> bytes:
             return bytes(kd[ko[i]:ko[i + 1]])
