@@ -50,7 +50,7 @@ test: lint unit mpi
 
 bench: setup
 	$(BIN)/python -m pip install -q -e '.[bench]'
-	$(BIN)/python bench/run_all.py --out bench/results
+	$(BIN)/python -m bench.run_all --out bench/results
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .ruff_cache

@@ -11,21 +11,18 @@ Databases:
 Each run compares the batch decoders with per-record decoding in the same process; the
 transformer (crop, mirror, means, scale) with a per-image numpy loop on two of them.
 Writes bench/results/decode.json.
-Run: .venv/bin/python bench/decode.py [--out bench/results]
+Run: .venv/bin/python -m bench.decode [--out bench/results]   (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from lmdbio.benchmarks.decode import run  # noqa: E402
-from lmdbio.cli import main as lmdbio_cli  # noqa: E402
+from bench.common import BENCH_DATA, RESULTS, SHARED_LMDBS, write_json
+from bench.kinds.decode import run
+from lmdbio.cli import main as lmdbio_cli
 
 CONVERTED = {
     "digits-datum": ["sklearn:digits", "--layout", "caffe-datum"],
@@ -44,8 +41,8 @@ REAL = {
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
-    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
@@ -53,9 +50,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
     results = []
-    shared = REPO.parent / "shared" / "testdata" / "lmdb"
     for name, (tile, crop) in REAL.items():
-        d = shared / name
+        d = SHARED_LMDBS / name
         if not (d / "data.mdb").exists():
             print(f"{name}: not present, skipped", flush=True)
             continue
@@ -73,7 +69,7 @@ def main() -> int:
         r["data"] = f"real: {argv[0]} converted with lmdbio convert {' '.join(argv[1:])}"
         results.append(r)
         _report(name, r)
-    (out / "decode.json").write_text(json.dumps(results, indent=2) + "\n")
+    write_json(out / "decode.json", results, indent=2)
     return 0
 
 

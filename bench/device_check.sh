@@ -111,7 +111,7 @@ EOF
 # service-rN: bench/service.py at N ranks; its JSON copied to $OUT/service-rN.json
 service_at() {
     local ranks="$1" batches="$2"
-    "$PY" bench/service.py --only cifar --ranks "$ranks" --repeat 1 --no-stall \
+    "$PY" -m bench.service --only cifar --ranks "$ranks" --repeat 1 --no-stall \
         --batches "$batches" --out "$OUT/service-r$ranks" || return 1
     cp "$OUT/service-r$ranks/service.json" "$OUT/service-r$ranks.json"
 }
@@ -128,16 +128,16 @@ fi
 echo "device check: $REPO -> $OUT (quick=$QUICK)"
 if step venv 25 setup_venv; then
     step probes 10 probes
-    step warm 25 "$PY" bench/peers.py --quick --variants lmdbio-1 --out "$OUT/warm"
+    step warm 25 "$PY" -m bench.peers --quick --variants lmdbio-1 --out "$OUT/warm"
     step "service-r$R_LOW" 50 service_at "$R_LOW" "$BATCHES"
     if [ "$R_HIGH" != "$R_LOW" ]; then
         step "service-r$R_HIGH" 55 service_at "$R_HIGH" "$BATCHES"
     fi
-    step peers 105 "$PY" bench/peers.py "${PEERS_ARGS[@]}" --out "$OUT"
+    step peers 105 "$PY" -m bench.peers "${PEERS_ARGS[@]}" --out "$OUT"
     if [ "$QUICK" = "1" ]; then
-        step gpu 30 "$PY" bench/gpu.py --fake-gpu --out "$OUT/gpu.json"
+        step gpu 30 "$PY" -m bench.gpu --fake-gpu --out "$OUT/gpu.json"
     elif nvidia-smi -L 2>/dev/null | grep -q GPU; then
-        step gpu 30 "$PY" bench/gpu.py --target-gb 0.5 --repeat 2 --records 8000 --epochs 1 \
+        step gpu 30 "$PY" -m bench.gpu --target-gb 0.5 --repeat 2 --records 8000 --epochs 1 \
             --out "$OUT/gpu.json"
     fi
 fi

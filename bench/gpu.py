@@ -17,8 +17,8 @@ the same run, under 4 minutes on one GPU.
    float32 ``cp.asarray`` of each batch. Samples/s, CPU seconds per sample, and whether the
    first epoch's values agree bit for bit.
 
-    .venv/bin/python bench/gpu.py --out device-out/gpu.json
-    .venv/bin/python bench/gpu.py --fake-gpu --out /tmp/gpu.json   # stand-in: runs, tiny
+    .venv/bin/python -m bench.gpu --out device-out/gpu.json
+    .venv/bin/python -m bench.gpu --fake-gpu --out /tmp/gpu.json   # stand-in: runs, tiny
 
 ``--fake-gpu`` installs the numpy stand-in of tests/fake_gpu.py as ``cupy`` and shrinks every
 size: it proves the script runs end to end; its figures mean nothing (it says so).
@@ -38,9 +38,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from bench.common import best_seconds, use_numba_cache, write_json
 
 STAND_IN = "stand-in: figures meaningless (numpy stand-in for cupy, no GPU)"
 
@@ -62,20 +60,13 @@ def _sync(cp: Any) -> None:
 
 
 def _best(fn: Any, cp: Any, repeat: int) -> float:
-    """Fastest wall seconds of ``repeat`` calls of ``fn`` (after one warm-up)."""
-    fn()
-    _sync(cp)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        _sync(cp)
-        best = min(best, time.perf_counter() - t0)
-    return best
+    """Fastest wall seconds of ``repeat`` calls of ``fn``, each waiting for the device
+    (after one warm-up)."""
+    return best_seconds(lambda: (fn(), _sync(cp)), repeat)
 
 
 def _rows(name: str, fake: bool) -> tuple[np.ndarray, str]:
-    from lmdbio.benchmarks.ibp import load_dataset
+    from bench.kinds.ibp import load_dataset
 
     if name == "mnist":
         import importlib.util
@@ -178,8 +169,8 @@ def transfers(cp: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _datum_db(path: Path, n: int) -> None:
+    from bench.lmdbgen import write_db
     from lmdbio.codecs.datum import datum_from_array, encode_datum
-    from tests.lmdbgen import write_db
 
     rng = np.random.default_rng(9)
     items = [(b"%08d" % i, encode_datum(datum_from_array(
@@ -259,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         args.repeat = 1
         args.epochs = 1
         print(STAND_IN, flush=True)
-    os.environ.setdefault("NUMBA_CACHE_DIR", str(REPO / "build" / "numba-cache"))
+    use_numba_cache()
     cp = _cupy(args.fake_gpu)
     t0 = time.perf_counter()
     device = "numpy stand-in" if args.fake_gpu else \
@@ -276,9 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         res["loader_datum"] = loader_end_to_end(cp, args)
         print("  " + json.dumps(res["loader_datum"]), flush=True)
     res["seconds"] = round(time.perf_counter() - t0, 1)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(res, indent=2) + "\n")
+    out = write_json(args.out, res, indent=2)
     if args.fake_gpu:
         print(STAND_IN, flush=True)
     print(f"wrote {out} ({res['seconds']} s)", flush=True)

@@ -1,20 +1,22 @@
 """Full IBP figure set: every data set, both chunk sizes, clustered runs; JSON to
 bench/results/ibp.json (or the path given). Numbers go into docs/ibp.md.
 
-    NUMBA_CACHE_DIR=build/numba-cache .venv/bin/python bench/ibp.py [OUT.json]
+    NUMBA_CACHE_DIR=build/numba-cache .venv/bin/python -m bench.ibp [OUT.json]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
-from lmdbio.benchmarks import ibp
+from bench.common import RESULTS
+from bench.kinds import ibp
 
 
 def main() -> int:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).parent / "results" / "ibp.json"
+    out = Path(sys.argv[1]) if len(sys.argv) > 1 else RESULTS / "ibp.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     parser = argparse.ArgumentParser()
     ibp.add_arguments(parser)
@@ -25,8 +27,6 @@ def main() -> int:
         "--json", str(out),
     ])
     code = ibp.main(args)
-    import json
-
     out.with_suffix(".md").write_text(ibp.markdown(json.loads(out.read_text())))
     print(f"wrote {out} and {out.with_suffix('.md')}")
     return code

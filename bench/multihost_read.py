@@ -27,7 +27,7 @@ walks themselves read other nodes' pages.
 Needs root (namespaces). The database is generated (3,072 B records committed 1,000 at a
 time, as Caffe's converter does) unless ``--db`` names one::
 
-    python bench/multihost_read.py --hosts 2 --rate 1gbit --json out.json
+    python -m bench.multihost_read --hosts 2 --rate 1gbit --json out.json
 
 Numbers from a 2-core machine with other jobs are indicative only (times ±30% or worse;
 the byte and page counts are exact).
@@ -45,20 +45,11 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO)]
-
-from multihost import Hosts, make_hosts, unavailable  # noqa: E402
+from bench.common import NUMBA_CACHE, REPO, random_db, write_json
+from tests.multihost import Hosts, make_hosts, unavailable
 
 STRATEGIES = ("naive-stride", "lmm", "dm-spec", "indexed")
 RANKS_PER_HOST = 2
-
-
-def make_db(path: Path, records: int, value_bytes: int) -> None:
-    """A database of ``records`` random values of ``value_bytes`` (tests/lmdbgen.py)."""
-    from lmdbgen import random_items, write_db
-
-    write_db(path, random_items(records, value_bytes, seed=5), commit_every=1000)
 
 
 def bench_env(hosts: Hosts) -> dict[str, str]:
@@ -68,7 +59,7 @@ def bench_env(hosts: Hosts) -> dict[str, str]:
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                OMPI_MCA_btl_sm_backing_directory="/dev/shm",
                OMPI_MCA_osc_sm_backing_directory="/dev/shm")
-    env.setdefault("NUMBA_CACHE_DIR", str(REPO / "build" / "numba-cache"))
+    env.setdefault("NUMBA_CACHE_DIR", str(NUMBA_CACHE))
     env["PYTHONPATH"] = str(REPO)
     return env
 
@@ -188,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lmdbio-mhbench-") as tmp:
         db = Path(args.db) if args.db else Path(tmp) / "db"
         if not args.db:
-            make_db(db, args.records, args.value_bytes)
+            random_db(db, args.records, args.value_bytes, seed=5, map_size=1 << 28)
         from lmdbio.lmdb import Database
 
         with Database(db) as d:
@@ -212,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
            "records": n_records, "value_bytes": args.value_bytes if not args.db else None,
            "file_bytes": file_bytes, "results": results}
     if args.json:
-        Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
+        write_json(args.json, doc, indent=2)
     print(f"{n_records} records, file {file_bytes / 2**20:.2f} MiB, {args.iters} iterations "
           f"({doc['epochs']:g} epochs of {per_epoch}), {args.hosts} hosts x "
           f"{RANKS_PER_HOST} ranks, batch {args.batch}")

@@ -10,26 +10,24 @@ then the benchmark measures bytes, pages, cold-cache read throughput, decode spe
 PSNR/SSIM per scan group. A second part measures byte-plane progressive tensors on
 scikit-learn's digits (real) and on generated normal float32 data.
 
-Usage: ``python bench/pcr.py [--images 3000] [--out bench/results]``
+Usage: ``python -m bench.pcr [--images 3000] [--out bench/results]`` (from the repository root)
 """
 
 from __future__ import annotations
 
 import argparse
 import io
-import json
-import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-os.environ.setdefault("NUMBA_CACHE_DIR", str(REPO / "build" / "numba-cache"))
+from bench.common import REPO, RESULTS, json_safe, use_numba_cache, write_json
 
-from lmdbio.benchmarks import pcr as bench_pcr  # noqa: E402
+use_numba_cache()  # before numba is imported: it reads the variable once
+
+from bench.kinds import pcr as bench_pcr  # noqa: E402
 from lmdbio.codecs import pcr  # noqa: E402
 
 PHOTOS = ["china", "flower", "astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field",
@@ -119,7 +117,7 @@ def main() -> int:
     ap.add_argument("--images", type=int, default=3000)
     ap.add_argument("--group-size", type=int, default=64)
     ap.add_argument("--work", default=str(REPO / "build" / "bench-pcr"))
-    ap.add_argument("--out", default=str(REPO / "bench" / "results"))
+    ap.add_argument("--out", default=str(RESULTS))
     ap.add_argument("--repeat", type=int, default=3)
     a = ap.parse_args()
     work = Path(a.work)
@@ -143,10 +141,8 @@ def main() -> int:
         bench_pcr.print_table(res)
         results["tools"][tool] = {"convert": summary, "bench": res}
     results["tensors"] = tensor_part(work)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "pcr.json").write_text(json.dumps(bench_pcr._clean(results), indent=2))
-    print(f"\nwrote {out / 'pcr.json'}")
+    written = write_json(Path(a.out) / "pcr.json", json_safe(results), indent=2)
+    print(f"\nwrote {written}")
     return 0
 
 

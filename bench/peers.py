@@ -20,9 +20,9 @@ bench/service.py launches it):
   sequential-read        data.mdb read once front to back in 8 MiB reads into one buffer
                          (bytes/s; samples/s = records / seconds): the storage path alone
   pylmdb-loop            one process: py-lmdb ``txn.get`` per key in shuffled order, Datum
-                         decode (lmdbio.benchmarks.service_baseline's, by import), stack,
+                         decode (lmdbio.pylmdb_per_rank's, by import), stack,
                          float32, scale
-  pylmdb-per-rank-R      ``python -m lmdbio.benchmarks.service_baseline`` at R ranks (each rank
+  pylmdb-per-rank-R      ``python -m lmdbio.pylmdb_per_rank`` at R ranks (each rank
                          reads its DistributedSampler share); it has no scale option: its
                          batches are float32 *unscaled*, said so in the JSON
   torch-dataloader-wK    ``torch.utils.data.DataLoader(shuffle=True, batch_size=B,
@@ -60,7 +60,7 @@ Data sets (under ``--data``, build/bench-data/ by default; generated once, never
             scikit-image (BGR as Caffe stores them, a random horizontal flip each)
 
 Writes ``--out``/peers.json (bench/results/ by default) and prints a table.
-Run: .venv/bin/python bench/peers.py [--only cifar,imagenet] [--variants floor,lmdbio-1]
+Run: .venv/bin/python -m bench.peers [--only cifar,imagenet] [--variants floor,lmdbio-1]
      [--repeat 3] [--max-ranks N] [--out bench/results] [--quick]
 ``--quick`` (cifar of 5,000 records, one repeat unless ``--repeat`` is given, at most 2
 ranks) is the check that it runs end to end; ``--variants`` takes names or name prefixes.
@@ -88,11 +88,8 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-import service  # noqa: E402  (bench/service.py: generate, DATASETS, ENV, BIN)
+from bench import service  # generate, DATASETS
+from bench.common import BENCH_DATA, BIN, MPI_ENV, REPO, RESULTS, write_json
 
 SCALE = 1 / 255
 READ_CHUNK = 8 << 20
@@ -175,7 +172,7 @@ def read_all(db: str, parser: str) -> tuple[np.ndarray, np.ndarray]:
     """Every record's pixels as one (N, C, H, W) uint8 array and labels, in key order."""
     import lmdb
 
-    from lmdbio.benchmarks.service_baseline import make_getitem
+    from lmdbio.pylmdb_per_rank import make_getitem
 
     _, getitem = make_getitem(parser)
     env = lmdb.open(db, readonly=True, lock=False, subdir=Path(db).is_dir())
@@ -289,7 +286,7 @@ def child_pylmdb_loop(p: dict[str, Any]) -> dict[str, Any]:
     """py-lmdb get + Datum decode per record in shuffled order, stack, float32, scale."""
     import lmdb
 
-    from lmdbio.benchmarks.service_baseline import make_getitem
+    from lmdbio.pylmdb_per_rank import make_getitem
 
     parser, getitem = make_getitem(p["parser"])
     env = lmdb.open(p["db"], readonly=True, lock=False, subdir=Path(p["db"]).is_dir())
@@ -326,7 +323,7 @@ def child_torch(p: dict[str, Any]) -> dict[str, Any]:
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    from lmdbio.benchmarks.service_baseline import make_getitem
+    from lmdbio.pylmdb_per_rank import make_getitem
 
     class LmdbDatums(Dataset):
         """Map-style Dataset of Caffe Datums; the environment is opened in each worker on its
@@ -682,11 +679,11 @@ def rank_counts(max_ranks: int) -> list[int]:
 
 def run_child(argv: list[str], result: Path, timeout: float, ranks: int = 0,
               env: dict[str, str] | None = None) -> tuple[dict[str, Any] | None, str]:
-    """Run ``argv`` (under ``mpiexec -n ranks`` when ranks, with bench/service.py's ENV) and
+    """Run ``argv`` (under ``mpiexec -n ranks`` when ranks, with the benchmarks' MPI_ENV) and
     read the JSON it wrote to ``result``; on failure None and why (the output's tail)."""
     result.unlink(missing_ok=True)
-    cmd = ([str(service.BIN / "mpiexec"), "-n", str(ranks)] if ranks else []) + argv
-    proc = subprocess.Popen(cmd, env=dict(os.environ, **service.ENV, **(env or {})),
+    cmd = ([str(BIN / "mpiexec"), "-n", str(ranks)] if ranks else []) + argv
+    proc = subprocess.Popen(cmd, env=dict(os.environ, **MPI_ENV, **(env or {})),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
     try:
@@ -747,18 +744,18 @@ class Runner:
               env: dict[str, str] | None = None) -> tuple[dict[str, Any] | None, str]:
         """Run one child of ``kind`` with ``params``."""
         result = self.tmp / f"{kind}.json"
-        argv = [sys.executable, str(Path(__file__).resolve()), "--child", kind,
+        argv = [sys.executable, "-m", "bench.peers", "--child", kind,
                 "--params", json.dumps(params), "--result", str(result)]
         return run_child(argv, result, self.args.timeout, ranks, env)
 
     def baseline(self, p: dict[str, Any], ranks: int) -> tuple[dict[str, Any] | None, str]:
-        """service_baseline at ``ranks`` ranks, launched as bench/service.py launches it: two
+        """lmdbio.pylmdb_per_rank at ``ranks`` ranks, launched as bench/service.py launches it: two
         epochs of full batches per rank, the first its warm-up."""
         per_epoch = -(-p["records"] // ranks) // p["batch"]
         if per_epoch < 1:
             return None, f"a rank's share of {p['records']} records is under one batch"
         out = self.tmp / "baseline.json"
-        argv = [sys.executable, "-m", "lmdbio.benchmarks.service_baseline", p["db"],
+        argv = [sys.executable, "-m", "lmdbio.pylmdb_per_rank", p["db"],
                 "--batch-size", str(p["batch"]), "--batches", str(2 * per_epoch),
                 "--warmup", str(per_epoch), "--seed", str(p["seed"]),
                 "--parser", p["parser"], "--json", str(out)]
@@ -767,7 +764,7 @@ class Runner:
             return None, why
         st = r["totals"].get("steady")
         if not st:
-            return None, "service_baseline reported no steady window"
+            return None, "pylmdb_per_rank reported no steady window"
         return {"samples": st["samples"], "seconds": st["seconds"],
                 "cpu_seconds": st["cpu_seconds"], "parser": r["totals"]["parser"],
                 "float32": r["totals"]["float32"], "batches_per_rank": per_epoch}, ""
@@ -842,7 +839,7 @@ def variant_notes(variant: str, kind: str, p: dict[str, Any], ranks: int, cores:
     """What a reader of the JSON must know about a variant's figures."""
     notes = []
     if kind == "baseline":
-        notes += ["scale not applied: lmdbio.benchmarks.service_baseline has no scale option; "
+        notes += ["scale not applied: lmdbio.pylmdb_per_rank has no scale option; "
                   "its batches are float32 unscaled (one multiply short of the others)",
                   "full batches only (DataLoader drop_last=True semantics), DistributedSampler "
                   "shares; timed epoch = the steady window after one epoch of warm-up batches; "
@@ -973,10 +970,10 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--max-ranks", type=int, default=None,
                         help="largest R of the multi-rank variants (default min(2, cores))")
-    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
-    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--parser", choices=("auto", "protobuf", "python"), default="auto",
-                        help="Datum parser of the py-lmdb peers (service_baseline's: auto = "
+                        help="Datum parser of the py-lmdb peers (pylmdb_per_rank's: auto = "
                         "protobuf's compiled one when installed, else lmdbio.codecs.datum)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per child run")
     parser.add_argument("--slow-seconds", type=float, default=8.0,
@@ -1090,7 +1087,7 @@ def main() -> int:
                     print(f"  {variant:22s} {r['samples_per_second']:12,.0f} samples/s "
                           f"{r['cpu_us_per_sample']:8.2f} CPU us/sample "
                           f"({r['run_seconds']:.1f} s)", flush=True)
-            (out / "peers.json").write_text(json.dumps(results, indent=1) + "\n")
+            write_json(out / "peers.json", results)
     for entry in results["datasets"].values():
         floor = summarize(entry["variants"].get("floor", {}).get("repeats", []))
         for v in entry["variants"].values():
@@ -1104,7 +1101,7 @@ def main() -> int:
         "entries": sorted(set(os.listdir(shm)) - shm_before) if shm.is_dir() else [],
         "note": "entries of /dev/shm that were not there at the start (other processes of "
                 "the machine may have made them meanwhile); streaming's own are removed"}
-    (out / "peers.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out / "peers.json", results)
     shutil.rmtree(tmp, ignore_errors=True)
     print(table(results))
     print(f"wrote {out / 'peers.json'}", flush=True)

@@ -4,7 +4,7 @@ Writes docs/figures/read-pages-<db>.png (pages per rank and per node versus rank
 strategy: the paper's Fig. 10 and what it leaves out), docs/figures/read-estimator-<db>.png
 (dm-spec missed and redundant pages per iteration) and docs/figures/read-throughput.png, and
 prints the tables docs/reading.md quotes (markdown).
-Run: .venv/bin/python bench/plot_read.py [--results bench/results/read]
+Run: .venv/bin/python -m bench.plot_read [--results bench/results/read]
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.common import REPO, RESULTS
+
 STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
 MARKERS = dict(zip(STRATEGIES, "osv^Dx", strict=True))
 
@@ -201,10 +202,9 @@ def production_table(res: Path) -> list[str]:
 
 def main() -> int:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--results", default=str(REPO / "bench" / "results" / "read"))
+    parser.add_argument("--results", default=str(RESULTS / "read"))
     parser.add_argument("--figures", default=str(REPO / "docs" / "figures"))
     args = parser.parse_args()
-    sys.path.insert(0, str(REPO))
     res, figs = Path(args.results), Path(args.figures)
     figs.mkdir(parents=True, exist_ok=True)
     out: list[str] = []

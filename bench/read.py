@@ -43,9 +43,10 @@ oversubscribed on this machine's cores; results in bench/results/read/*.json):
   replay      no MPI: dm-spec's estimate replayed from each database's record table for
               4 and 16 readers, 32 and 128 records per reader, with the reference code's
               estimator and lmdbio's (missed and redundant pages after two iterations)
-Then ``bench/plot_read.py`` draws docs/figures/read-*.png from the JSON files.
+Then ``python -m bench.plot_read`` draws docs/figures/read-*.png from the JSON files.
 
-Run: .venv/bin/python bench/read.py [--only pages,estimator,throughput] [--quick]
+Run: .venv/bin/python -m bench.read [--only pages,estimator,throughput] [--quick]
+(from the repository root)
 """
 
 from __future__ import annotations
@@ -59,11 +60,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from lmdbio.plan.strategies import STRATEGIES as _REGISTERED  # noqa: E402
-from tests.lmdbgen import random_items, write_db  # noqa: E402
+from bench.common import BENCH_DATA, BIN, MPI_ENV, RESULTS, random_db, write_json
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED
 
 STRATEGIES = list(_REGISTERED)  # every registered strategy, in registry order
 SHAPES = {  # name: (records, value bytes, per-consumer batch)
@@ -71,24 +69,11 @@ SHAPES = {  # name: (records, value bytes, per-consumer batch)
     "imagenet": (1_600, 150_000, 4),
     "mnist": (60_000, 784, 64),
 }
-ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_osc": "^ucx",
-    "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache"),
-}
 
 
 def generate(data: Path, name: str) -> Path:
     n, size, _ = SHAPES[name]
-    d = data / f"read-{name}"
-    if not (d / "data.mdb").exists():
-        d.mkdir(parents=True, exist_ok=True)
-        print(f"generating {d}: {n} records of {size} random bytes", flush=True)
-        write_db(d, random_items(n, size, seed=3), map_size=1 << 32, commit_every=1000)
-    return d
+    return random_db(data / f"read-{name}", n, size, seed=3, map_size=1 << 32)
 
 
 def node_copies(src: Path, nodes: int) -> str:
@@ -115,10 +100,9 @@ def bench(out: Path, ranks: int, path: str, strategy: str, *extra: str,
     if "--transfer" not in extra:
         # and before node rings carried record spans by default: records copied
         extra = (*extra, "--transfer", "copy")
-    cmd = [str(REPO / ".venv" / "bin" / "mpiexec"), "-n", str(ranks),
-           str(REPO / ".venv" / "bin" / "lmdbio"), "bench", "read", path,
+    cmd = [str(BIN / "mpiexec"), "-n", str(ranks), str(BIN / "lmdbio"), "bench", "read", path,
            "--strategy", strategy, "--json", str(out), *extra]
-    env = dict(os.environ, **ENV)
+    env = dict(os.environ, **MPI_ENV)
     load_before = os.getloadavg()[0]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -132,7 +116,7 @@ def bench(out: Path, ranks: int, path: str, strategy: str, *extra: str,
     result["launch_seconds"] = took
     # other work on the machine shows in the timings: the 1-minute load before and after
     result["loadavg"] = [load_before, os.getloadavg()[0]]
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_json(out, result)
     print(f"{took:6.1f} s  {result['command']}", flush=True)
     return result
 
@@ -304,7 +288,7 @@ def replay(res: Path, dbs: dict[str, Path], quick: bool) -> None:
                     out.append(row)
                     print(row, flush=True)
         db.close()
-    (res / "estimator-replay.json").write_text(json.dumps(out, indent=1) + "\n")
+    write_json(res / "estimator-replay.json", out)
 
 
 DIRECT_ITERS = {"cifar": 400, "mnist": 600, "imagenet": 120}
@@ -685,8 +669,8 @@ def repeats_table(res: Path) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "read"))
-    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--out", default=str(RESULTS / "read"))
+    parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--only",
                         default="replay,pages,estimator,throughput,production,direct,warm")
     parser.add_argument("--quick", action="store_true", help="fewer ranks and iterations")
@@ -710,11 +694,11 @@ def main() -> int:
          "replay": replay, "production": production, "direct": direct, "warm": warm,
          "advice": advice, "slots": slots, "defaults": defaults, "repeats": repeats}[part](
             res, dbs, args.quick)
-    (res / "databases.json").write_text(json.dumps(
-        {name: {"path": str(dbs[name]), "records": n, "value_bytes": size,
-                "batch_per_consumer": b, "data": f"generated: {n} records of {size} random "
-                "bytes, py-lmdb, committed every 1,000 records"}
-         for name, (n, size, b) in SHAPES.items()}, indent=1) + "\n")
+    write_json(res / "databases.json", {
+        name: {"path": str(dbs[name]), "records": n, "value_bytes": size,
+               "batch_per_consumer": b, "data": f"generated: {n} records of {size} random "
+               "bytes, py-lmdb, committed every 1,000 records"}
+        for name, (n, size, b) in SHAPES.items()})
     return 0
 
 

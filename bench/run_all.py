@@ -1,6 +1,7 @@
 """Run every benchmark script in bench/ and collect their JSON in one folder.
 
-Usage: .venv/bin/python bench/run_all.py [--out bench/results] [--only scan,read,...]
+Usage: .venv/bin/python -m bench.run_all [--out bench/results] [--only scan,read,...]
+(from the repository root; each script runs as ``python -m bench.NAME`` there)
 Each script writes its own JSON (always with the baseline it was compared to, measured in
 the same run); this only sequences them. MPI benchmarks start their own mpiexec.
 """
@@ -11,15 +12,16 @@ import argparse
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent
+from bench.common import REPO, RESULTS
+
+BENCH = REPO / "bench"
 ORDER = ["scan", "decode", "read", "targets", "service", "toc", "ibp", "pcr", "btable"]
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(BENCH / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--only", default=None, help="comma-separated subset of " +
                         ",".join(ORDER))
     args = parser.parse_args()
@@ -32,10 +34,10 @@ def main() -> int:
             continue
         print(f"== {name}", flush=True)
         t0 = time.perf_counter()
-        cmd = [sys.executable, str(script)]
+        cmd = [sys.executable, "-m", f"bench.{name}"]
         if "--out" in script.read_text():  # scripts without it write to bench/results/
             cmd += ["--out", args.out]
-        rc = subprocess.run(cmd).returncode
+        rc = subprocess.run(cmd, cwd=REPO).returncode
         print(f"== {name}: exit {rc} after {time.perf_counter() - t0:.0f} s", flush=True)
         if rc:
             failed.append(name)

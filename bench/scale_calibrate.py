@@ -17,28 +17,22 @@ Stages (``--only fit,pages``; the fit runs first):
 Output: bench/results/scale/calibration.json (and one JSON per bench read run), and
 bench/results/scale/fitted-costs.yaml.
 
-Run: .venv/bin/python bench/scale_calibrate.py [--only pages,fit] [--quick]
+Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import json
 import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-_spec = importlib.util.spec_from_file_location("bench_read", REPO / "bench" / "read.py")
-bench_read = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_read)
-
-from lmdbio.plan.strategies import STRATEGIES as _REGISTERED  # noqa: E402
-from lmdbio.scale import Costs, epoch_time, trace  # noqa: E402
+from bench import read as bench_read
+from bench.common import BENCH_DATA, RESULTS, write_json
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED
+from lmdbio.scale import Costs, epoch_time, trace
 
 STRATEGIES = bench_read.STRATEGIES
 #: the costs fitted (the file system's are 0 on a warm page cache)
@@ -157,8 +151,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="pages,fit")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "scale"))
+    parser.add_argument("--data", default=str(BENCH_DATA))
+    parser.add_argument("--out", default=str(RESULTS / "scale"))
     args = parser.parse_args()
     res = Path(args.out)
     res.mkdir(parents=True, exist_ok=True)
@@ -177,7 +171,7 @@ def main() -> int:
         (res / "fitted-costs.yaml").write_text(yaml.safe_dump(
             {"source": "bench/scale_calibrate.py: 1-rank warm bench read runs, NNLS",
              "costs": {k: f["costs"][k] for k in FITTED}}, sort_keys=False))
-        out_file.write_text(json.dumps(result, indent=1, default=float) + "\n")
+        write_json(out_file, result, default=float)
     if "pages" in only:
         rows = pages(res, dbs, args.quick)
         result["pages"] = {
@@ -189,7 +183,7 @@ def main() -> int:
         print(f"pages: {result['pages']['runs']} runs, max error touched "
               f"{result['pages']['touched_error_max']:.3%}, extra "
               f"{result['pages']['extra_error_max']:.3%}", flush=True)
-    out_file.write_text(json.dumps(result, indent=1, default=float) + "\n")
+    write_json(out_file, result, default=float)
     return 0
 
 

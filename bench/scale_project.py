@@ -1,6 +1,6 @@
 """Project every strategy to 16-512 ranks on a Lustre-like file system (lmdbio.scale).
 
-Databases (tests/lmdbgen.py's writer, py-lmdb, 1,000 records a commit, as bench/read.py):
+Databases (bench/lmdbgen.py's values, py-lmdb, 1,000 records a commit, as bench/read.py):
   scale-cifar     40,960 records of 3,072 B   (CIFAR10-Large-like: the paper's 3 KB)
   scale-imagenet   8,192 records of 192,000 B (ImageNet-like: the paper's ~192 KB)
 The paper's job: global batch 4,096 (4096 / R per rank), 16 ranks per node, R = 16..512;
@@ -10,25 +10,22 @@ one batch per read (Caffe and LMDBIO read iteration by iteration). One epoch is 
 both ends of its range (``ranges:``), one at a time.
 
 Output: bench/results/scale/projection.json, docs/figures/scale-*.png.
-Run: .venv/bin/python bench/scale_project.py [--ranks 16,32,...] [--quick]
+Run: .venv/bin/python -m bench.scale_project [--ranks 16,32,...] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-from lmdbio.scale.costs import costs_from_mapping, load_costs, load_ranges  # noqa: E402
-from lmdbio.scale.model import epoch_time  # noqa: E402
-from lmdbio.scale.project import ALL_STRATEGIES, Job, sensitivity, summarize  # noqa: E402
-from lmdbio.scale.project import traces as make_traces  # noqa: E402
-from tests.lmdbgen import random_items, write_db  # noqa: E402
+from bench.common import BENCH_DATA, REPO, RESULTS, write_json
+from bench.lmdbgen import random_items
+from lmdbio.scale.costs import costs_from_mapping, load_costs, load_ranges
+from lmdbio.scale.model import epoch_time
+from lmdbio.scale.project import ALL_STRATEGIES, Job, sensitivity, summarize
+from lmdbio.scale.project import traces as make_traces
 
 SHAPES = {"cifar": (40_960, 3072), "imagenet": (8_192, 192_000)}
 PER_NODE = 16
@@ -59,9 +56,9 @@ def generate(data: Path, name: str) -> Path:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="16,32,64,128,256,512")
-    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--fs", default=str(REPO / "lmdbio" / "scale" / "lustre.yaml"))
-    parser.add_argument("--out", default=str(REPO / "bench" / "results" / "scale"))
+    parser.add_argument("--out", default=str(RESULTS / "scale"))
     parser.add_argument("--dbs", default="cifar,imagenet")
     args = parser.parse_args()
     out = Path(args.out)
@@ -74,7 +71,6 @@ def main() -> int:
     cpu_names = [k for k in costs.as_dict() if k.startswith(("cpu_", "copy_", "handoff_"))]
     result = {"costs": costs.as_dict(), "ranges": ranges, "fitted_costs": fitted.exists(),
               "runs": []}
-    assert write_db  # the generator's writer (one import with random_items)
     for name in args.dbs.split(","):
         db = generate(Path(args.data), name)
         for r in [int(x) for x in args.ranks.split(",")]:
@@ -99,7 +95,7 @@ def main() -> int:
             print(f"{name} R={r}: {time.perf_counter() - t0:.1f} s  " + "  ".join(
                 f"{s} {res[s]['samples_per_second']:.0f}/s x{res[s]['extra_pages_total']}"
                 for s in res), flush=True)
-            (out / "projection.json").write_text(json.dumps(result, indent=1, default=float))
+            write_json(out / "projection.json", result, default=float)
     plot(result)
     return 0
 

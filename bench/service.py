@@ -17,7 +17,7 @@ Per database, at 4 ranks on 2 simulated nodes and 8 ranks on 4 simulated nodes, 
   lmdbio dedicated, copied, one batch per ring slot (``readers.batches_per_slot=1``: the ring as it
                     was before slots carried several batches; the others use the default)
   lmdbio colocated  every rank is a worker; the first of each node also reads ahead
-  baseline          ``python -m lmdbio.benchmarks.service_baseline``: every rank reads its
+  baseline          ``python -m lmdbio.pylmdb_per_rank``: every rank reads its
                     DistributedSampler share with py-lmdb and decodes record by record,
                     stacks and converts the batch to float32 (lmdbio's output type)
   baseline, uint8   the same without the float32 conversion (``--uint8``), for reference
@@ -36,8 +36,9 @@ validating them) and the share blocked on the ring alone, for lmdbio in both mod
 the baseline's share of time getting batches (it reads synchronously).
 
 Writes bench/results/service.json; docs/service.md has the numbers and what they mean.
-Run: .venv/bin/python bench/service.py [--repeat 3] [--only cifar] [--ranks 8]
-     .venv/bin/python bench/service.py --stall-only bench/results/service.json
+Run: .venv/bin/python -m bench.service [--repeat 3] [--only cifar] [--ranks 8]
+     .venv/bin/python -m bench.service --stall-only bench/results/service.json
+(from the repository root)
 """
 
 from __future__ import annotations
@@ -54,8 +55,7 @@ from typing import Any
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import BENCH_DATA, BIN, MPI_ENV, REPO, RESULTS, write_json
 
 DATASETS: dict[str, dict[str, Any]] = {
     "cifar": {"records": 20_000, "shape": (3, 32, 32), "batch": 128, "batches": 600,
@@ -63,15 +63,6 @@ DATASETS: dict[str, dict[str, Any]] = {
     "imagenet": {"records": 600, "shape": (3, 224, 224), "batch": 32, "batches": 600,
                  "classes": 1000, "seed": 2},
 }
-ENV = {
-    "OMPI_ALLOW_RUN_AS_ROOT": "1",
-    "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-    "PRTE_MCA_rmaps_default_mapping_policy": ":oversubscribe",
-    "OMPI_MCA_rmaps_base_oversubscribe": "1",
-    "OMPI_MCA_osc": "^ucx",
-    "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache"),
-}
-BIN = REPO / ".venv" / "bin"
 
 
 def generate(data: Path, name: str, spec: dict[str, Any]) -> Path:
@@ -121,7 +112,7 @@ def mpirun(ranks: int, argv: list[str], out: Path, timeout: float) -> dict[str, 
     out.unlink(missing_ok=True)
     cmd = [str(BIN / "mpiexec"), "-n", str(ranks), *argv]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, env=dict(os.environ, **ENV), capture_output=True, text=True,
+    proc = subprocess.run(cmd, env=dict(os.environ, **MPI_ENV), capture_output=True, text=True,
                           timeout=timeout)
     took = time.perf_counter() - t0
     if proc.returncode or not out.exists():
@@ -188,7 +179,7 @@ def run_baseline(tmp: Path, db: Path, spec: dict[str, Any], ranks: int, batches:
                  step: float, warmup: int, timeout: float, uint8: bool = False
                  ) -> dict | None:
     out = tmp / "baseline.json"
-    argv = [str(BIN / "python"), "-m", "lmdbio.benchmarks.service_baseline", str(db),
+    argv = [str(BIN / "python"), "-m", "lmdbio.pylmdb_per_rank", str(db),
             "--batch-size", str(spec["batch"]), "--batches", str(batches),
             "--warmup", str(warmup), "--json", str(out)] + (["--uint8"] if uint8 else [])
     if step:
@@ -240,8 +231,8 @@ def ratio(a: dict, b: dict, key: str) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
-    parser.add_argument("--data", default=str(REPO / "build" / "bench-data"))
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--only", default="cifar,imagenet")
@@ -286,7 +277,7 @@ def main() -> int:
                 ranks = int(key.split("_")[0])
                 if ranks in rank_counts:
                     summary["stall"] = stall_runs(tmp, cfg, db, spec, ranks, summary, args)
-                    (out / "service.json").write_text(json.dumps(results, indent=1) + "\n")
+                    write_json(out / "service.json", results)
             continue
         entry: dict[str, Any] = {"records": spec["records"], "shape": list(spec["shape"]),
                                  "file_bytes": int((db / "data.mdb").stat().st_size),
@@ -331,9 +322,9 @@ def main() -> int:
             if not args.no_stall:
                 entry["configs"][f"{ranks}_ranks"]["stall"] = stall_runs(
                     tmp, cfg, db, spec, ranks, summary, args)
-            (out / "service.json").write_text(json.dumps(results, indent=1) + "\n")
+            write_json(out / "service.json", results)
     results["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    (out / "service.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(out / "service.json", results)
     print(f"wrote {out / 'service.json'}", flush=True)
     return 0
 

@@ -1,6 +1,6 @@
 """The issue's check, as it will be run: ``lmdbio bench read`` on databases generated here
 (not the figure set's), at several rank and node counts, each document checked by
-:func:`lmdbio.benchmarks.targets.check_document` (exactly once per epoch, indexed without
+:func:`bench.targets_check.check_document` (exactly once per epoch, indexed without
 extra pages, dm-spec without missed and with at most 1 % redundant pages after warm-up).
 
 Databases (py-lmdb, random bytes, seeded by ``--seed``; said so in the results):
@@ -16,7 +16,7 @@ on 8 nodes (``--quick``: 1 and 4 ranks only). Each with ``--last pad`` and ``dro
 32, two epochs and a third of one. Results: bench/results/targets.json, one row per run
 (command, pass, what failed) and the totals. Exit status 1 if any run failed.
 
-Run: .venv/bin/python bench/targets.py [--seed S] [--quick]
+Run: .venv/bin/python -m bench.targets [--seed S] [--quick]   (from the repository root)
 """
 
 from __future__ import annotations
@@ -31,20 +31,15 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import BIN, MPI_ENV, REPO, RESULTS, write_json
+from bench.lmdbgen import write_db
+from bench.targets_check import check_document
+from lmdbio.plan.epoch import iterations_per_epoch
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED
 
-from lmdbio.benchmarks.targets import check_document  # noqa: E402
-from lmdbio.plan.epoch import iterations_per_epoch  # noqa: E402
-from lmdbio.plan.strategies import STRATEGIES as _REGISTERED  # noqa: E402
-from tests.lmdbgen import write_db  # noqa: E402
-from tests.mpi_harness import OPENMPI_ENV  # noqa: E402
-
-BIN = REPO / ".venv" / "bin"
 STRATEGIES = list(_REGISTERED)  # every registered strategy, in registry order
 BATCH = 32
 MAP_SIZE = 1 << 31
-ENV = {**OPENMPI_ENV, "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache")}
 
 
 def _names(rng: np.random.Generator, n: int) -> list[bytes]:
@@ -130,7 +125,7 @@ def run_one(db: Path, n: int, strategy: str, ranks: int, nodes: int, shuffle: st
            "shuffle": shuffle, "last": last, "iters": iters,
            "command": " ".join(["mpiexec", *args])}
     t0 = time.perf_counter()
-    env = {**os.environ, **ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {**os.environ, **MPI_ENV, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     row["seconds"] = round(time.perf_counter() - t0, 2)
     if proc.returncode != 0 or not out.exists():
@@ -147,7 +142,7 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=2026)
     parser.add_argument("--quick", action="store_true", help="1 and 4 ranks only")
     parser.add_argument("--data", default=str(REPO / "build" / "targets-data"))
-    parser.add_argument("--out", default=str(REPO / "bench" / "results"),
+    parser.add_argument("--out", default=str(RESULTS),
                         help="folder of targets.json")
     args = parser.parse_args()
     dbs = generate(Path(args.data), args.seed)
@@ -171,9 +166,7 @@ def main() -> int:
               "generated": "py-lmdb, random bytes (bench/targets.py)",
               "runs": rows, "totals": {"runs": len(rows),
                                        "passed": sum(r["pass"] for r in rows)}}
-    out = Path(args.out) / "targets.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    out = write_json(Path(args.out) / "targets.json", result)
     print(f"{result['totals']['passed']} of {len(rows)} runs met every target; {out}")
     return 0 if result["totals"]["passed"] == len(rows) else 1
 

@@ -5,7 +5,7 @@ compression ratios of TOC and the baselines, compressed-domain operation times a
 scipy CSR and numpy dense, codec speed against gzip and snappy, and the end-to-end training
 comparison. The numbers quoted in ``docs/toc.md`` come from this script::
 
-    NUMBA_CACHE_DIR=build/numba-cache .venv/bin/python bench/toc.py
+    NUMBA_CACHE_DIR=build/numba-cache .venv/bin/python -m bench.toc
 
 Extra arguments are passed to ``lmdbio bench toc`` (e.g. ``--datasets fair,mnist``).
 """
@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-
-from lmdbio.benchmarks import toc  # noqa: E402
+from bench.common import RESULTS
+from bench.kinds import toc
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     toc.add_arguments(parser)
     args = parser.parse_args(argv)
     if args.json is None:
-        args.json = str(ROOT / "bench" / "results" / "toc.json")
+        args.json = str(RESULTS / "toc.json")
     return toc.main(args)
 
 

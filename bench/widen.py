@@ -14,7 +14,7 @@ worker batch) and ``cifar`` 128 x 3x32x32 (1.6 MB: below ``STREAMING_MIN_BYTES``
 loader keeps ordinary stores).
 
 Writes bench/results/widen.json.
-Run: .venv/bin/python bench/widen.py [--repeat 2] [--seconds 3]
+Run: .venv/bin/python -m bench.widen [--repeat 2] [--seconds 3]   (from the repository root)
 """
 
 from __future__ import annotations
@@ -29,8 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from bench.common import NUMBA_CACHE, RESULTS, write_json
 
 SHAPES = {"imagenet": ((3, 224, 224), 32, 600), "cifar": ((3, 32, 32), 128, 20_000)}
 #: (shape, buffers per process, processes): 4 processes of 2 buffers is the service
@@ -44,7 +43,8 @@ def child(shape_name: str, buffers: int, streaming: bool, seconds: float, seed: 
     import numpy as np
 
     import loaders.decode as dec
-    from lmdbio.codecs.datum import datum_from_array, encode_datum, pack_values
+    from lmdbio.codecs.datum import datum_from_array, encode_datum
+    from lmdbio.codecs.record_batch import pack_values
 
     shape, batch, records = SHAPES[shape_name]
     rng = np.random.default_rng(seed)
@@ -79,8 +79,8 @@ def child(shape_name: str, buffers: int, streaming: bool, seconds: float, seed: 
 def run_case(shape: str, buffers: int, procs: int, streaming: bool, seconds: float
              ) -> list[float]:
     """``procs`` children at once; their microseconds per image."""
-    env = {**os.environ, "NUMBA_CACHE_DIR": str(REPO / "build" / "numba-cache")}
-    cmd = [sys.executable, __file__, "--child", shape, str(buffers), str(int(streaming)),
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(NUMBA_CACHE)}
+    cmd = [sys.executable, "-m", "bench.widen", "--child", shape, str(buffers), str(int(streaming)),
            str(seconds)]
     children = [subprocess.Popen([*cmd, str(k)], stdout=subprocess.PIPE, text=True, env=env)
                 for k in range(procs)]
@@ -95,7 +95,7 @@ def run_case(shape: str, buffers: int, procs: int, streaming: bool, seconds: flo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", default=str(REPO / "bench" / "results"))
+    parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--repeat", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
@@ -122,9 +122,7 @@ def main() -> int:
         print(f"{shape:8} buffers {buffers} processes {procs}: ordinary "
               f"{med['ordinary']:.1f} us/image, streaming {med['streaming']:.1f} "
               f"({case['ratio_ordinary_over_streaming']:.2f}x)", flush=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "widen.json").write_text(json.dumps(results, indent=1) + "\n")
+    write_json(Path(args.out) / "widen.json", results)
     return 0
 
 

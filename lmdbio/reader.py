@@ -21,10 +21,18 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.io.gather import (
+    check_value_spans,
+    copy_spans_by_batch,
+    gather_batch,
+    gather_keys,
+    gather_refs,
+)
 from lmdbio.io.prefetch import MADV_RANDOM, advise_page_ranges
 from lmdbio.io.symmap import map_symmetric
+from lmdbio.kernel_args import read_only
 from lmdbio.lmdb import Database, RecordRefs
-from lmdbio.lmdb.database import _resolve_file
+from lmdbio.lmdb.snapshot import resolve_file
 from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
     IterationStats,
@@ -168,7 +176,7 @@ class Delivered:
         page); a no-op otherwise or once done."""
         if not self.values_checked:
             assert self.lengths is not None and self.database is not None
-            self.database.check_value_spans(self.offsets, self.lengths)
+            check_value_spans(self.database, self.offsets, self.lengths)
             self.values_checked = True
 
     def check_value_rows(self, a: int, b: int) -> None:
@@ -178,7 +186,7 @@ class Delivered:
         whole delivery is checked."""
         if not self.values_checked:
             assert self.lengths is not None and self.database is not None
-            self.database.check_value_spans(self.offsets[a:b], self.lengths[a:b])
+            check_value_spans(self.database, self.offsets[a:b], self.lengths[a:b])
 
     def value_bytes(self, a: int, b: int) -> int:
         """The value bytes of records ``a .. b - 1``: from cumulative lengths made once per
@@ -207,13 +215,13 @@ class Delivered:
         """Copy a by-reference delivery's values ``batch`` records at a time into ``out``,
         each batch from ``out[0]`` on (a consumer taking the slot's batches one after
         another into memory the size of one batch), checking the overflow page headers
-        still to be checked in the same pass (:meth:`Database.copy_spans_by_batch
-        <lmdbio.lmdb.Database.copy_spans_by_batch>`). Returns the bytes copied, or -1 when
-        ``out`` is too small for one batch (call again with a larger one)."""
+        still to be checked in the same pass (:func:`~lmdbio.io.gather.copy_spans_by_batch`).
+        Returns the bytes copied, or -1 when ``out`` is too small for one batch (call again
+        with a larger one)."""
         if self.lengths is None or self.database is None:
             raise LmdbioError("copy_batches: the records were copied into the slot; read "
                               "them from payload")
-        nbytes = self.database.copy_spans_by_batch(self.offsets, self.lengths, batch, out,
+        nbytes = copy_spans_by_batch(self.database, self.offsets, self.lengths, batch, out,
                                                    check=not self.values_checked)
         if nbytes >= 0:
             self.values_checked = True
@@ -257,7 +265,7 @@ def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOp
     totals = ReaderTotals()
     mapping = None
     if shared_cursors and topo.is_reader and opts.symmetric:
-        mapping = map_symmetric(topo.readers, _resolve_file(path))
+        mapping = map_symmetric(topo.readers, resolve_file(path))
         totals.symmetric_attempts = mapping.attempts
         totals.symmetric = bool(mapping.symmetric)
         db = Database(path, subdb=opts.subdb, buffer=mapping.array, pin_snapshot=False,
@@ -323,7 +331,7 @@ def _pin_key(topo: Topology, path: str, pinner: int) -> tuple[Any, ...] | None:
     if not (topo.simulated and topo.local_rank == pinner):
         return None
     try:
-        st = _resolve_file(path).stat()
+        st = resolve_file(path).stat()
         return (topo.hostname, st.st_dev, st.st_ino)
     except Exception:  # any rank raising here would leave the others in the exchange
         return (topo.hostname, repr(path))  # opening the database will say what is wrong
@@ -404,7 +412,7 @@ def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.
         # fault and a read per leaf); advisory, nothing is read or counted by asking
         with contextlib.suppress(LmdbioError):  # a refused advice (not a file mapping)
             advise_page_ranges(db.buf, leaves[lo:hi], np.ones(hi - lo, np.int64), db.psize)
-    sizes = db._build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
+    sizes = db.build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
     top = np.sort(sizes)[-k:]
     if comm is not None:
         top = np.concatenate(comm.allgather(top))
@@ -565,7 +573,7 @@ class ReadSession:
             self._create_ring()
         if self.node_cache is not None:
             if self.reads:
-                self.db.node_cache = self.node_cache
+                self.db.accounting.node_cache = self.node_cache
             self.node_cache.clear()  # every node starts cold (collective over the node)
         self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0
@@ -708,16 +716,16 @@ class ReadSession:
         from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
 
         if checksum_kind(self.opts.checksum) == CHECKSUM_XXH64:
-            from lmdbio.shm._hash import part_hash_at
+            from lmdbio.shm.kernels import part_hash_at
 
-            empty = np.zeros(0, np.uint8)
+            empty = read_only(np.zeros(0, np.uint8))  # as part_checksum passes its arrays
             part_hash_at(empty, empty, empty, empty, empty, 0, 0, 0, 0, 0, 0)
 
     def _share_codec_model(self) -> None:
         """The reader fits the transport model; the node's workers get it (collective)."""
         from lmdbio.codecs.ibp import IBPModel
+        from lmdbio.codecs.ibp.transport import fit_transport_model
         from lmdbio.mpiutil import agree
-        from lmdbio.transport import fit_transport_model
 
         if not self.shared:
             raise ConfigError("codec ibp compresses node batches: it needs a node-level "
@@ -934,28 +942,28 @@ class ReadSession:
                     # records and keys stay in the file: their spans and labels go in the slot
                     # their pages counted, not read: each consumer checks the overflow
                     # headers of its spans (ReadSession.receive), where it reads the values
-                    self.db.mark_values(refs)
+                    self.db.accounting.mark_values(refs, self.db.psize)
                     w.set_spans(refs.val_off, refs.val_len, labels,
                                 key_spans=(refs.key_off, refs.key_len))
                     w.set_parts(sizes)
-                elif self.codec_model is None and self.db.node_cache is None:
+                elif self.codec_model is None and self.db.accounting.node_cache is None:
                     # values, keys and both offset tables straight into the slot, one pass
                     n = len(refs)
-                    nbytes, kbytes = self.db.gather_batch(refs, *w.record_buffers(n))
+                    nbytes, kbytes = gather_batch(self.db, refs, *w.record_buffers(n))
                     w.records_written(n, labels, nbytes, kbytes)
                     w.set_parts(sizes)
                 else:
                     offsets = np.zeros(len(refs) + 1, np.int64)
                     np.cumsum(refs.val_len, out=offsets[1:])
-                    koffs, kdata = self.db.keys_of(refs)
+                    koffs, kdata = gather_keys(self.db, refs)
                     if self.codec_model is None:  # values through the node's O_DIRECT cache
-                        self.db.gather_refs(refs, out=w.payload(refs.nbytes))
+                        gather_refs(self.db, refs, out=w.payload(refs.nbytes))
                         w.set_records(offsets, labels, keys=(koffs, kdata))
                         w.set_parts(sizes)
                     else:
-                        from lmdbio.transport import compress_parts
+                        from lmdbio.codecs.ibp.transport import compress_parts
 
-                        raw, _ = self.db.gather_refs(refs)
+                        raw, _ = gather_refs(self.db, refs)
                         w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
                         w.set_parts(sizes)
                         w.write_part_blobs(compress_parts(self.codec_model, raw, offsets,
@@ -966,8 +974,8 @@ class ReadSession:
             self.last_private = None
         else:
             with Timer(stats, "copy"), clock.span("slot_fill"):
-                buf, offsets = self.db.gather_refs(refs)
-                koffs, kdata = self.db.keys_of(refs)
+                buf, offsets = gather_refs(self.db, refs)
+                koffs, kdata = gather_keys(self.db, refs)
             self.last_private = Delivered(self.epoch, iteration, ids, pad, buf, offsets,
                                           koffs, kdata)
         self._account(stats, refs)
@@ -1038,7 +1046,7 @@ class ReadSession:
         ids = np.where(pad, -labels - 1, labels)
         payload = view.payload
         if view.encoded:
-            from lmdbio.transport import decompress_part
+            from lmdbio.codecs.ibp.transport import decompress_part
 
             payload = decompress_part(self.codec_model, payload, int(view.count))
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
@@ -1095,7 +1103,7 @@ class ReadSession:
             self.ring.close()
             self.ring = None
         if self.node_cache is not None:
-            self.db.node_cache = None
+            self.db.accounting.node_cache = None
             self.node_cache.close()
             self.node_cache = None
         self.db.close()

@@ -4,6 +4,7 @@ See :mod:`loaders.loader`; Caffe's DataTransformer is in :mod:`loaders.transform
 PyTorch adapter in :mod:`loaders.torch_adapter` (imports torch only when used).
 """
 
-from loaders.loader import Batch, Loader, open
+from loaders.assemble import Batch
+from loaders.loader import Loader, open
 
 __all__ = ["Batch", "Loader", "open"]

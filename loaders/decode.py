@@ -163,9 +163,9 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
     set that does not fit the job. Damaged records are raised or masked as by
     :func:`~lmdbio.codecs.datum.decode_datum_batch`. Raw uint8 records are gathered in one
     compiled pass; encoded, float_data and damaged ones are decoded one by one."""
-    from lmdbio.codecs._batch import as_spans, as_u8, key_of
     from lmdbio.codecs.datum import decode_datum_batch, parse_datum_headers
-    from loaders._decode_kernels import gather_pixels
+    from lmdbio.codecs.record_batch import as_spans, as_u8, key_of
+    from loaders.kernels import gather_pixels
     from loaders.transform import RaggedImages
 
     u8 = as_u8(payload)
@@ -271,7 +271,7 @@ def datum_spans(payload: np.ndarray, offsets: np.ndarray,
     and explains those). ``offsets`` are the ``N + 1`` record bounds in ``payload``, or with
     ``lengths`` the ``N`` record starts (records anywhere in ``payload``, e.g. spans of the
     database mapping). Only the first record is parsed here."""
-    from lmdbio.codecs import _record_kernels as k
+    from lmdbio.codecs.datum import kernels as k
 
     if lengths is None:
         bounds = np.ascontiguousarray(offsets, np.int64)
@@ -313,8 +313,8 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     whose overflow page headers are still to be checked: a bad one gives ``None`` too (the
     caller's exact check then names the page).
     """
-    from lmdbio.codecs import _record_kernels as k
-    from loaders._decode_kernels import widen_datums
+    from lmdbio.codecs.datum import kernels as k
+    from loaders.kernels import widen_datums
 
     spans = offsets if isinstance(offsets, DatumSpans) else \
         datum_spans(payload, offsets, lengths)
@@ -493,7 +493,7 @@ def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decode
 
 
 def _key(keys: Any, i: int) -> bytes:
-    from lmdbio.codecs._batch import key_of
+    from lmdbio.codecs.record_batch import key_of
 
     return key_of(keys, i)
 

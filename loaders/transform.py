@@ -22,7 +22,7 @@ reproducible; the stream is not Caffe's boost RNG, so individual crops differ fr
 run while following the same distribution. The computation is whole-array (a strided window
 view gathered once per batch), written against an array module ``xp`` (numpy, or cupy on a
 GPU) so the same code serves both; numpy batches go through one fused compiled kernel
-(``loaders/_transform_kernels.py``) that gives the same float32 results in one pass.
+(``loaders/kernels.py``) that gives the same float32 results in one pass.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from typing import Any, Literal
 import numpy as np
 
 from lmdbio.errors import ConfigError
+from lmdbio.kernel_args import read_only
 
 __all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch",
            "transform_rng"]
@@ -175,8 +176,8 @@ def _fused_kernels() -> tuple[Any, int, np.ndarray]:
     """The fused Datum kernels' module, the parse table's width and the empty header
     format, imported once (numba loads with the kernels: not when this module is imported)
     and then looked up per batch without an import statement."""
-    from lmdbio.codecs._record_kernels import NCOLS
-    from loaders import _transform_kernels as k
+    from lmdbio.codecs.datum.kernels import NCOLS
+    from loaders import kernels as k
     from loaders.decode import NO_HEADER_CHECK
 
     return k, NCOLS, NO_HEADER_CHECK
@@ -333,7 +334,7 @@ class DataTransformer:
         each datum to have it). Decisions come from ``draw`` or ``rng`` (:meth:`draw`,
         whose uniform variates give each image its offsets): the same values as the fused
         Datum path (:meth:`datums`) gives the same records."""
-        from loaders import _transform_kernels as k
+        from loaders import kernels as k
 
         n = len(images)
         shapes = images.shapes
@@ -420,9 +421,9 @@ class DataTransformer:
         labels = np.empty(n, np.int64)
         table = np.empty((n, ncols), np.int64)
         fmt = no_check if header_fmt is None else header_fmt
-        if k.transform_datums(buf, spans.starts, spans.lengths, dims, draw.h_off, draw.w_off,
-                              draw.mirror, mode, mean, mv, self.scale, out, labels,
-                              table, fmt) >= 0:
+        if k.transform_datums(read_only(buf), spans.starts, spans.lengths, dims, draw.h_off,
+                              draw.w_off, draw.mirror, mode, mean, read_only(mv), self.scale,
+                              out, labels, table, fmt) >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
             # records of several sizes, each cropped as Caffe crops it: its own pass
@@ -438,14 +439,15 @@ class DataTransformer:
         as :meth:`ragged` crops the decoded images. ``None`` when a record is not a raw
         uint8 Datum of the batch's channels at least ``crop_size`` in both sides (the
         general decoder then names it)."""
-        from loaders import _transform_kernels as k
+        from loaders import kernels as k
 
         n = len(spans)
         none = np.zeros(n)
         train = draw.h_u is not None and draw.w_u is not None
-        if k.transform_datums_ragged(buf, spans.starts, spans.lengths, train,
+        if k.transform_datums_ragged(read_only(buf), spans.starts, spans.lengths, train,
                                      draw.h_u if train else none,
-                                     draw.w_u if train else none, draw.mirror, mode, mv,
+                                     draw.w_u if train else none, draw.mirror, mode,
+                                     read_only(mv),
                                      self.scale, out, labels, table, fmt) >= 0:
             return None
         return out, labels
@@ -476,7 +478,7 @@ class DataTransformer:
 
     def _kernel_mean(self, c: int) -> tuple[int, np.ndarray, np.ndarray]:
         """The compiled kernels' mean arguments: mode, per-channel values, mean image."""
-        from loaders import _transform_kernels as k
+        from loaders import kernels as k
 
         if self.mean is not None:
             return k.MEAN_FILE, np.zeros(c, np.float32), self.mean
@@ -490,7 +492,7 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
                    mean: np.ndarray | None, mean_values: np.ndarray | None,
                    out: np.ndarray | None) -> np.ndarray:
     """The fused compiled kernel (numpy inputs): same results as :func:`transform_batch`."""
-    from loaders import _transform_kernels as k
+    from loaders import kernels as k
 
     n, c, height, width = batch.shape
     oh, ow = (crop_size, crop_size) if crop_size else (height, width)

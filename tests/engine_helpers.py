@@ -8,6 +8,7 @@ from pathlib import Path
 import lmdb
 import numpy as np
 
+from lmdbio.io.gather import gather_keys, gather_refs
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies.base import ReaderContext
 from lmdbio.plan.strategies.indexed import Indexed
@@ -25,8 +26,8 @@ def open_indexed(path: Path) -> tuple[Database, Indexed]:
 def read_all_records(db: Database) -> list[tuple[bytes, bytes]]:
     """Every ``(key, value)`` of ``db`` in key order, located and gathered by the engine."""
     refs = db.locate(np.arange(len(db)))
-    buf, offs = db.gather_refs(refs)
-    koffs, kdata = db.keys_of(refs)
+    buf, offs = gather_refs(db, refs)
+    koffs, kdata = gather_keys(db, refs)
     return [(bytes(kdata[koffs[i]:koffs[i + 1]]), bytes(buf[offs[i]:offs[i + 1]]))
             for i in range(len(db))]
 
@@ -35,7 +36,7 @@ def commit_more(path: Path, items: list[tuple[bytes, bytes]]) -> list[tuple[byte
     """A writer's commit to ``path`` (py-lmdb): records 380-449 of the usual random set,
     new keys and overwrites alike, so the file has another snapshot; returns ``items``
     updated as the file now holds them, in key order."""
-    from lmdbgen import random_items
+    from bench.lmdbgen import random_items
 
     extra = random_items(450, (50, 3000), seed=9)[380:]
     env = lmdb.open(str(path), map_size=1 << 28)

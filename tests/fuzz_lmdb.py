@@ -24,9 +24,11 @@ from hypothesis import strategies as st
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import lmdbio
+from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import LmdbioError
+from lmdbio.io.gather import gather
 from lmdbio.lmdb.format import LAYOUTS, sniff_version
-from tests.lmdbgen import random_items, write_db
+from lmdbio.lmdb.free_pages import free_list
 
 OUTCOMES = {"ok": 0, "error": 0}
 
@@ -35,9 +37,9 @@ def exercise(path: Path) -> None:
     with lmdbio.open(path, pin_snapshot=False, accounting=True) as db:
         for _k, v in db.items():
             bytes(v[:16])
-        db.gather(range(len(db)))
+        gather(db, range(len(db)))
         db.leaf_value_runs(db.leaves())
-        db.free_list()
+        free_list(db)
         db.tree_levels()
         cur = db.cursor()
         ok = cur.last()

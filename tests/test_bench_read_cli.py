@@ -16,10 +16,10 @@ import json
 from pathlib import Path
 
 import pytest
-from lmdbgen import random_items, uneven_key_items, write_db
 from mpi_harness import CLI_RUNS_SCRIPT, CLI_SCRIPT, run_mpi
 
-from lmdbio.benchmarks.targets import check_document
+from bench.lmdbgen import random_items, uneven_key_items, write_db
+from bench.targets_check import check_document
 from lmdbio.plan.epoch import iterations_per_epoch
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.mpiexec]

@@ -14,10 +14,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import lmdbio
-from lmdbio.benchmarks.read import _BatchCopy
+from bench.kinds.read import BatchCopy
+from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import LmdbFormatError
 from lmdbio.reader import Delivered
-from tests.lmdbgen import random_items, write_db
 
 
 @functools.cache
@@ -44,7 +44,7 @@ def test_gather_batches_copies_every_batch_into_one_buffer(picks, batch, start_s
         ids = np.array(picks, np.int64)
         got = _delivery(db, ids)
         lens = got.lengths
-        copy = _BatchCopy()
+        copy = BatchCopy()
         copy.buf = np.zeros(start_size, np.uint8)  # a buffer left by an earlier, smaller slot
         assert copy.gather_batches(got, batch) == int(lens.sum())
         assert got.values_checked

@@ -19,9 +19,10 @@ import structfuzz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from lmdbio import btable
-from lmdbio.btable import BTableError
-from lmdbio.codecs import btable_kernels, btable_rows
+from lmdbio.codecs import btable
+from lmdbio.codecs.btable import BTableError
+from lmdbio.codecs.btable import kernels as btable_kernels
+from lmdbio.codecs.btable import rows as btable_rows
 from lmdbio.errors import CodecError
 
 SEP = "\x1f"
@@ -475,7 +476,7 @@ def test_lmdb_layout_round_trip(table_path: Path, tmp_path: Path) -> None:
 
 
 def test_sparse_row_codec_and_bad_records() -> None:
-    codec = btable_rows.SparseRowCodec(5)
+    codec = btable.SparseRowCodec(5)
     row = np.array([0.0, -0.0, np.nan, 4.0, 0.0])
     enc = codec.encode(row)
     assert len(enc) == btable_rows.record_nbytes(2)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from loaders import caffe_trainer
 from loaders.loader import Loader
-from tests.lmdbgen import write_db
 
 FIRST_BATCH_S = 0.6  # the first next() of the run: a reader starting up
 LATER_BATCH_S = 0.01  # every later next(): reading inline, outside the loader's wait figure

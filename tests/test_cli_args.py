@@ -55,7 +55,7 @@ def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from lmdbgen import random_items, write_db
+    from bench.lmdbgen import random_items, write_db
 
     write_db(tmp_path / "db", random_items(20, 100, seed=1))
     r, w = os.pipe()
@@ -110,8 +110,8 @@ def _image_folder(root: Path, size: tuple[int, int] = (8, 10)) -> Path:
 
 def test_inspect_names_raw_caffe_datums_with_shape_and_labels(tmp_path: Path, capsys):
     import numpy as np
-    from lmdbgen import write_db
 
+    from bench.lmdbgen import write_db
     from lmdbio.codecs.datum import datum_from_array, encode_datum
 
     rng = np.random.default_rng(2)
@@ -139,7 +139,7 @@ def test_inspect_names_encoded_datums_and_their_format(fmt, name, tmp_path: Path
 def test_inspect_names_lmdbios_own_layouts(tmp_path: Path, capsys):
     import numpy as np
 
-    from lmdbio import btable
+    from lmdbio.codecs import btable
 
     cases = {}
     _convert("sklearn:digits", str(tmp_path / "tensor"), "--layout", "tensor", "--limit", "30")
@@ -191,8 +191,9 @@ def test_inspect_foreign_and_unknown_values(tmp_path: Path, capsys):
     import pickle
 
     import numpy as np
-    from lmdbgen import random_items, write_db
     from PIL import Image
+
+    from bench.lmdbgen import random_items, write_db
 
     write_db(tmp_path / "random", random_items(50, 300, seed=4))
     rec, text = _inspect(tmp_path / "random", capsys)

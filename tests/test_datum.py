@@ -13,8 +13,8 @@ import pytest
 import structfuzz
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from lmdbgen import read_pylmdb
 
+from bench.lmdbgen import read_pylmdb
 from lmdbio.codecs.datum import (
     Datum,
     DatumCodec,
@@ -24,9 +24,9 @@ from lmdbio.codecs.datum import (
     decode_datum_batch,
     decode_image,
     encode_datum,
-    pack_values,
     parse_datum_headers,
 )
+from lmdbio.codecs.record_batch import pack_values
 from lmdbio.errors import CodecError, RecordError
 
 CAFFE = {
@@ -473,7 +473,7 @@ def test_structured_fuzz_reaches_the_kernels(seed: int) -> None:
 
 def test_fast_path_equals_the_general_path(monkeypatch, caffe_db):
     """The one-pass kernel for uniform batches and the general path agree exactly."""
-    import lmdbio.codecs.datum as dm
+    import lmdbio.codecs.datum.batch as dm
 
     _, items, _ = caffe_db
     packed = pack_values([v for _, v in items])

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from lmdbio.cli import main as cli
-from lmdbio.codecs.datum import decode_datum, decode_datum_batch, pack_values
+from lmdbio.codecs.datum import decode_datum, decode_datum_batch
+from lmdbio.codecs.record_batch import pack_values
 from lmdbio.convert.writer import read_dataset_meta
 
 

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 
 import loaders
+from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.codecs.tensor import encode_tensor
 from loaders.device_feed import ALIGN, DeviceFeed, DeviceFeedError
 from tests import fake_gpu
-from tests.lmdbgen import write_db
 
 
 @pytest.fixture()
@@ -322,7 +322,7 @@ def test_feed_on_a_real_device():
 
 @pytest.mark.slow
 def test_gpu_bench_runs_end_to_end_on_the_stand_in(tmp_path):
-    """bench/gpu.py --fake-gpu: every section runs, the JSON says the figures are the
+    """python -m bench.gpu --fake-gpu: every section runs, the JSON says the figures are the
     stand-in's, and the values checked inside are bit-exact."""
     import json
     import os
@@ -333,7 +333,7 @@ def test_gpu_bench_runs_end_to_end_on_the_stand_in(tmp_path):
     repo = Path(__file__).resolve().parents[1]
     out = tmp_path / "gpu.json"
     env = {k: v for k, v in os.environ.items() if k != "LMDBIO_TEST_FAKE_GPU"}
-    res = subprocess.run([sys.executable, str(repo / "bench" / "gpu.py"), "--fake-gpu",
+    res = subprocess.run([sys.executable, "-m", "bench.gpu", "--fake-gpu",
                           "--out", str(out)], capture_output=True, text=True, timeout=300,
                          cwd=repo, env=env)
     assert res.returncode == 0, res.stdout + res.stderr

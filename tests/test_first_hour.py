@@ -30,11 +30,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.lmdbgen import tiny_datum_items, write_db
 from launch import mpirun
 from lmdbio.commands import demo
 from lmdbio.config import load_config
 from lmdbio.errors import LmdbFormatError
-from tests.lmdbgen import tiny_datum_items, write_db
 from tests.mpi_harness import CLI_SCRIPT, require_mpiexec, run_mpi
 
 REPO = Path(__file__).resolve().parents[1]

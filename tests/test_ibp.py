@@ -359,7 +359,7 @@ def test_cuda_source_compiles() -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc is not installed")
-    src = Path(ibp.__file__).parent.parent / "ibp_kernel.cu"
+    src = Path(ibp.__file__).parent / "ibp_kernel.cu"
     assert src.read_text() == ibp.kernel_source()
     out = Path(os.environ.get("TMPDIR", "/tmp")) / f"ibp_kernel_{os.getpid()}.ptx"
     try:

@@ -68,7 +68,7 @@ def _frame_parts(frame: bytes) -> structfuzz.Parsed:
     fields = dict(zip(_HEAD_FIELDS, values, strict=True))
     limits = {k: structfuzz.int_limits(n) for k, n in zip(_HEAD_FIELDS, _HEAD_SIZES,
                                                            strict=True)}
-    first, cids, _pad, data_off = packed_mod._section_layout(
+    first, cids, _pad, data_off = packed_mod.section_layout(
         packed_mod.LAYOUTS[layout], nrows, nchunks, nclusters)
     h = packed_mod.HEAD.size
     sections = {"meta": frame[h:h + first], "cids": frame[h + first:h + first + cids],

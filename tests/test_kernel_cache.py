@@ -9,7 +9,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from lmdbio.kernel_cache import KERNEL_MODULES, keyed_cache_dir, sources_digest
+from lmdbio.kernel_cache import (
+    KERNEL_MODULES,
+    READ_KERNEL_MODULES,
+    find_kernel_modules,
+    keyed_cache_dir,
+    read_kernel_modules,
+    sources_digest,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -21,6 +28,26 @@ def test_every_module_that_imports_numba_is_a_kernel_module():
              for p in (REPO / top).rglob("*.py")
              if re.search(r"^(from numba|import numba)", p.read_text(), re.M)}
     assert found == set(KERNEL_MODULES)
+
+
+def test_kernel_modules_are_found_by_their_name(tmp_path):
+    """Every kernel module is a ``kernels.py``; a new one is found without being listed
+    anywhere."""
+    assert all(Path(rel).name == "kernels.py" for rel in KERNEL_MODULES)
+    for rel in ("lmdbio/new/kernels.py", "loaders/kernels.py", "lmdbio/new/other.py",
+                "elsewhere/kernels.py"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text("")
+    assert set(find_kernel_modules(tmp_path)) == {
+        "lmdbio/new/kernels.py", "loaders/kernels.py"}
+
+
+def test_a_read_session_loads_the_kernels_of_lmdbio_outside_the_record_codecs():
+    assert set(READ_KERNEL_MODULES) == {
+        "lmdbio.kernels", "lmdbio.io.kernels", "lmdbio.lmdb.kernels",
+        "lmdbio.plan.strategies.kernels", "lmdbio.shm.kernels"}
+    assert read_kernel_modules(["lmdbio/codecs/tensor/kernels.py", "loaders/kernels.py",
+                                "lmdbio/x/kernels.py"]) == ("lmdbio.x.kernels",)
 
 
 def test_keys_replace_an_earlier_key_and_follow_every_source(tmp_path):

@@ -11,9 +11,11 @@ import numpy as np
 import pytest
 
 import lmdbio
+from bench.lmdbgen import NODEMAX_4K, churn_db, random_items, read_pylmdb, write_db
 from lmdbio.errors import LmdbFormatError, LmdbioError
+from lmdbio.io.gather import check_value_spans, gather, gather_batch, gather_keys, gather_refs
+from lmdbio.lmdb.free_pages import free_list
 from tests.conftest import shared_lmdbs
-from tests.lmdbgen import NODEMAX_4K, churn_db, random_items, read_pylmdb, write_db
 
 STAT_KEYS = ("psize", "depth", "branch_pages", "leaf_pages", "overflow_pages", "entries")
 FINGERPRINTS = {
@@ -76,7 +78,7 @@ def test_empty_database(tmp_path, version):
         assert list(db.items()) == []
         assert not db.cursor().first()
         assert db.stat()["format_version"] == version
-        assert db.gather([])[0].size == 0
+        assert gather(db, [])[0].size == 0
 
 
 @pytest.mark.parametrize("version", [1, 3])
@@ -195,22 +197,22 @@ def test_record_table_ranges_and_gather(medium_db):
             assert part.start == start
             np.testing.assert_array_equal(part.val_off, full.val_off[start:stop])
         idx = np.array([5, 0, 2999, 17, 17, 1500])
-        buf, off = db.gather(idx)
+        buf, off = gather(db, idx)
         for t, i in enumerate(idx):
             assert bytes(buf[off[t]:off[t + 1]]) == items[i][1]
-        buf, off = db.gather(idx, prefix=100)
+        buf, off = gather(db, idx, prefix=100)
         for t, i in enumerate(idx):
             assert bytes(buf[off[t]:off[t + 1]]) == items[i][1][:100]
         first = db.leaf_directory()
         assert first[0] == 0 and first[-1] == len(items)
         with pytest.raises(IndexError):
-            db.gather([3000])
+            gather(db, [3000])
 
 
 def test_gather_into_small_buffer_is_an_error(medium_db):
     path, _items = medium_db
     with lmdbio.open(path) as db, pytest.raises(LmdbioError, match="output buffer"):
-        db.gather(range(10), out=np.empty(10, np.uint8))
+        gather(db, range(10), out=np.empty(10, np.uint8))
 
 
 def test_cursor_moves_match_items(medium_db):
@@ -331,7 +333,7 @@ def test_accounting_counts_pages(medium_db):
         db.accounting.reset()
         t = db.record_table()
         db.accounting.reset()
-        db.gather([0])
+        gather(db, [0])
         first, last = t.val_off[0] // db.psize, (t.val_off[0] + t.val_len[0] - 1) // db.psize
         assert set(db.accounting.pages()) == set(range(first, last + 1))
 
@@ -457,7 +459,7 @@ def test_walk_collect_and_locate_match_the_record_table(medium_db):
         idx = np.array([2999, 0, 5, 1500, 5])
         loc = db.locate(idx)
         np.testing.assert_array_equal(loc.val_off, t.val_off[idx])
-        buf, off = db.gather_refs(loc)
+        buf, off = gather_refs(db, loc)
         for j, i in enumerate(idx):
             assert bytes(buf[off[j]:off[j + 1]]) == items[i][1]
 
@@ -503,10 +505,10 @@ def test_located_records_carry_their_keys(medium_db):
         cur = db.cursor()
         cur.seek_index(10)
         refs, _, _ = db.walk_collect(cur, 20)
-        koffs, kdata = db.keys_of(refs)
+        koffs, kdata = gather_keys(db, refs)
         assert [bytes(kdata[koffs[i]:koffs[i + 1]]) for i in range(20)] == \
             [k for k, _ in items[10:30]]
-        koffs, kdata = db.keys_of(db.locate(np.array([7, 3])))
+        koffs, kdata = gather_keys(db, db.locate(np.array([7, 3])))
         assert bytes(kdata[koffs[0]:koffs[1]]) == items[7][0]
 
 
@@ -515,13 +517,13 @@ def test_gather_batch_equals_gather_refs_and_keys_of(medium_db):
     with lmdbio.open(path) as db:
         idx = np.array([2999, 0, 5, 1500, 5, 17])
         refs = db.locate(idx)
-        buf, off = db.gather_refs(refs)
-        koffs, kdata = db.keys_of(refs)
+        buf, off = gather_refs(db, refs)
+        koffs, kdata = gather_keys(db, refs)
         payload = np.full(int(off[-1]) + 10, 0xEE, np.uint8)
         keys = np.full(int(koffs[-1]) + 3, 0xEE, np.uint8)
         offsets = np.full(idx.size + 1, -7, np.int64)
         key_offsets = np.full(idx.size + 1, -7, np.int64)
-        nbytes, kbytes = db.gather_batch(refs, payload, offsets, keys, key_offsets)
+        nbytes, kbytes = gather_batch(db, refs, payload, offsets, keys, key_offsets)
         assert (nbytes, kbytes) == (int(off[-1]), int(koffs[-1]))
         np.testing.assert_array_equal(offsets, off)
         np.testing.assert_array_equal(key_offsets, koffs)
@@ -531,11 +533,11 @@ def test_gather_batch_equals_gather_refs_and_keys_of(medium_db):
             assert bytes(keys[key_offsets[j]:key_offsets[j + 1]]) == items[i][0]
         # too small outputs: named, nothing read outside them
         with pytest.raises(LmdbioError, match=f"values holds {nbytes - 1} bytes, {nbytes}"):
-            db.gather_batch(refs, payload[:nbytes - 1], offsets, keys, key_offsets)
+            gather_batch(db, refs, payload[:nbytes - 1], offsets, keys, key_offsets)
         with pytest.raises(LmdbioError, match=f"keys holds {kbytes - 1} bytes, {kbytes}"):
-            db.gather_batch(refs, payload, offsets, keys[:kbytes - 1], key_offsets)
+            gather_batch(db, refs, payload, offsets, keys[:kbytes - 1], key_offsets)
         with pytest.raises(LmdbioError, match="offset tables"):
-            db.gather_batch(refs, payload, offsets[:-1], keys, key_offsets)
+            gather_batch(db, refs, payload, offsets[:-1], keys, key_offsets)
 
 
 def test_gather_batch_names_a_bad_overflow_page(tmp_path):
@@ -556,7 +558,7 @@ def test_gather_batch_names_a_bad_overflow_page(tmp_path):
         out = np.empty(30000, np.uint8)
         offs = np.empty(5, np.int64)
         with pytest.raises(LmdbFormatError, match=f"page {pg}"):
-            db.gather_batch(refs, out, offs, np.empty(100, np.uint8), offs.copy())
+            gather_batch(db, refs, out, offs, np.empty(100, np.uint8), offs.copy())
 
 
 @pytest.mark.parametrize("damage", ["pgno", "flags", "count"])
@@ -573,7 +575,7 @@ def test_check_value_spans_names_a_bad_overflow_page(tmp_path, damage):
     with lmdbio.open(src) as db:
         refs = db.locate(np.arange(6))
         assert (refs.ovf_pages[:4] == 2).all() and (refs.ovf_pages[4:] == 0).all()
-        db.check_value_spans(refs.val_off, refs.val_len)  # intact: nothing raised
+        check_value_spans(db, refs.val_off, refs.val_len)  # intact: nothing raised
         pg = int((refs.val_off[2] - db.layout.header_size) // db.psize)
         layout = db.layout
     dst = tmp_path / "bad"
@@ -591,10 +593,10 @@ def test_check_value_spans_names_a_bad_overflow_page(tmp_path, damage):
     with lmdbio.open(dst) as db:
         spans = (refs.val_off.copy(), refs.val_len.copy())
         with pytest.raises(LmdbFormatError, match=f"page {pg}.*overflow page header"):
-            db.check_value_spans(*spans)
+            check_value_spans(db, *spans)
         # the records before and after the damaged one pass alone, inline ones too
         keep = np.array([0, 1, 3, 4, 5])
-        db.check_value_spans(spans[0][keep], spans[1][keep])
+        check_value_spans(db, spans[0][keep], spans[1][keep])
 
 
 def test_leaf_value_runs_match_the_record_table(medium_db):
@@ -671,7 +673,7 @@ def test_free_list_and_the_trees_cover_the_file(tmp_path, version, history):
         used = _tree_and_value_pages(db)
         db.accounting.enable()
         db.accounting.reset()
-        free, own = db.free_list()
+        free, own = free_list(db)
         assert free.size and own.size
         assert np.flatnonzero(db.accounting.touched).tolist() == own.tolist()
         parts = [np.array([0, 1]), used, own, free]
@@ -683,7 +685,7 @@ def test_free_list_and_the_trees_cover_the_file(tmp_path, version, history):
 def test_free_list_of_a_file_written_in_one_commit_is_empty(tmp_path):
     write_db(tmp_path, random_items(50, 100, seed=1), commit_every=50)
     with lmdbio.open(tmp_path, pin_snapshot=False) as db:
-        free, own = db.free_list()
+        free, own = free_list(db)
         assert free.size == 0 and own.size == 0
 
 

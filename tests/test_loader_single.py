@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 import loaders
+from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.errors import ConfigError, LmdbioError, RecordError
-from tests.lmdbgen import write_db
 
 
 @pytest.fixture(scope="module")
@@ -343,8 +343,7 @@ def test_a_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypat
     """A worker checks every span of a by-reference slot against its mapping of the
     database before decoding (here the reader is made to hand out a span past the file's
     end, with slot checksums off so that only that check stands)."""
-    from lmdbio.shm import SlotCorruptError
-    from lmdbio.shm.layout import SlotWriter
+    from lmdbio.shm import SlotCorruptError, SlotWriter
 
     real = SlotWriter.set_spans
 
@@ -360,8 +359,7 @@ def test_a_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypat
 def test_a_key_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch):
     """The keys of a by-reference slot are spans of the mapped file too: a key span past
     the file's end is refused before any key is read (slot checksums off, as above)."""
-    from lmdbio.shm import SlotCorruptError
-    from lmdbio.shm.layout import SlotWriter
+    from lmdbio.shm import SlotCorruptError, SlotWriter
 
     real = SlotWriter.set_spans
 
@@ -381,8 +379,7 @@ def test_a_key_span_outside_the_mapping_is_refused(db_with_corrupt_record, monke
 def test_a_span_whose_end_wraps_around_is_refused(db_with_corrupt_record, monkeypatch, which):
     """A span whose start and length are each inside int64 but whose sum wraps around
     (start 2**62, length 2**62) is refused like any span past the mapping, not read."""
-    from lmdbio.shm import SlotCorruptError
-    from lmdbio.shm.layout import SlotWriter
+    from lmdbio.shm import SlotCorruptError, SlotWriter
 
     real = SlotWriter.set_spans
 
@@ -515,17 +512,17 @@ def test_auto_device_on_a_gpu_host(db_with_corrupt_record, monkeypatch, transfor
 def test_batches_assembled_ahead_on_the_thread_equal_those_assembled_in_line(
         db_with_corrupt_record, monkeypatch, transform, on_error, transfer):
     """Each batch of raw Datums is assembled when asked for, or on the decoding thread
-    while the trainer works on the one before (``Loader._ahead_pays``: when its step is
+    while the trainer works on the one before (``Prefetcher.ahead_pays``: when its step is
     at least as long as an assembly). Both give the same batches, the bad record's batch
     included, and every slot goes back to the reader (the epochs after it run)."""
-    from loaders.loader import Loader
+    from loaders.prefetch import Prefetcher
 
     cfg = config(db_with_corrupt_record, batch__size=6, readers__batches_per_slot=3,
                  shuffle__mode="global", readers__transfer=transfer)
     cfg.update(on_error=on_error, transform=transform, epochs=3)
     runs = {}
     for ahead in (False, True):
-        monkeypatch.setattr(Loader, "_ahead_pays", lambda self, ahead=ahead: ahead)
+        monkeypatch.setattr(Prefetcher, "ahead_pays", lambda self, ahead=ahead: ahead)
         got = []
         with loaders.open(cfg) as loader:
             try:

@@ -21,10 +21,10 @@ import pytest
 from PIL import Image
 
 import loaders
+from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
 from lmdbio.errors import ConfigError, LmdbioError, RecordError
 from loaders.transform import DataTransformer, transform_rng
-from tests.lmdbgen import write_db
 from tests.test_transform import _datum_buffer, caffe_reference
 
 #: (height, width) of the cuts: three share the first size, the rest differ; 33x47 is the

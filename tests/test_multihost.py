@@ -44,11 +44,11 @@ from typing import Any
 import numpy as np
 import pytest
 from engine_helpers import check_cursor_hand_off, check_symmetric_mapping
-from lmdbgen import random_items, read_pylmdb, write_db
 from mpi_harness import REPO, CompletedRun, require_mpiexec, run_mpi
 from multihost import Hosts, make_hosts, sweep_stale, unavailable
 from test_read_strategies import Generated, check_case, check_pages
 
+from bench.lmdbgen import random_items, read_pylmdb, write_db
 from launch import mpirun
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.errors import ConfigError

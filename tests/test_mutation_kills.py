@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 import lmdbio
+from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import LmdbFormatError, LmdbioError
-from lmdbio.lmdb.database import RecordRefs
 from lmdbio.lmdb.format import sniff_version
+from lmdbio.lmdb.records import RecordRefs
 from lmdbio.plan.epoch import block_order, permutation, plan_epoch
-from tests.lmdbgen import random_items, write_db
 
 
 @pytest.fixture(scope="module", params=[1, 3])
@@ -151,7 +151,7 @@ def test_value_pages_cover_every_byte_of_every_value_and_nothing_else() -> None:
 def test_a_leaf_that_is_the_last_page_of_the_file_is_a_valid_leaf(tmp_path) -> None:
     """A one-leaf tree written in one commit: its leaf is the file's last page and reads
     as any leaf. Kills ``(leaves + 1) * psize > size`` -> ``(leaves + 2) * ...`` in
-    Database._checked_leaves."""
+    Database.checked_leaves."""
     write_db(tmp_path, random_items(5, 20, seed=1))
     with lmdbio.open(tmp_path, pin_snapshot=False) as db:
         leaves = db.leaves()

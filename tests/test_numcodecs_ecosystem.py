@@ -23,17 +23,15 @@ import pytest
 numcodecs = pytest.importorskip("numcodecs")
 common = pytest.importorskip("numcodecs.tests.common")
 
-import lmdbio.codecs.btable_rows  # noqa: E402  (each import registers its codec)
+import lmdbio.codecs.btable  # noqa: E402  (each import registers its codecs)
 import lmdbio.codecs.datum  # noqa: E402
 import lmdbio.codecs.pcr  # noqa: E402
-import lmdbio.codecs.progressive_tensor  # noqa: E402
 import lmdbio.codecs.tensor  # noqa: E402,F401
 from lmdbio.codecs import ibp  # noqa: E402
-from lmdbio.codecs.btable_rows import SparseRowCodec  # noqa: E402
+from lmdbio.codecs.btable import SparseRowCodec  # noqa: E402
 from lmdbio.codecs.datum import DatumCodec  # noqa: E402
 from lmdbio.codecs.ibp import IBPCodec  # noqa: E402
-from lmdbio.codecs.pcr import PCRCodec  # noqa: E402
-from lmdbio.codecs.progressive_tensor import ProgressiveTensorCodec  # noqa: E402
+from lmdbio.codecs.pcr import PCRCodec, ProgressiveTensorCodec  # noqa: E402
 from lmdbio.codecs.tensor import TensorCodec  # noqa: E402
 from lmdbio.codecs.toc.codec import TocCodec  # noqa: E402
 from lmdbio.errors import CodecError  # noqa: E402

@@ -36,8 +36,9 @@ import numpy as np
 import pytest
 
 import lmdbio
+from bench.lmdbgen import random_items, read_pylmdb
 from lmdbio.codecs.datum import datum_from_array, encode_datum
-from tests.lmdbgen import random_items, read_pylmdb
+from lmdbio.io.gather import gather
 from tests.test_lmdb_fuzz import run_fuzzer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +111,7 @@ def pagesize_shim() -> Path:
 _WRITER = """
 import json, os, pickle, sys
 import lmdb
-from tests.lmdbgen import write_db
+from bench.lmdbgen import write_db
 path, spec = sys.argv[1], sys.argv[2]
 with open(spec, "rb") as f:
     kw = pickle.load(f)
@@ -122,7 +123,7 @@ env.close()
 
 
 def write_with_page_size(shim: Path, path: Path, system_psize: int, **write_db_kw) -> dict:
-    """Write a database with :func:`tests.lmdbgen.write_db` (``write_db_kw``) in a
+    """Write a database with :func:`bench.lmdbgen.write_db` (``write_db_kw``) in a
     subprocess whose ``sysconf(_SC_PAGESIZE)`` reports ``system_psize``; returns what that
     subprocess saw: ``{"sysconf": ..., "stat": py-lmdb's env.stat()}``."""
     path.mkdir(parents=True, exist_ok=True)
@@ -328,7 +329,7 @@ def test_records_match_pylmdb(written: Written):
         assert db.psize == written.case.psize
         assert len(db) == len(expected)
         assert [(k, bytes(v)) for k, v in db.items()] == expected
-        buf, off = db.gather(range(len(db)))
+        buf, off = gather(db, range(len(db)))
         assert all(bytes(buf[off[i]:off[i + 1]]) == v for i, (_k, v) in enumerate(expected))
         for start, stop in ((0, 1), (150, 1700), (len(db) - 5, len(db))):
             part = db.record_table(start, stop)

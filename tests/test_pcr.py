@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import random
+import shutil
 import struct
 import subprocess
 from pathlib import Path
@@ -18,12 +19,13 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 from PIL import Image
 
-from lmdbio.codecs import pcr, progressive_tensor
+from lmdbio.codecs import pcr
+from lmdbio.codecs.pcr import progressive_tensor
 from lmdbio.convert import pcr as convert_pcr
 from lmdbio.errors import CodecError
 
 TOOLS = pcr.available_tools()
-DJPEG = pcr.shutil.which("djpeg")
+DJPEG = shutil.which("djpeg")
 needs_tool = pytest.mark.skipif(not TOOLS, reason="no lossless JPEG transcoder installed")
 
 
@@ -84,7 +86,7 @@ def image_folder(tmp_path_factory) -> Path:
     (root / "dog" / "d_prog.jpg").write_bytes(_jpeg(china[::-1], quality=80, progressive=True))
     Image.fromarray(coffee[:64, :64]).save(root / "dog" / "e_png.png")
     (root / "dog" / "f_odd.jpg").write_bytes(_jpeg(coffee[:37, :53], quality=75))
-    if pcr.shutil.which("jpegtran"):
+    if shutil.which("jpegtran"):
         rst = subprocess.run(["jpegtran", "-restart", "1"], input=_jpeg(china[:, ::-1]),
                              capture_output=True, check=True).stdout
         assert b"\xff\xd0" in rst
@@ -471,7 +473,7 @@ def test_planes_exact_and_bounded(data) -> None:
     for k in range(1, w):
         n = pcr.pcr_prefix_bytes(v, k)
         got = progressive_tensor.decode_planes_value(memoryview(v)[:n], k)
-        codec_got = progressive_tensor.ProgressiveTensorCodec().decode(v[:n])
+        codec_got = pcr.ProgressiveTensorCodec().decode(v[:n])
         assert got.tobytes() == codec_got.tobytes()
         if dt.kind in "iu":
             err = np.abs(got.astype(object) - arr.astype(object))

@@ -250,8 +250,8 @@ def test_largest_values_reads_no_leaf_of_an_inline_tree_and_bounds_every_value(
     """Without overflow pages the ring's capacity comes from the format's inline limit,
     with no page read; with them, from the exact largest values."""
     import lmdbio
+    from bench.lmdbgen import random_items, write_db
     from lmdbio.reader import largest_values
-    from tests.lmdbgen import random_items, write_db
 
     items = random_items(300, sizes, seed=3, key_fmt="k%06d")
     write_db(tmp_path, items)

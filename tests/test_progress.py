@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.lmdbgen import tiny_datum_items, write_db
 from lmdbio.cli import main
 from lmdbio.commands import progress
 from lmdbio.commands.run import summary_line
-from tests.lmdbgen import tiny_datum_items, write_db
 from tests.mpi_harness import CLI_SCRIPT, run_mpi
 
 REPO = Path(__file__).resolve().parents[1]
@@ -164,7 +164,7 @@ def _layout_sources(tmp_path: Path) -> dict[str, tuple[list[str], int]]:
     """Per layout: the convert arguments (source and options) and the records written."""
     from PIL import Image
 
-    from lmdbio import btable
+    from lmdbio.codecs import btable
 
     rng = np.random.default_rng(0)
     for cls, n in (("cat", 5), ("dog", 3)):

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from lmdbgen import random_items, uneven_key_items, write_db
 
+from bench.lmdbgen import random_items, uneven_key_items, write_db
 from lmdbio.io import prefetch as pf
+from lmdbio.io.gather import gather_refs
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import plan_epoch
 from lmdbio.plan.strategies import DmSpec, Indexed, IterationStats, ReaderContext
@@ -203,7 +204,7 @@ def test_indexed_asks_for_nothing_on_a_warm_file(cifar_like, open_strategy,
     say so, and neither the leaves' nor the values' runs are built and asked for."""
     db, s = open_strategy(Indexed, cifar_like)
     db.advise_access(pf.MADV_RANDOM)
-    db.gather_refs(db.locate(np.arange(len(db))))  # every page read: the file is warm
+    gather_refs(db, db.locate(np.arange(len(db))))  # every page read: the file is warm
     asked: list = []
     monkeypatch.setattr(s, "advise_pages", lambda a, b: asked.append(a))
     plan = plan_epoch(len(db), 1, BATCH)

@@ -28,9 +28,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from engine_helpers import check_cursor_hand_off, check_symmetric_mapping
-from lmdbgen import random_items, uneven_key_items, write_db
 from mpi_harness import run_mpi
 
+from bench.lmdbgen import random_items, uneven_key_items, write_db
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies import STRATEGIES
 from lmdbio.reader import ReadOptions, ReadSession

@@ -6,8 +6,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from lmdbgen import random_items, write_db
 
+from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import ConfigError
 from lmdbio.lmdb import Database
 from lmdbio.plan.epoch import plan_epoch

@@ -12,9 +12,9 @@ import lmdb
 import numpy as np
 import pytest
 from engine_helpers import commit_more, open_indexed, read_all_records
-from lmdbgen import random_items, write_db
 from mpi_harness import CLI_RUNS_SCRIPT, CLI_SCRIPT, run_mpi
 
+from bench.lmdbgen import random_items, write_db
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies import sidecar_path
 

@@ -175,10 +175,9 @@ def test_batch_codec_entries():
 
 
 def test_record_codecs_follow_the_batch_codec_interface():
-    from lmdbio.codecs.btable_rows import SparseRowCodec
+    from lmdbio.codecs.btable import SparseRowCodec
     from lmdbio.codecs.datum import DatumCodec
-    from lmdbio.codecs.pcr import PCRCodec
-    from lmdbio.codecs.progressive_tensor import ProgressiveTensorCodec
+    from lmdbio.codecs.pcr import PCRCodec, ProgressiveTensorCodec
     from lmdbio.codecs.tensor import TensorCodec
 
     for cls in (DatumCodec, TensorCodec, PCRCodec, ProgressiveTensorCodec, SparseRowCodec):
@@ -187,7 +186,7 @@ def test_record_codecs_follow_the_batch_codec_interface():
 
 
 def test_the_commands_offer_the_registered_strategies():
-    from lmdbio.benchmarks import read
+    from bench.kinds import read
     from lmdbio.scale.project import ALL_STRATEGIES
 
     parser = argparse.ArgumentParser()

@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import ConfigError
 from lmdbio.lmdb import Database
 from lmdbio.scale import Costs, epoch_time, load_costs, trace
 from lmdbio.scale.costs import costs_from_mapping
-from tests.lmdbgen import random_items, write_db
 
 FS = Costs(fs_latency_s=5e-4, fs_node_bandwidth_bps=2e9, fs_aggregate_bandwidth_bps=2e10,
            readahead_bytes=128 << 10, cpu_walk_s=1e-7, cpu_skip_s=1e-8, cpu_page_s=1e-7,

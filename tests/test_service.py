@@ -17,8 +17,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bench.lmdbgen import read_pylmdb, write_db
 from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
-from tests.lmdbgen import read_pylmdb, write_db
 from tests.mpi_harness import CLI_SCRIPT, OPENMPI_ENV, require_mpiexec, run_mpi
 
 pytestmark = pytest.mark.mpiexec  # every test here starts mpiexec jobs

@@ -19,17 +19,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import loaders
+from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import (
     Datum,
     datum_from_array,
     decode_datum,
     decode_datum_batch,
     encode_datum,
-    pack_values,
 )
+from lmdbio.codecs.record_batch import pack_values
 from lmdbio.commands.run import SteadyMeter, process_age, totals
 from loaders.decode import make_decoder, uniform_datums_float32
-from tests.lmdbgen import write_db
 from tests.mpi_harness import OPENMPI_ENV, require_mpiexec
 
 # ------------------------------------------------------------------------ float32 decoding
@@ -70,7 +70,7 @@ def test_widening_writes_exactly_the_row_at_any_alignment(n, src_off, dst_off, s
     """Streaming stores cover the 64-byte-aligned middle of a row; the scalar head and tail
     the rest: every length and misalignment gives ``astype(float32)`` and leaves the
     neighbours of the row untouched."""
-    from lmdbio.compiled import widen_u8_f32
+    from lmdbio.kernels import widen_u8_f32
 
     src = np.random.default_rng(seed).integers(0, 256, src_off + n + 5, dtype=np.uint8)
     dst = np.full(dst_off + n + 20, -1.0, np.float32)
@@ -273,7 +273,7 @@ def test_lmdbio_run_reports_steady_state_with_a_training_step(small_db, tmp_path
 @given(n=st.integers(1, 300), world=st.integers(1, 9), seed=st.integers(0, 50),
        epoch=st.integers(0, 3))
 def test_baseline_sampler_is_distributed_samplers_order(n, world, seed, epoch):
-    from lmdbio.benchmarks.service_baseline import sampler_indices
+    from lmdbio.pylmdb_per_rank import sampler_indices
 
     parts = [sampler_indices(n, world, r, seed, epoch) for r in range(world)]
     per = -(-n // world)
@@ -288,7 +288,7 @@ def test_baseline_sampler_is_distributed_samplers_order(n, world, seed, epoch):
 
 @pytest.mark.parametrize("kind", ["protobuf", "python"])
 def test_baseline_getitem_parses_datums_like_lmdbio(kind):
-    from lmdbio.benchmarks import service_baseline as sb
+    from lmdbio import pylmdb_per_rank as sb
 
     if kind == "protobuf" and sb.protobuf_datum_class() is None:
         pytest.skip("protobuf is not installed")
@@ -302,7 +302,7 @@ def test_baseline_getitem_parses_datums_like_lmdbio(kind):
 
 
 def test_baseline_runs_the_same_batches(small_db, tmp_path):
-    from lmdbio.benchmarks import service_baseline as sb
+    from lmdbio import pylmdb_per_rank as sb
 
     pytest.importorskip("mpi4py")
     path, _ = small_db

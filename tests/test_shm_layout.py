@@ -32,8 +32,8 @@ from lmdbio.shm.layout import (
     PAGE,
     PART_DTYPE,
     SlotBuffers,
-    read_slot,
 )
+from lmdbio.shm.view import read_slot
 
 SETTINGS = settings(max_examples=60, deadline=None)
 
@@ -442,9 +442,9 @@ def test_wrong_sequence_or_magic_is_named():
 def reseal_header(bufs):
     """Recompute header_crc so that only the bounds checks stand between a forged header
     and the reader (the strongest attack on the reader's bounds checks)."""
-    from lmdbio.shm.layout import _header_crc
+    from lmdbio.shm.layout import header_crc
 
-    bufs.header["header_crc"] = _header_crc(bufs.header.tobytes(), bufs.parts.tobytes())
+    bufs.header["header_crc"] = header_crc(bufs.header.tobytes(), bufs.parts.tobytes())
 
 
 #: seeds of cases that once found a bug (none yet: the reader held); always run
@@ -461,7 +461,7 @@ def _slot_parts(layout: SlotLayout, mem: np.ndarray, n: int) -> structfuzz.Parse
     tables (one field per entry) and its sections (used payload, used key bytes, labels);
     ``build`` writes them into a copy of the slot and recomputes the header crc, so only
     ``read_slot``'s bounds checks stand between a forged slot and a worker."""
-    from lmdbio.shm.layout import _header_crc
+    from lmdbio.shm.layout import header_crc
 
     base = SlotBuffers(layout, mem.copy())
     fields: dict[str, int] = {k: int(base.header[k][0]) for k in _SLOT_HEADER_FIELDS}
@@ -492,7 +492,7 @@ def _slot_parts(layout: SlotLayout, mem: np.ndarray, n: int) -> structfuzz.Parse
                            ("labels", b.labels.view(np.uint8))):
             data = sec[name][:area.size]
             area[:len(data)] = np.frombuffer(data, np.uint8)
-        b.header["header_crc"] = _header_crc(b.header.tobytes(), b.parts.tobytes())
+        b.header["header_crc"] = header_crc(b.header.tobytes(), b.parts.tobytes())
         return b.mem.tobytes()
 
     return structfuzz.Parsed(fields, limits, sections, build)
@@ -557,7 +557,7 @@ def test_structured_fuzz_reaches_the_workers(seed):
 
 # ------------------------------------------------------------------ checksums
 def test_xxh64_matches_the_reference_vectors():
-    from lmdbio.shm._hash import xxh64
+    from lmdbio.shm.kernels import xxh64
 
     def h(data: bytes, seed: int = 0) -> int:
         return int(xxh64(np.frombuffer(data, dtype=np.uint8), np.uint64(seed)))

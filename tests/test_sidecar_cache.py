@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import commit_more, open_indexed, read_all_records
-from lmdbgen import random_items, write_db
 
+from bench.lmdbgen import random_items, write_db
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies.indexed import (
     CACHE_ENV,

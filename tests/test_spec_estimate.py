@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lmdbgen import random_items, write_db
 
+from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import LmdbFormatError
 from lmdbio.lmdb import Database
-from lmdbio.plan.strategies._spec_kernels import observe_iteration
+from lmdbio.lmdb.free_pages import free_list
+from lmdbio.plan.strategies.kernels import observe_iteration
 from lmdbio.plan.strategies.spec_estimate import (
     KnownTreePages,
     PageRangeEstimator,
@@ -359,7 +360,7 @@ def test_learn_tree_names_every_tree_page_reading_branch_pages_only(tmp_path) ->
     try:
         assert db.db.depth == 3
         leaves = db.leaves()
-        free, own = db.free_list()
+        free, own = free_list(db)
         assert free.size and own.size
         t = db.record_table()
         values = np.unique(np.concatenate([np.arange(f, f + n) for f, n in zip(

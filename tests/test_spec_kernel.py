@@ -6,8 +6,8 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmdbio.lmdb.database import RecordRefs
-from lmdbio.plan.strategies._spec_kernels import observe_iteration
+from lmdbio.lmdb.records import RecordRefs
+from lmdbio.plan.strategies.kernels import observe_iteration
 from lmdbio.plan.strategies.spec_estimate import main_run
 
 

@@ -8,10 +8,10 @@ import time
 import numpy as np
 
 import loaders
+from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.commands.run import stages_by_role
 from lmdbio.stages import READER_STAGES, WORKER_STAGES, StageClock, merged, per_sample
-from tests.lmdbgen import write_db
 
 
 def _spin(seconds: float) -> None:

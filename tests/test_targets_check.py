@@ -1,4 +1,4 @@
-"""``lmdbio.benchmarks.targets.check_document``: the issue's checks on a bench document
+"""``bench.targets_check.check_document``: the issue's checks on a bench document
 hold on a well-formed one and name each fault put into it."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from lmdbio.benchmarks.targets import check_document
+from bench.targets_check import check_document
 
 N, BATCH, CONSUMERS = 10, 3, 2  # pad: 2 iterations an epoch, 12 slots, 2 padding
 

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from lmdbio.codecs.record_batch import pack_values
 from lmdbio.codecs.tensor import (
     DTYPE_CODES,
     MAGIC,
@@ -16,7 +17,6 @@ from lmdbio.codecs.tensor import (
     decode_tensor_batch,
     encode_tensor,
     header_size,
-    pack_values,
     read_tensor_header,
 )
 from lmdbio.errors import CodecError, RecordError
@@ -214,7 +214,7 @@ def test_fuzz_batch_decoder(ops, seed):
 
 
 def test_fast_path_equals_the_general_path(monkeypatch):
-    import lmdbio.codecs.tensor as tmod
+    import lmdbio.codecs.tensor.batch as tmod
 
     rng = np.random.default_rng(9)
     for label in (None, 3):

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from lmdbio.cli import main as cli
-from lmdbio.codecs.tensor import decode_tensor, decode_tensor_batch, pack_values
+from lmdbio.codecs.record_batch import pack_values
+from lmdbio.codecs.tensor import decode_tensor, decode_tensor_batch
 from lmdbio.convert.writer import read_dataset_meta
 
 

@@ -14,8 +14,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from lmdbio.codecs import toc
-from lmdbio.codecs.toc import _format as toc_format
-from lmdbio.codecs.toc import _kernels as kern
+from lmdbio.codecs.toc import format as toc_format
+from lmdbio.codecs.toc import kernels as kern
 from lmdbio.errors import CodecError
 
 # the table A of the paper's Figure 3 (columns 1..4 there are 0..3 here)

@@ -129,7 +129,7 @@ def test_npy_and_npz(tmp_path):
 
 
 def test_btable_fixture(tmp_path, shared_testdata):
-    btable = pytest.importorskip("lmdbio.btable")
+    btable = pytest.importorskip("lmdbio.codecs.btable")
     path = shared_testdata / "btable" / "table.btable"
     labels, csr = btable.read(path)
     summary = ct.convert(str(path), tmp_path / "db", layout_args("--no-shuffle"))

@@ -55,14 +55,14 @@ def test_the_loader_asks_for_colocated_readers_for_gpu_workers(monkeypatch, mode
     import types
 
     from lmdbio.config import load_config
-    from loaders.loader import _reader_mode
+    from loaders.options import reader_mode
 
     runtime = types.SimpleNamespace(getDeviceCount=lambda: gpus)
     monkeypatch.setitem(sys.modules, "cupy", types.SimpleNamespace(
         cuda=types.SimpleNamespace(runtime=runtime)))
     cfg = load_config({"dataset": {"path": "/data/x", "layout": "caffe-datum"},
                        "readers": {"mode": mode}, "workers": {"device": device}})
-    assert _reader_mode(cfg) == want
+    assert reader_mode(cfg) == want
 
 
 def test_simulated_node_bounds_examples() -> None:

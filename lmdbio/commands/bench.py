@@ -1,8 +1,10 @@
 """``lmdbio bench KIND ...``: run one benchmark and print (or write) its JSON result.
 
-Each kind lives in :mod:`lmdbio.benchmarks` as a module with ``add_arguments(parser)`` and
-``main(args) -> int``. Every benchmark compares against a baseline measured in the same run
-and reports the ratio, never an absolute time alone.
+Each kind lives in the source checkout's ``bench/kinds/`` (not in the wheel) as a module
+with ``add_arguments(parser)`` and ``main(args) -> int``; this command is the entry point
+that finds that checkout (the one this package is installed from, editable: ``make setup``)
+and, installed from a wheel, says the benchmarks need one. Every benchmark compares against
+a baseline measured in the same run and reports the ratio, never an absolute time alone.
 
 Help: the benchmark modules' docstrings are written for developers; the user-facing text
 of every kind is here (``KINDS``), and option help without text gets a generic one.
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
+from pathlib import Path
 
 from lmdbio.commands import progress
 from lmdbio.commands.helptext import HelpFormatter, epilog
@@ -34,7 +38,7 @@ lmdbio bench toc --datasets digits,mnist --json toc.json"""
 #: benchmark kind -> (module, one-line help, description, examples)
 BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
     "scan": (
-        "lmdbio.benchmarks.scan", "read every record: lmdbio's engine vs a py-lmdb cursor",
+        "bench.kinds.scan", "read every record: lmdbio's engine vs a py-lmdb cursor",
         "Read every record of an LMDB into batch buffers with lmdbio's page engine, and "
         "the same records with a py-lmdb cursor copying each value (what data loaders do "
         "today), on the same warm file in the same run. Reports records/s and bytes/s of "
@@ -44,7 +48,7 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
         "lmdbio bench scan DB --batch-size 64 --repeat 5 --json scan.json",
     ),
     "read": (
-        "lmdbio.benchmarks.read", "parallel read strategies under mpiexec, with page "
+        "bench.kinds.read", "parallel read strategies under mpiexec, with page "
         "accounting",
         "Run one parallel read strategy on every rank of an MPI job (start it with mpiexec "
         "or lmdbio launch) and measure what each rank reads: records delivered, pages "
@@ -58,7 +62,7 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
         "mpiexec -n 8 lmdbio bench read 'node{node}/db' --simulate-nodes 4 --cold",
     ),
     "toc": (
-        "lmdbio.benchmarks.toc", "TOC compression: ratio, compressed-domain operations, "
+        "bench.kinds.toc", "TOC compression: ratio, compressed-domain operations, "
         "speed",
         "Compress real tables (scikit-learn digits, MNIST, statsmodels surveys...) with TOC "
         "and compare size, compressed-domain matrix operations and codec speed with dense, "
@@ -67,7 +71,7 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
         "lmdbio bench toc --datasets digits,mnist --repeat 3 --json toc.json",
     ),
     "ibp": (
-        "lmdbio.benchmarks.ibp", "IBP compression ratio and decompression speed vs zstd, "
+        "bench.kinds.ibp", "IBP compression ratio and decompression speed vs zstd, "
         "lz4, blosc2",
         "Compress real data sets with IBP and compare the compression ratio with zstd, lz4 "
         "and blosc2, and the decompression throughput on one core, in the same run; also "
@@ -75,7 +79,7 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
         "lmdbio bench ibp\nlmdbio bench ibp --datasets digits,lfw --json ibp.json",
     ),
     "pcr": (
-        "lmdbio.benchmarks.pcr", "PCR: bytes, pages, read time and quality per scan group",
+        "bench.kinds.pcr", "PCR: bytes, pages, read time and quality per scan group",
         "For every scan group k of a PCR LMDB (lmdbio convert ... --layout pcr): the bytes "
         "and pages read at that fidelity, the time to read them cold, and the image quality "
         "reached, each against full fidelity measured in the same run.",
@@ -83,13 +87,13 @@ BENCHMARKS: dict[str, tuple[str, str, str, str]] = {
         "lmdbio bench pcr build/photos-pcr --repeat 5 --json pcr.json",
     ),
     "btable": (
-        "lmdbio.benchmarks.btable", "BTable vs CSV and .npz: size and read/write speed",
+        "bench.kinds.btable", "BTable vs CSV and .npz: size and read/write speed",
         "Write and read real sparse tables as BTable, CSV (pandas) and .npz (scipy), in the "
         "same run: seconds and bytes of each format and the ratios to BTable.",
         "lmdbio bench btable\nlmdbio bench btable --repeat 5 --json btable.json",
     ),
     "decode": (
-        "lmdbio.benchmarks.decode", "batch decoding of Datum/tensor records and the "
+        "bench.kinds.decode", "batch decoding of Datum/tensor records and the "
         "transform",
         "Decode the records of a caffe-datum or tensor LMDB a batch at a time with lmdbio's "
         "compiled decoders, against decoding them one by one and stacking them, in the same "
@@ -126,17 +130,33 @@ _GENERIC_HELP = {
 }
 
 
+#: what ``lmdbio bench`` says where no source checkout is found
+NEEDS_CHECKOUT = ("lmdbio bench: the benchmarks are not part of the installed package; they "
+                  "need a source checkout of lmdbio (its bench/ folder), installed with "
+                  "`make setup` (pip install -e)")
+
+
+def checkout_root() -> Path | None:
+    """The source checkout this package runs from (installed editable, or run from the
+    tree): the folder above ``lmdbio/`` when it holds ``bench/kinds/``; None otherwise
+    (installed from a wheel)."""
+    root = Path(__file__).resolve().parents[2]
+    return root if (root / "bench" / "kinds" / "__init__.py").is_file() else None
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     sub = parser.add_subparsers(dest="kind", required=True, metavar="KIND")
+    root = checkout_root()
+    if root is not None and str(root) not in sys.path:
+        sys.path.append(str(root))  # the checkout's top-level bench package
     for name, (module_name, help_text, description, examples) in BENCHMARKS.items():
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:
-            if exc.name != module_name:
-                raise
-            continue  # that benchmark is not part of this build
         p = sub.add_parser(name, help=help_text, description=description,
                            epilog=epilog(examples), formatter_class=HelpFormatter)
+        if root is None:  # nothing to run: accept any options, main() says why
+            p.add_argument("options", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+            p.set_defaults(_bench=None)
+            continue
+        module = importlib.import_module(module_name)
         module.add_arguments(p)
         progress.add_arguments(p)
         for action in p._actions:
@@ -147,5 +167,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if args._bench is None:
+        print(NEEDS_CHECKOUT, file=sys.stderr)
+        return 2
     with progress.enabled(progress.wanted(args)):
         return int(args._bench.main(args) or 0)

@@ -20,7 +20,7 @@
 4. The loader alone against the loop PyTorch and Caffe users run today, in this run: the
    same ranks take the same number of batches of the same size from the same database,
    with ``lmdbio run`` and with the per-rank py-lmdb loop of
-   :mod:`lmdbio.benchmarks.service_baseline` (DistributedSampler order, ``txn.get`` and
+   :mod:`lmdbio.pylmdb_per_rank` (DistributedSampler order, ``txn.get`` and
    protobuf's Datum parser per record, float32 batches); one line gives both steady-state
    rates and their ratio.
 """
@@ -188,8 +188,8 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lmdbio.benchmarks.scan import run as scan
     from lmdbio.lmdb.report import inspect_database, label_text
+    from lmdbio.scan_compare import run as scan
 
     t_start = time.perf_counter()
     work = Path(args.workdir)

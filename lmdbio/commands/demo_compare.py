@@ -3,7 +3,7 @@ py-lmdb loop, interleaved inside one MPI job.
 
 Run on every rank (``lmdbio launch -n N ... -- python -m lmdbio.commands.demo_compare``).
 Each repeat runs ``lmdbio run CONFIG`` (the loader, no model), then
-:mod:`lmdbio.benchmarks.service_baseline` (every rank reads its own records with py-lmdb in
+:mod:`lmdbio.pylmdb_per_rank` (every rank reads its own records with py-lmdb in
 ``DistributedSampler`` order, parses each Datum with protobuf, stacks a float32 batch: what
 PyTorch and Caffe users run) with the same ranks, batch size and batches per rank. Both
 print their own summary; their JSON goes to ``OUT/lmdbio-R.json`` and
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=2, help="repeats of each (default 2)")
     args = parser.parse_args(argv)
 
-    from lmdbio.benchmarks import service_baseline
+    from lmdbio import pylmdb_per_rank
     from lmdbio.cli import main as lmdbio
     from lmdbio.config import load_config
     from lmdbio.mpiutil import start_mpi
@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             path=str(cfg.dataset.path), batch_size=cfg.batch.size, batches=batches,
             seed=cfg.shuffle.seed, warmup=2, step_seconds=0.0, parser="auto", uint8=False,
             json=str(out / f"pylmdb-{rep}.json"))
-        service_baseline.main(baseline)
+        pylmdb_per_rank.main(baseline)
         world.Barrier()
     return 0
 

@@ -2,14 +2,14 @@
 
 Keys are the row numbers as 10 zero-padded ASCII digits (``b"0000000000"``, ...), so key order
 is row order. Each value is a sparse row record (little-endian; see
-:mod:`lmdbio.codecs.btable_rows`)::
+:mod:`lmdbio.codecs.btable.rows`)::
 
     uint32 nnz | uint32 n_cols | int32 columns[nnz] | 4 zero bytes if nnz is odd |
     float64 values[nnz]
 
 The labels, row/non-zero counts and the record format go in the ``lmdbio.json`` sidecar.
 The file is streamed in chunks (``--chunk-mib``), so a BTable larger than memory converts.
-:func:`lmdbio.btable.export_lmdb` writes such an LMDB back to a byte-identical BTable.
+:func:`lmdbio.codecs.btable.export_lmdb` writes such an LMDB back to a byte-identical BTable.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from lmdbio import btable
-from lmdbio.codecs import btable_rows
+from lmdbio.codecs import btable
 from lmdbio.commands import progress
 from lmdbio.convert.writer import write_records
 from lmdbio.errors import LmdbioError
@@ -51,7 +50,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     def records() -> Iterator[tuple[bytes, bytes]]:
         row = 0
         for block in btable.iter_blocks(src, chunk):
-            buf, offsets = btable_rows.encode_row_records(block.indptr, block.indices,
+            buf, offsets = btable.encode_row_records(block.indptr, block.indices,
                                                           block.data, n_cols)
             mv = memoryview(buf)
             offs = offsets.tolist()

@@ -7,7 +7,7 @@ Sources:
 * an LMDB of Caffe ``Datum`` records (encoded JPEG/PNG bytes, or raw CHW uint8 pixels in
   Caffe's BGR order). Keys and labels are kept.
 * a ``.npy`` array (axis 0 = items): stored as byte-plane progressive tensors
-  (:mod:`lmdbio.codecs.progressive_tensor`), labels from ``--labels FILE.npy``.
+  (:mod:`lmdbio.codecs.pcr.progressive_tensor`), labels from ``--labels FILE.npy``.
 
 Images become progressive JPEGs: JPEG sources losslessly (DCT-domain transcoding with
 ``--jpeg-tool``), everything else at ``--quality``.
@@ -399,7 +399,7 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _convert_tensor(src: Path, dst: str, args: argparse.Namespace, group: int) -> dict[str, Any]:
-    from lmdbio.codecs import progressive_tensor
+    from lmdbio.codecs.pcr import progressive_tensor
 
     x = np.load(src, mmap_mode="r")
     if x.ndim < 1 or x.shape[0] == 0:
@@ -424,6 +424,6 @@ def _convert_tensor(src: Path, dst: str, args: argparse.Namespace, group: int) -
             "dtype": x.dtype.str, "item_shape": list(x.shape[1:]), "items": int(x.shape[0]),
             "group_size": group, "scan_groups": x.dtype.itemsize, "records": summary["records"],
             "format_version": getattr(args, "format_version", 1),
-            "value_format": "LPCR v1 kind 2 (see lmdbio.codecs.progressive_tensor)"}
+            "value_format": "LPCR v1 kind 2 (see lmdbio.codecs.pcr.progressive_tensor)"}
     write_dataset_meta(dst, meta)
     return {**summary, "items": int(x.shape[0]), "scan_groups": x.dtype.itemsize}

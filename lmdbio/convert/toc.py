@@ -14,7 +14,7 @@ Sources (``SRC``):
   ``wine``, ``autompg``, ``boston_housing``;
 - ``*.csv`` / ``*.tsv`` (optionally ``.gz``) - numeric table, header line detected;
 - ``*.svm``, ``*.svmlight``, ``*.libsvm`` - svmlight/libsvm sparse text;
-- ``*.btable`` - BTable sparse labelled table (needs :mod:`lmdbio.btable`);
+- ``*.btable`` - BTable sparse labelled table (needs :mod:`lmdbio.codecs.btable`);
 - ``*.npy`` (2-D array) and ``*.npz`` (``scipy.sparse.save_npz`` output, or arrays named
   ``X``/``data``/``features`` and ``y``/``labels``/``target``).
 
@@ -333,9 +333,9 @@ def _load_svmlight(path: Path, n_features: int | None) -> tuple[Any, np.ndarray,
 
 def _load_btable(path: Path) -> tuple[Any, None, dict[str, Any]]:
     try:
-        from lmdbio import btable
+        from lmdbio.codecs import btable
     except ImportError as exc:
-        raise LmdbioError(f"{path}: reading BTables needs lmdbio.btable ({exc})") from exc
+        raise LmdbioError(f"{path}: reading BTables needs lmdbio.codecs.btable ({exc})") from exc
     labels, csr = btable.read(path)
     return csr.tocsr(), None, {"feature_names": [str(x) for x in labels]}
 

@@ -9,7 +9,8 @@ first time is read from storage, never from the host's page cache, and the node'
 share what any of them has read (as the ranks of a real node share its page cache). It is
 the emulation of the reference's direct-I/O variant used by ``lmdbio bench read --direct``.
 
-How the page engine uses it (:class:`lmdbio.lmdb.Database` with ``node_cache`` set):
+How the page engine uses it (a :class:`lmdbio.lmdb.Database` whose accounting has its
+``node_cache`` set, :attr:`lmdbio.io.accounting.PageAccounting.node_cache`):
 
 * branch and leaf pages are parsed where the walk or seek finds them (the ordinary
   mapping) and every one the node did not hold yet is then read into the node cache with

@@ -101,7 +101,7 @@ def _byte_range(total: int, offset: int, length: int | None, what: str) -> tuple
 def touch(target: Mapping | np.ndarray, offset: int = 0, length: int | None = None) -> int:
     """Fault in every OS page of ``[offset, offset+length)``; returns a checksum of the bytes
     read (one per page), meaningless except that computing it forces the reads."""
-    from lmdbio.io._touch import touch_range
+    from lmdbio.io.kernels import touch_range
 
     arr = _as_array(target)
     start, stop = _byte_range(arr.shape[0], offset, length, "touch")
@@ -128,7 +128,7 @@ def touch_page_ranges(
     All ranges are validated up front (whole-array checks) and a bad one raises
     :class:`~lmdbio.errors.LmdbioError` naming it, before anything is read.
     """
-    from lmdbio.io._touch import touch_ranges
+    from lmdbio.io.kernels import touch_ranges
 
     arr = _as_array(target)
     s, c = _checked_page_ranges("touch_page_ranges", arr.shape[0], starts, counts, page_size)
@@ -311,7 +311,7 @@ def pages_resident(
     touch that waits for it only cost CPU. A sample, because ``mincore`` costs ~55 ns per
     page not mapped in this process (0.44 ms for a 2,048-record CIFAR-like slot, as much as
     the advice): 16 pages cost ~8 us, sampled in one compiled loop
-    (:func:`lmdbio.io._residency.sample_resident`). A sample that finds every page while
+    (:func:`lmdbio.io.kernels.sample_resident`). A sample that finds every page while
     some others are missing (a file partly in the cache) only leaves those to be faulted in
     as read.
     False when ``mincore`` refuses (then advise as usual); True for no pages. Bad ranges
@@ -320,7 +320,7 @@ def pages_resident(
     s, c = _checked_page_ranges("pages_resident", arr.shape[0], starts, counts, page_size)
     base = arr.ctypes.data
     if samples is not None:
-        from lmdbio.io._residency import sample_resident
+        from lmdbio.io.kernels import sample_resident
 
         return sample_resident(base, s, c, page_size, OS_PAGE_SIZE, max(int(samples), 1)) > 0
     keep = c > 0

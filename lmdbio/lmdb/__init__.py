@@ -4,11 +4,13 @@
 what Caffe writes) and v3 (LMDB 1.0) straight from a memory mapping; ``Cursor`` walks the
 tree and serializes to bytes so that it can be handed to another rank; the compiled kernels
 in :mod:`lmdbio.lmdb.kernels` build record tables and gather batches without per-record
-Python.
+Python (the gathers and the page accounting are in :mod:`lmdbio.io.gather` and
+:mod:`lmdbio.io.accounting`).
 """
 
-from lmdbio.lmdb.accounting import PageAccounting
 from lmdbio.lmdb.cursor import Cursor
-from lmdbio.lmdb.database import Database, RecordRefs, RecordTable, SnapshotId
+from lmdbio.lmdb.database import Database
+from lmdbio.lmdb.records import RecordRefs, RecordTable
+from lmdbio.lmdb.snapshot import SnapshotId
 
-__all__ = ["Cursor", "Database", "PageAccounting", "RecordRefs", "RecordTable", "SnapshotId"]
+__all__ = ["Cursor", "Database", "RecordRefs", "RecordTable", "SnapshotId"]

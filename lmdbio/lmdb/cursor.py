@@ -57,7 +57,7 @@ class Cursor:
     def _nkeys(self, pg: int) -> int:
         code, n = _kernels().check_page(self.db.buf, self.db.fmt, pg, self.db.meta.last_pg)
         if code:
-            self.db._raise(code, pg)
+            self.db.raise_format_error(code, pg)
         if self.db.accounting.enabled:
             self.db.accounting.touched[pg] = 1
         return int(n)
@@ -65,23 +65,23 @@ class Cursor:
     def _child(self, pg: int, i: int) -> int:
         child = _kernels().branch_child(self.db.buf, self.db.fmt, pg * self.db.psize, i)
         if child < 0:
-            self.db._raise(_kernels().E_NODE, pg)
+            self.db.raise_format_error(_kernels().E_NODE, pg)
         return int(child)
 
     def _node_key(self, pg: int, i: int) -> bytes:
         node = _kernels().node_offset(self.db.buf, self.db.fmt, pg * self.db.psize, i)
         if node < 0:
-            self.db._raise(_kernels().E_NODE, pg)
+            self.db.raise_format_error(_kernels().E_NODE, pg)
         ksize = int(self.db.buf[node + 6]) | (int(self.db.buf[node + 7]) << 8)
         if node + 8 + ksize > (pg + 1) * self.db.psize:
-            self.db._raise(_kernels().E_NODE, pg)
+            self.db.raise_format_error(_kernels().E_NODE, pg)
         return bytes(self.db.mv[node + 8:node + 8 + ksize])
 
     def _leaf(self, pg: int, i: int) -> tuple[int, int, int, int]:
         code, ko, kl, vo, vl, _, _ = _kernels().leaf_node(
             self.db.buf, self.db.fmt, pg * self.db.psize, i, self.db.meta.last_pg, False)
         if code:
-            self.db._raise(code, pg)
+            self.db.raise_format_error(code, pg)
         return int(ko), int(kl), int(vo), int(vl)
 
     def _is_leaf_level(self, level: int) -> bool:
@@ -186,7 +186,7 @@ class Cursor:
         if self.db.db.empty:
             self.eof = True
             return False
-        sort = self.db._key_sort
+        sort = self.db.sort_key
         target = sort(key)
         pg, level = self.db.db.root, 0
         while True:

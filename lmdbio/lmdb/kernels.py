@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from lmdbio.compiled import copy_bytes
+from lmdbio.kernels import copy_bytes
 
 OK = 0
 E_PAGE_RANGE = 1

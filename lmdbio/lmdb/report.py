@@ -75,7 +75,7 @@ def free_pages(db: Database) -> dict[str, int]:
     free = db.meta.free_db
     if free.empty:
         return {"records": 0, "pages": 0}
-    table = db._build_table(free)
+    table = db.build_table(free)
     total = 0
     for off, length in zip(table.val_off.tolist(), table.val_len.tolist(), strict=False):
         if length >= 8:
@@ -342,7 +342,7 @@ def _pcr(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _btable_rows(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.codecs.btable_rows import record_nbytes
+    from lmdbio.codecs.btable.rows import record_nbytes
 
     widths: set[int] = set()
     nnz: list[int] = []

@@ -158,6 +158,34 @@ def scheme_iterations(n_records: int, consumers: int, batch: int, last: str,
     return -(-per // batch) if last != "drop" else per // batch
 
 
+def iteration_schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
+    """``(epoch, iteration)`` pairs of a run of ``iters`` iterations over epochs of
+    ``plan_iters`` iterations each, wrapping into new epochs (empty when an epoch has no
+    iteration): the order in which ``lmdbio bench read`` and the scaling tracer step."""
+    out = []
+    e = i = 0
+    while len(out) < iters and plan_iters > 0:
+        out.append((e, i))
+        i += 1
+        if i == plan_iters:
+            e, i = e + 1, 0
+    return out
+
+
+def schedule_slots(schedule: list[tuple[int, int]],
+                   per_slot: int) -> list[tuple[int, int, int]]:
+    """``(epoch, first iteration, batches)`` of the ring slots that carry ``schedule``
+    (every epoch's iterations from 0 on): each epoch's
+    :func:`~lmdbio.reader.slot_groups`, the last one cut where the schedule ends."""
+    from lmdbio.reader import slot_groups  # the reader imports this module
+
+    ends: dict[int, int] = {}
+    for epoch, it in schedule:
+        ends[epoch] = it + 1
+    return [(epoch, first, count) for epoch, end in ends.items()
+            for first, count in slot_groups(0, end, per_slot)]
+
+
 def job_epochs(epochs: int, max_iterations: int, epoch_iterations: int, *,
                epoch: int = 0, iteration: int = 0, done: int = 0) -> list[tuple[int, int]]:
     """``(epoch, stop_iteration)`` of every epoch a job runs: ``epochs`` of them, or fewer

@@ -5,7 +5,7 @@ module opens the real database once and runs each strategy's own code
 (:mod:`lmdbio.plan.strategies`) for every simulated reader, one after the other in one
 process, over the real epoch plan (:func:`~lmdbio.plan.epoch.plan_epoch`) and the same
 slot grouping, node split (:func:`~lmdbio.topology.simulated_node_bounds`) and page
-accounting (:class:`~lmdbio.lmdb.accounting.PageAccounting`, reset per read as
+accounting (:class:`~lmdbio.io.accounting.PageAccounting`, reset per read as
 :meth:`lmdbio.reader.ReadSession.read_group` resets it) that ``lmdbio bench read`` runs
 under ``mpiexec``. What replaces MPI:
 
@@ -270,9 +270,8 @@ def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *
 
     ``batches_per_slot`` 0 takes a job's default (:func:`default_batches_per_slot`); the
     naive strategies always read one batch at a time."""
-    from lmdbio.benchmarks.read import _schedule, _slots
     from lmdbio.lmdb import Database
-    from lmdbio.plan.epoch import plan_epoch, scheme_iterations
+    from lmdbio.plan.epoch import iteration_schedule, plan_epoch, schedule_slots, scheme_iterations
     from lmdbio.plan.strategies import IterationStats, ReaderContext, strategy_class
     from lmdbio.topology import simulated_node_bounds
 
@@ -290,7 +289,7 @@ def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *
     db = Database(path, subdb, pin_snapshot=False, accounting=True)
     try:
         return _trace(db, cls, ranks, nodes, batch, bounds, node_ranks, iterations,
-                      batches_per_slot, last, _schedule, _slots, plan_epoch,
+                      batches_per_slot, last, iteration_schedule, schedule_slots, plan_epoch,
                       scheme_iterations, IterationStats, ReaderContext)
     finally:
         db.close()

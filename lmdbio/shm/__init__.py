@@ -4,7 +4,9 @@
   (:meth:`~BatchRing.acquire_slot` -> :class:`SlotWriter` -> ``publish``), the workers read
   their part in place (:meth:`~BatchRing.next_slot` / :meth:`~BatchRing.iter_slots` ->
   :class:`SlotView`); control travels as small MPI messages.
-* :mod:`lmdbio.shm.layout` - the slot format (numpy structured dtypes), MPI-free.
+* :mod:`lmdbio.shm.layout` - the slot format (numpy structured dtypes), MPI-free, with
+  :mod:`lmdbio.shm.payload_modes` (copied records, encoded parts, spans),
+  :mod:`lmdbio.shm.writer` (:class:`SlotWriter`) and :mod:`lmdbio.shm.view` (:class:`SlotView`).
 * :func:`payload_bytes_for` - the slot payload size that fits any batch of a dataset.
 
 See ``docs/shm.md`` for the protocol, the layout and the cleanup guarantees. Importing this
@@ -29,13 +31,12 @@ from lmdbio.shm.layout import (
     FLAG_PADDED,
     FLAG_PART_ENCODED,
     FLAG_SPANS,
-    DeviceBatch,
     SlotLayout,
-    SlotView,
-    SlotWriter,
     payload_bytes_for,
 )
 from lmdbio.shm.ring import DEFAULT_TIMEOUT, BatchRing, RingStats
+from lmdbio.shm.view import DeviceBatch, SlotView
+from lmdbio.shm.writer import SlotWriter
 
 __all__ = [
     "CHECKSUM_CRC32",

@@ -28,34 +28,39 @@ unlinks the file once every rank mapped it). It never calls a collective on thos
 because the peers may not be there to match it; the memory goes back to the OS when the
 processes exit. ``close`` frees the window only when no rank of the node still holds numpy
 views into it (a collective check), so a stale view can never point at unmapped memory.
+
+Structure: :class:`BatchRing` composes the window (:class:`~lmdbio.shm.window.SharedWindow`:
+allocation, mapping, ``Win.Sync``, freeing) with the control plane
+(:mod:`lmdbio.shm.messaging`: the messages, the reader's credits, the workers' inbox, waits
+with timeouts, abort propagation); the slots' contents are :mod:`lmdbio.shm.writer`'s and
+:mod:`lmdbio.shm.view`'s.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import pickle
-import sys
-import time
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from lmdbio.errors import ConfigError
 from lmdbio.mpiutil import on_shutdown, remove_shutdown
-from lmdbio.shm.cleanup import backing_file, unlink_quietly
-from lmdbio.shm.errors import RingAbortedError, RingError, RingTimeoutError, SlotCorruptError
-from lmdbio.shm.layout import (
-    SlotBuffers,
-    SlotLayout,
-    SlotView,
-    SlotWriter,
-    checksum_kind,
-    read_slot,
+from lmdbio.shm.errors import RingError, SlotCorruptError
+from lmdbio.shm.layout import SlotBuffers, SlotLayout, checksum_kind
+from lmdbio.shm.messaging import (
+    ABORT_GRACE,
+    KIND_NAMES,
+    READY,
+    RELEASED,
+    STOP,
+    ControlChannel,
+    SlotCredits,
+    SlotInbox,
 )
+from lmdbio.shm.view import SlotView, read_slot
+from lmdbio.shm.window import SharedWindow
+from lmdbio.shm.writer import SlotWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
@@ -66,17 +71,6 @@ log = logging.getLogger("lmdbio.shm")
 
 #: seconds any ring operation waits by default before raising RingTimeoutError
 DEFAULT_TIMEOUT = 300.0
-#: how long an aborting rank waits for its ABORT messages to leave, and a receiver for the
-#: reason text that follows an ABORT
-_ABORT_GRACE = 1.0
-#: longest reason text sent with ABORT
-_REASON_MAX = 2000
-
-_yield: Callable[[], None] = getattr(os, "sched_yield", lambda: time.sleep(0))
-
-_READY, _RELEASED, _STOP, _ABORT = 1, 2, 3, 4
-_KIND_NAMES = {_READY: "READY", _RELEASED: "RELEASED", _STOP: "STOP", _ABORT: "ABORT"}
-_TAG_CTRL, _TAG_REASON = 1, 2
 
 
 @dataclass
@@ -124,6 +118,9 @@ class BatchRing:
 
     A rank is the reader, a worker, or both (``colocated``, e.g. a single-rank node).
     """
+
+    #: what the reader passed as ``reader_info`` to :meth:`create`
+    reader_info: Any
 
     def __init__(self) -> None:  # use create()
         raise TypeError("use BatchRing.create(node_comm, ...) (a collective call)")
@@ -173,53 +170,27 @@ class BatchRing:
 
         if not isinstance(node_comm, MPI.Intracomm) or node_comm == MPI.COMM_NULL:
             raise ConfigError(f"BatchRing.create needs an intracommunicator, got {node_comm!r}")
-        rank, size = node_comm.Get_rank(), node_comm.Get_size()
-        # 1. one exchange: every rank's (reader_rank, slots), which must agree before anyone
-        # takes the reader's word, and the reader's sizes and roles (or why it refuses them)
         cfg: tuple[Any, ...] | str | None = None
-        if not isinstance(reader_rank, bool) and reader_rank == rank:
-            cfg = cls._reader_config(size, reader_rank, slots, payload_bytes, max_records,
-                                     key_bytes, workers, colocated, checksum, reader_info)
-        gathered = node_comm.allgather((reader_rank, slots, cfg))
-        if any(g[:2] != gathered[0][:2] for g in gathered):
-            raise ConfigError(
-                "BatchRing.create: reader_rank and slots must be equal on every rank, got "
-                + ", ".join(f"node rank {r}: {g[:2]}" for r, g in enumerate(gathered))
-            )
-        try:
-            reader = int(reader_rank)
-            k = int(slots)
-            if isinstance(reader_rank, bool) or isinstance(slots, bool):
-                raise ValueError
-        except (TypeError, ValueError):
-            raise ConfigError(f"BatchRing.create: reader_rank and slots must be integers, got "
-                              f"{reader_rank!r}, {slots!r}") from None
-        if not 0 <= reader < size:
-            raise ConfigError(f"BatchRing.create: reader_rank {reader} outside the node's "
-                              f"{size} ranks")
-        if k < 1:
-            raise ConfigError(f"BatchRing.create: slots (prefetch depth) must be >= 1, got {k}")
-        # 2. the reader decided sizes and roles; everyone raises alike on a bad config
-        cfg = gathered[reader][2]
-        if cfg is None:  # reader_rank given in a form that names no rank (e.g. "0")
-            raise ConfigError(f"BatchRing.create: reader_rank must be an integer node rank, "
-                              f"got {reader_rank!r}")
-        if isinstance(cfg, str):
-            raise ConfigError(f"BatchRing.create (node rank {reader}, the reader): {cfg}")
-        n_parts, max_rec, cap, kcap, wtuple, kind, info = cfg
+        if not isinstance(reader_rank, bool) and reader_rank == node_comm.Get_rank():
+            cfg = cls._reader_config(node_comm.Get_size(), reader_rank, slots, payload_bytes,
+                                     max_records, key_bytes, workers, colocated, checksum,
+                                     reader_info)
+        reader, k, agreed = _agree_on_config(node_comm, reader_rank, slots, cfg)
+        n_parts, max_rec, cap, kcap, wtuple, kind, info = agreed
         layout = SlotLayout(n_parts, max_rec, cap, kcap)
 
         self = object.__new__(cls)
-        #: what the reader passed as ``reader_info``
         self.reader_info = info
-        self._init_state(MPI, node_comm.Dup(), layout, k, reader, wtuple, kind,
+        self._init_state(MPI, node_comm.Dup(), k, reader, wtuple, kind,
                          float(timeout), float(max_sleep), float(spin))
         try:
-            self._allocate(layout)
+            self._window = SharedWindow.allocate(MPI, self._comm, layout, k, reader)
         except BaseException:
             self._comm.Free()
             raise
-        self._start()
+        self._channel.start()
+        self._shutdown_cb = self._on_shutdown
+        on_shutdown(self._shutdown_cb)
         return self
 
     @staticmethod
@@ -254,208 +225,48 @@ class BatchRing:
         except Exception as exc:  # every rank raises it after the exchange
             return f"{type(exc).__name__}: {exc}"
 
-    def _init_state(self, MPI: Any, comm: MPI.Intracomm, layout: SlotLayout, k: int, reader: int,
+    def _init_state(self, MPI: Any, comm: MPI.Intracomm, k: int, reader: int,
                     workers: tuple[int, ...], checksum: int, timeout: float, max_sleep: float,
                     spin: float) -> None:
         self._MPI = MPI
         self._comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
-        self.layout = layout
         self.slots = k
         self.reader_rank = reader
         self.workers = workers
-        self._widx = {r: i for i, r in enumerate(workers)}
         self.is_reader = self.rank == reader
-        self.is_worker = self.rank in self._widx
-        self.worker_index = self._widx.get(self.rank, -1)
+        self.is_worker = self.rank in workers
+        self.worker_index = workers.index(self.rank) if self.is_worker else -1
         self.checksum = checksum
-        self.timeout = timeout
-        self._max_sleep = max_sleep
-        self._spin = spin
         self.stats = RingStats()
-        self.backing_file: str | None = None
-        # window
-        self._win: Any = None
-        self._base: np.ndarray | None = None
-        self._bufs: list[SlotBuffers] = []
-        self._pinned: tuple[Any, int] | None = None
-        # messages
-        self._ctrl = np.zeros(4, dtype=np.int64)
-        self._status = MPI.Status()
-        self._req: Any = None
-        self._sends: list[tuple[Any, Any]] = []
+        self._channel = ControlChannel(
+            MPI, comm, self._on_message, role="reader" if self.is_reader else "worker",
+            fanout=len(workers), timeout=timeout, max_sleep=max_sleep, spin=spin)
+        self._window: SharedWindow
         # reader
+        self._credits = SlotCredits(k, workers)
         self._next_seq = 0
-        # per slot, a bit mask of the workers that still hold it (bit i: workers[i])
-        self._holders = [0] * k
-        self._all_workers = (1 << len(workers)) - 1
-        self._slot_seq = [-1] * k
         self._writer: SlotWriter | None = None
         self._stopped = False
         # worker
-        self._inbox: deque[tuple[int, int, int]] = deque()
-        self._expect = 0
+        self._inbox = SlotInbox()
         self._held: dict[int, SlotView] = {}
-        self._stop_seen = False
-        # lifecycle
-        self._closed = False
-        self._dead: str | None = None
-        self._aborted_by: RingAbortedError | None = None
         self._shutdown_cb: Callable[[str], None] | None = None
 
-    def _allocate(self, layout: SlotLayout) -> None:
-        """Collective: allocate the window, map the reader's segment, start the lock epoch.
-
-        One exchange after both steps says whether every rank allocated and mapped it (a
-        rank that has mapped it has it: an MPI library may unlink its backing file then)."""
-        MPI = self._MPI
-        comm = self._comm
-        nbytes = layout.window_bytes(self.slots)
-        win = None
-        error = None
-        try:
-            win = MPI.Win.Allocate_shared(nbytes if self.is_reader else 0, 1,
-                                          comm=comm)
-        except MPI.Exception as exc:
-            error = (f"allocating the batch ring window: MPI.Win.Allocate_shared of {nbytes} "
-                     f"bytes failed ({exc}); are all ranks of the node communicator on one "
-                     "shared-memory node?")
-        base = None
-        if win is not None:
-            try:
-                mem, _ = win.Shared_query(self.reader_rank)
-                have = len(memoryview(mem))
-                if have < nbytes:
-                    error = (f"mapping the batch ring window: the reader's segment has {have} "
-                             f"bytes, expected {nbytes}")
-                else:
-                    # the one root array: every view derives from it (numpy points their
-                    # .base here), so its reference count tells whether views are alive
-                    base = np.frombuffer(mem, dtype=np.uint8, count=nbytes)
-                del mem
-            except MPI.Exception as exc:
-                error = f"mapping the batch ring window: MPI.Win.Shared_query failed: {exc}"
-        states = comm.allgather((win is not None, error))
-        if any(e for _, e in states):
-            if all(allocated for allocated, _ in states):
-                base = None
-                win.Free()  # collective: every rank holds a window to free
-            detail = "; ".join(f"node rank {r}: {e}" for r, (_, e) in enumerate(states) if e)
-            raise RingError(f"creating the batch ring failed: {detail}")
-        win.Lock_all(MPI.MODE_NOCHECK)
-        self._win = win
-        self._base = base
-        self.layout = layout
-        self._rebuild_bufs()
-        if self.is_reader:
-            self.backing_file = backing_file(self._base.ctypes.data)
-            if self.backing_file:
-                log.info("batch ring window is backed by %s; it is unlinked at close/abort",
-                         self.backing_file)
-
-    def _start(self) -> None:
-        self._req = self._comm.Recv_init(self._ctrl, self._MPI.ANY_SOURCE, _TAG_CTRL)
-        self._req.Start()
-        self._shutdown_cb = self._on_shutdown
-        on_shutdown(self._shutdown_cb)
-
     # ================================================================== messages
-    def _send(self, kind: int, slot: int, seq: int, dest: int, extra: int = 0) -> None:
-        buf = np.array([kind, slot, seq, extra], dtype=np.int64)
-        self._sends.append((self._comm.Isend(buf, dest, _TAG_CTRL), buf))
-        if len(self._sends) > 4 * max(1, len(self.workers)):
-            self._prune_sends()
-
-    def _prune_sends(self) -> bool:
-        self._sends = [(r, b) for r, b in self._sends if not r.Test()]
-        return not self._sends
-
-    def _pump(self) -> None:
-        """Process every control message that has arrived (never blocks)."""
-        req, ctrl = self._req, self._ctrl
-        while req.Test(self._status):
-            kind, slot, seq, extra = ctrl.tolist()
-            src = self._status.Get_source()
-            req.Start()
-            self._dispatch(kind, slot, seq, extra, src)
-
-    def _dispatch(self, kind: int, slot: int, seq: int, extra: int, src: int) -> None:
-        if kind in (_READY, _STOP):
-            if src != self.reader_rank or not self.is_worker:
-                raise RingError(f"node rank {self.rank}: unexpected {_KIND_NAMES[kind]} from "
-                                f"node rank {src}")
-            self._inbox.append((kind, slot, seq))
-        elif kind == _RELEASED:
-            w = self._widx.get(src)
-            if not self.is_reader or w is None or not 0 <= slot < self.slots or \
-                    self._slot_seq[slot] != seq or not self._holders[slot] >> w & 1:
+    def _on_message(self, kind: int, slot: int, seq: int, src: int) -> None:
+        """A READY, STOP or RELEASED message from node rank ``src`` (see the module doc)."""
+        if kind == RELEASED:
+            if not self.is_reader or not self._credits.release(slot, seq, src):
                 raise RingError(f"node rank {self.rank}: node rank {src} released slot {slot} "
                                 f"sequence {seq}, which it does not hold")
-            self._holders[slot] &= ~(1 << w)
-        elif kind == _ABORT:  # slot carries the rank where the failure began
-            reason = self._recv_reason(src, extra)
-            origin = slot if 0 <= slot < self.size else src
-            self._aborted_by = RingAbortedError(origin, reason, self.rank)
-            raise self._aborted_by
-        else:
-            raise RingError(f"node rank {self.rank}: unknown control message kind {kind} "
-                            f"from node rank {src}")
+            return
+        if src != self.reader_rank or not self.is_worker:
+            raise RingError(f"node rank {self.rank}: unexpected {KIND_NAMES[kind]} from "
+                            f"node rank {src}")
+        self._inbox.messages.append((kind, slot, seq))
 
-    def _recv_reason(self, src: int, n: int) -> str:
-        if n <= 0:
-            return "(no reason given)"
-        deadline = time.monotonic() + _ABORT_GRACE
-        while not self._comm.Iprobe(src, _TAG_REASON):
-            if time.monotonic() > deadline:
-                return "(reason not received)"
-            time.sleep(1e-4)
-        data = bytearray(n)
-        self._comm.Recv([data, self._MPI.BYTE], src, _TAG_REASON)
-        return data.decode("utf-8", "replace")
-
-    def _check_usable(self) -> None:
-        if self._aborted_by is not None:
-            raise self._aborted_by
-        if self._dead is not None:
-            raise RingError(f"node rank {self.rank}: the batch ring was aborted ({self._dead})")
-        if self._closed:
-            raise RingError(f"node rank {self.rank}: the batch ring is closed")
-
-    def _wait(self, ready: Callable[[], bool], timeout: float | None,
-              what: Callable[[], str]) -> float:
-        """Pump messages until ``ready()``; returns the seconds waited.
-
-        First ``spin`` seconds of ``Test`` + ``sched_yield`` (hands the core to a peer that
-        shares it, returns at once otherwise), then sleeps doubling from 20 us to
-        ``max_sleep``: a long wait costs a few hundred wake-ups per second, not a core.
-        """
-        self._check_usable()
-        self._pump()
-        if ready():
-            return 0.0
-        limit = self.timeout if timeout is None else float(timeout)
-        t0 = time.perf_counter()
-        deadline = t0 + limit
-        spin_until = t0 + self._spin
-        sleep = 2e-5
-        while True:
-            self._pump()
-            if ready():
-                return time.perf_counter() - t0
-            now = time.perf_counter()
-            if now >= deadline:
-                role = "reader" if self.is_reader else "worker"
-                raise RingTimeoutError(
-                    f"node rank {self.rank} ({role}) waited {limit:g} s for {what()}"
-                )
-            if now < spin_until:
-                _yield()
-                continue
-            time.sleep(min(sleep, deadline - now))
-            sleep = min(sleep * 2, self._max_sleep)
-
-    # ================================================================== reader side
     def _require(self, reader: bool) -> None:
         if reader and not self.is_reader:
             raise RingError(f"node rank {self.rank} is not the ring's reader "
@@ -465,12 +276,35 @@ class BatchRing:
                             f"(workers: node ranks {list(self.workers)})")
 
     @property
+    def timeout(self) -> float:
+        """Seconds every wait of this rank lasts at most unless a call gives its own."""
+        return self._channel.timeout
+
+    @property
+    def layout(self) -> SlotLayout:
+        """The capacities and section offsets of every slot."""
+        return self._window.layout
+
+    def slot_buffers(self, slot: int) -> SlotBuffers:
+        """The typed views of slot ``slot`` in the window (for tests and tools that inspect
+        a slot; drop them before :meth:`close`)."""
+        return self._window.buffers[slot]
+
+    # ================================================================== reader side
+    @property
     def in_flight(self) -> int:
         """Slots published and not yet released by every worker (as known to the reader)."""
         self._require(True)
-        if self._dead is None and not self._closed:
-            self._pump()
-        return sum(1 for m in self._holders if m)
+        if self._channel.abort_reason is None and not self._channel.closed:
+            self._channel.pump()
+        return self._credits.in_flight
+
+    def wait_released(self, *, timeout: float | None = None) -> float:
+        """Reader: wait until the workers released every published slot (e.g. to time whole
+        round trips); returns the seconds waited."""
+        self._require(True)
+        return self._channel.wait(lambda: self._credits.in_flight == 0, timeout,
+                                  lambda: "final releases")
 
     def acquire_slot(self, epoch: int, iteration: int, *,
                      timeout: float | None = None) -> SlotWriter:
@@ -481,7 +315,7 @@ class BatchRing:
         ``publish()`` it before acquiring the next slot.
         """
         self._require(True)
-        self._check_usable()
+        self._channel.check_usable()
         if self._stopped:
             raise RingError("acquire_slot after stop(): the workers were told there is no more")
         if self._writer is not None and self._writer.is_open:
@@ -490,20 +324,19 @@ class BatchRing:
         self._writer = None  # a discarded writer gives its slot back unpublished
         seq = self._next_seq
         slot = seq % self.slots
-        holders = self._holders
+        credits = self._credits
 
         def what() -> str:
-            waiting = [r for i, r in enumerate(self.workers) if holders[slot] >> i & 1]
-            return (f"workers {waiting} to release slot {slot} (sequence {seq - self.slots}) "
-                    f"before writing epoch {epoch} iteration {iteration}")
+            return (f"workers {credits.holders(slot)} to release slot {slot} (sequence "
+                    f"{seq - self.slots}) before writing epoch {epoch} iteration {iteration}")
 
-        waited = self._wait(lambda: not holders[slot], timeout, what)
+        waited = self._channel.wait(lambda: credits.is_free(slot), timeout, what)
         if waited:
             self.stats.reader_waits += 1
             self.stats.reader_wait_s += waited
-        self._win.Sync()  # the workers' reads of this slot happen before our writes
-        w = SlotWriter(self._bufs[slot], slot=slot, seq=seq, epoch=epoch, iteration=iteration,
-                       checksum=self.checksum, on_publish=self._publish)
+        self._window.sync()  # the workers' reads of this slot happen before our writes
+        w = SlotWriter(self._window.buffers[slot], slot=slot, seq=seq, epoch=epoch,
+                       iteration=iteration, checksum=self.checksum, on_publish=self._publish)
         self._writer = w
         return w
 
@@ -511,19 +344,18 @@ class BatchRing:
         if w is not self._writer:
             raise RingError(f"{w.where} does not belong to this ring's open slot")
         self._writer = None
-        self._check_usable()
-        self._win.Sync()  # the slot's contents are visible before READY arrives
+        self._channel.check_usable()
+        self._window.sync()  # the slot's contents are visible before READY arrives
         slot, seq = w.slot, w.seq
-        self._slot_seq[slot] = seq
-        self._holders[slot] = self._all_workers
+        self._credits.grant(slot, seq)
         for r in self.workers:
-            self._send(_READY, slot, seq, r)
+            self._channel.send(READY, slot, seq, r)
         self._next_seq = seq + 1
         st = self.stats
         st.published += 1
         st.bytes_published += w.payload_bytes
-        st.max_in_flight = max(st.max_in_flight, sum(1 for m in self._holders if m))
-        self._pump()  # collect releases (and aborts) that arrived meanwhile
+        st.max_in_flight = max(st.max_in_flight, self._credits.in_flight)
+        self._channel.pump()  # collect releases (and aborts) that arrived meanwhile
 
     def stop(self) -> None:
         """Reader: tell every worker that no more slots come (``next_slot`` returns None).
@@ -531,7 +363,7 @@ class BatchRing:
         Idempotent; an acquired but unpublished slot is discarded.
         """
         self._require(True)
-        self._check_usable()
+        self._channel.check_usable()
         if self._stopped:
             return
         if self._writer is not None:
@@ -539,7 +371,7 @@ class BatchRing:
             self._writer = None
         self._stopped = True
         for r in self.workers:
-            self._send(_STOP, -1, self._next_seq, r)
+            self._channel.send(STOP, -1, self._next_seq, r)
 
     # ================================================================== worker side
     def next_slot(self, *, timeout: float | None = None,
@@ -556,54 +388,56 @@ class BatchRing:
         (``view.release()`` or ``with view:``); a worker can hold at most K at once.
         """
         self._require(False)
-        self._check_usable()
-        if self._stop_seen:
+        self._channel.check_usable()
+        inbox = self._inbox
+        if inbox.stop_seen:
             return None
         if len(self._held) >= self.slots:
             raise RingError(f"node rank {self.rank} holds all {self.slots} ring slots "
                             f"(sequences {sorted(self._held)}); release one before next_slot")
-        self.stats.worker_wait_s += self._wait(
-            lambda: bool(self._inbox), timeout,
-            lambda: f"slot sequence {self._expect} from the reader (node rank "
+        self.stats.worker_wait_s += self._channel.wait(
+            lambda: bool(inbox.messages), timeout,
+            lambda: f"slot sequence {inbox.expect} from the reader (node rank "
                     f"{self.reader_rank})",
         )
-        kind, slot, seq = self._inbox.popleft()
-        if kind == _STOP:
-            self._stop_seen = True
+        kind, slot, seq = inbox.messages.popleft()
+        if kind == STOP:
+            inbox.stop_seen = True
             return None
-        if seq != self._expect or slot != seq % self.slots:
+        if seq != inbox.expect or slot != seq % self.slots:
             raise RingError(f"node rank {self.rank}: got slot {slot} sequence {seq}, expected "
-                            f"sequence {self._expect} in slot {self._expect % self.slots}")
-        self._expect += 1
-        self._win.Sync()  # see everything the reader wrote before READY
+                            f"sequence {inbox.expect} in slot {inbox.expect % self.slots}")
+        inbox.expect += 1
+        self._window.sync()  # see everything the reader wrote before READY
         try:
-            view = read_slot(self._bufs[slot], part=self.worker_index, slot=slot, seq=seq,
-                             verify=bool(self.checksum), release=self._release_view,
-                             pin=self._pin, defer=defer_verify)
+            view = read_slot(self._window.buffers[slot], part=self.worker_index, slot=slot,
+                             seq=seq, verify=bool(self.checksum), release=self._release_view,
+                             pin=self._window.pin, defer=defer_verify)
         except SlotCorruptError:
             self.stats.corrupt += 1
-            self._send(_RELEASED, slot, seq, self.reader_rank)
+            self._channel.send(RELEASED, slot, seq, self.reader_rank)
             raise
         self._held[seq] = view
         self.stats.consumed += 1
         return view
 
     def _release_view(self, view: SlotView) -> None:
-        if self._held.pop(view.seq, None) is None or self._dead is not None or self._closed:
+        if self._held.pop(view.seq, None) is None or self._channel.abort_reason is not None \
+                or self._channel.closed:
             return
-        self._win.Sync()  # our reads of the slot complete before the reader may write
-        self._send(_RELEASED, view.slot, view.seq, self.reader_rank)
+        self._window.sync()  # our reads of the slot complete before the reader may write
+        self._channel.send(RELEASED, view.slot, view.seq, self.reader_rank)
 
     def poll(self) -> bool:
         """Worker: whether :meth:`next_slot` would return without waiting (a published slot
         or STOP has arrived). Never blocks; lets a worker take the next batch early only
         when it is already there."""
         self._require(False)
-        self._check_usable()
-        if self._stop_seen:
+        self._channel.check_usable()
+        if self._inbox.stop_seen:
             return True
-        self._pump()
-        return bool(self._inbox)
+        self._channel.pump()
+        return bool(self._inbox.messages)
 
     def iter_slots(self, *, timeout: float | None = None) -> Iterator[SlotView]:
         """Worker: yield this worker's part of every slot until STOP.
@@ -645,10 +479,23 @@ class BatchRing:
         the sequence numbering stay. Raises :class:`RingError` on every rank alike (and keeps
         the old window) if a worker still holds views or has not consumed every slot.
         """
-        self._check_usable()
+        self._channel.check_usable()
+        self._check_drained()
+        if self.is_reader:  # the last RELEASED messages may still be on their way
+            self._channel.wait(lambda: self._credits.in_flight == 0, timeout,
+                               lambda: "the last releases before resizing")
+        layout = self._agreed_layout(payload_bytes, max_records, key_bytes)
+        self._window.free(strict=True)
+        self._window = SharedWindow.allocate(self._MPI, self._comm, layout, self.slots,
+                                             self.reader_rank)
+        self._credits.forget_sequences()
+
+    def _check_drained(self) -> None:
+        """Collective: raise :class:`RingError` on every rank alike unless every published
+        slot was consumed and no rank holds a view or an open writer."""
         open_writer = self._writer is not None and self._writer.is_open
         state = (self._next_seq if self.is_reader else -1,
-                 self._expect if self.is_worker else -1,
+                 self._inbox.expect if self.is_worker else -1,
                  len(self._held) + open_writer, self._stopped)
         states = self._comm.allgather(state)
         next_seq = states[self.reader_rank][0]
@@ -656,16 +503,18 @@ class BatchRing:
         for r, (_, expect, held, _) in enumerate(states):
             if held:
                 problems.append(f"node rank {r} still holds {held} slot(s)")
-            if r in self._widx and expect != next_seq:
+            if r in self.workers and expect != next_seq:
                 problems.append(f"worker node rank {r} consumed up to sequence {expect - 1}, "
                                 f"the reader published up to {next_seq - 1}")
         if states[self.reader_rank][3]:
             problems.append("the reader already sent STOP")
         if problems:
             raise RingError("resize needs a drained ring: " + "; ".join(problems))
-        if self.is_reader:  # the last RELEASED messages may still be on their way
-            self._wait(lambda: not any(self._holders), timeout,
-                       lambda: "the last releases before resizing")
+
+    def _agreed_layout(self, payload_bytes: int | None, max_records: int | None,
+                       key_bytes: int | None) -> SlotLayout:
+        """Collective: the slot layout of the reader's new capacities (``None`` keeps one);
+        :class:`~lmdbio.errors.ConfigError` on every rank alike if the reader refuses them."""
         cfg: tuple[int, int, int] | str | None = None
         if self.is_reader:
             lo = self.layout
@@ -681,50 +530,23 @@ class BatchRing:
         cfg = self._comm.bcast(cfg, root=self.reader_rank)
         if isinstance(cfg, str):
             raise ConfigError(f"BatchRing.resize (node rank {self.reader_rank}): {cfg}")
-        layout = SlotLayout(self.layout.n_parts, *cfg)
-        self._free_window(strict=True)
-        self._allocate(layout)
-        self._slot_seq = [-1] * self.slots
-
-    # ================================================================== GPU
-    def _pin(self, xp: Any) -> None:
-        """Page-lock the window for ``xp`` (cupy) once, so device copies are DMA."""
-        if self._pinned is not None or self._base is None:
-            return
-        runtime = xp.cuda.runtime
-        ptr = int(self._base.ctypes.data)
-        runtime.hostRegister(ptr, int(self._base.nbytes), 0)
-        self._pinned = (runtime, ptr)
-
-    def _unpin(self) -> None:
-        if self._pinned is not None:
-            runtime, ptr = self._pinned
-            self._pinned = None
-            try:
-                runtime.hostUnregister(ptr)
-            except Exception as exc:  # pragma: no cover - GPU only
-                log.warning("hostUnregister of the batch ring failed: %s", exc)
+        assert cfg is not None
+        return SlotLayout(self.layout.n_parts, *cfg)
 
     # ================================================================== teardown
-    def _views_alive(self) -> int:
-        """Numpy views into the window held outside the ring (0 after dropping ours)."""
-        self._bufs = []
-        if self._base is None:
-            return 0
-        return max(0, sys.getrefcount(self._base) - 2)
-
     def _drain_for_close(self) -> bool:
+        inbox = self._inbox
         if self.is_worker:
-            while self._inbox:
-                kind, slot, seq = self._inbox.popleft()
-                if kind == _STOP:
-                    self._stop_seen = True
+            while inbox.messages:
+                kind, slot, seq = inbox.messages.popleft()
+                if kind == STOP:
+                    inbox.stop_seen = True
                 else:  # published but not consumed: give it back unread
-                    self._expect = seq + 1
-                    self._send(_RELEASED, slot, seq, self.reader_rank)
-            if not self._stop_seen:
+                    inbox.expect = seq + 1
+                    self._channel.send(RELEASED, slot, seq, self.reader_rank)
+            if not inbox.stop_seen:
                 return False
-        return not (self.is_reader and any(self._holders))
+        return not (self.is_reader and self._credits.in_flight)
 
     def close(self, *, timeout: float | None = None) -> None:
         """Collective: stop (reader), give back unconsumed slots, free the window.
@@ -735,72 +557,33 @@ class BatchRing:
         mapped until MPI finalizes) and a warning says so. If anything fails, the ring
         aborts (see :meth:`abort`) and the error propagates.
         """
-        if self._closed or self._dead is not None:
+        channel = self._channel
+        if channel.closed or channel.abort_reason is not None:
             return
         try:
             if self.is_reader:
                 self.stop()
             for v in list(self._held.values()):
                 v.release()
-            self._wait(self._drain_for_close, timeout,
-                       lambda: "the node to finish the ring (reader: all releases; worker: "
-                       "STOP)")
-            self._wait(self._prune_sends, timeout, lambda: "control messages to be delivered")
-            self._req.Cancel()
-            self._req.Wait()
-            self._req.Free()
-            self._req = None
-            self._free_window(strict=False)
+            channel.wait(self._drain_for_close, timeout,
+                         lambda: "the node to finish the ring (reader: all releases; worker: "
+                         "STOP)")
+            channel.wait(channel.sends_done, timeout, lambda: "control messages to be delivered")
+            channel.stop_receiving()
+            self._window.free(strict=False)
             self._comm.Free()
         except BaseException as exc:
             self.abort(f"close failed: {type(exc).__name__}: {exc}")
             raise
-        self._closed = True
+        channel.closed = True
         self._forget_shutdown()
-
-    def _free_window(self, strict: bool) -> bool:
-        """Collective: free the window unless a rank still holds views into it.
-
-        ``strict``: raise :class:`RingError` on every rank instead (the window stays usable).
-        """
-        alive = self._views_alive()
-        counts = self._comm.allgather(alive)
-        if any(counts):
-            holders = {r: c for r, c in enumerate(counts) if c}
-            msg = (f"numpy views into the batch ring are still alive on node ranks "
-                   f"{holders} (rank: views)")
-            if strict:
-                self._rebuild_bufs()
-                raise RingError(msg + "; drop them before resizing")
-            if alive:
-                log.warning("node rank %d: %s; the window stays mapped until MPI finalizes",
-                            self.rank, msg)
-            self._unlink_backing()
-            return False
-        self._unpin()
-        self._base = None
-        win, self._win = self._win, None
-        win.Unlock_all()
-        win.Free()
-        self._unlink_backing()
-        self.backing_file = None
-        return True
-
-    def _rebuild_bufs(self) -> None:
-        lo = self.layout
-        self._bufs = [SlotBuffers(lo, self._base[i * lo.slot_size : (i + 1) * lo.slot_size])
-                      for i in range(self.slots)]
-
-    def _unlink_backing(self) -> None:
-        if self.is_reader and self.backing_file:
-            unlink_quietly(self.backing_file)
 
     def _forget_shutdown(self) -> None:
         if self._shutdown_cb is not None:
             remove_shutdown(self._shutdown_cb)
             self._shutdown_cb = None
 
-    def abort(self, reason: str, *, grace: float = _ABORT_GRACE) -> None:
+    def abort(self, reason: str, *, grace: float = ABORT_GRACE) -> None:
         """Local, never collective: tell every other rank of the node, drop this rank's use
         of the window and unlink a named backing file. Idempotent.
 
@@ -809,36 +592,16 @@ class BatchRing:
         failure began told everyone). ``grace`` bounds the wait for those messages to leave.
         The window memory returns to the OS when the processes exit.
         """
-        if self._closed or self._dead is not None:
+        if self._channel.closed or self._channel.abort_reason is not None:
             return
-        self._dead = reason
-        try:
-            if self._aborted_by is None:
-                raw = reason.encode("utf-8", "replace")[:_REASON_MAX]
-                for dest in range(self.size):
-                    if dest != self.rank:
-                        self._send(_ABORT, self.rank, -1, dest, len(raw))
-                        self._sends.append(
-                            (self._comm.Isend([raw, self._MPI.BYTE], dest, _TAG_REASON), raw))
-            deadline = time.monotonic() + grace
-            while not self._prune_sends() and time.monotonic() < deadline:
-                time.sleep(1e-4)
-            if self._req is not None:
-                req, self._req = self._req, None
-                req.Cancel()
-                req.Wait()
-                req.Free()
-        except Exception as exc:  # a dying MPI must not mask the original error
-            log.debug("node rank %d: while aborting the batch ring: %s", self.rank, exc)
+        self._channel.abort(reason, grace)
         for v in list(self._held.values()):
             v.release()
         self._held.clear()
         if self._writer is not None:
             self._writer.discard()
             self._writer = None
-        alive = self._views_alive()
-        self._unpin()
-        self._unlink_backing()
+        alive = self._window.drop()
         self._forget_shutdown()
         log.warning("node rank %d: batch ring aborted (%s); its memory returns to the OS when "
                     "the process exits (%d numpy views still alive)", self.rank, reason, alive)
@@ -847,13 +610,19 @@ class BatchRing:
         if reason == "exit":
             reason = "the process exited without closing the ring"
         # on a signal the process is about to die (and may be SIGKILLed soon): be quick
-        grace = 0.2 if reason.startswith("signal:") else _ABORT_GRACE
+        grace = 0.2 if reason.startswith("signal:") else ABORT_GRACE
         self.abort(f"node rank {self.rank}: {reason}", grace=grace)
 
     @property
     def address(self) -> int:
         """Virtual address of the window in this process (0 once freed)."""
-        return 0 if self._base is None else int(self._base.ctypes.data)
+        return self._window.address
+
+    @property
+    def backing_file(self) -> str | None:
+        """The reader's named backing file of the window, if the MPI library left one
+        (``None`` elsewhere, and once the window is freed)."""
+        return self._window.backing_file
 
     @property
     def nbytes(self) -> int:
@@ -863,12 +632,12 @@ class BatchRing:
     @property
     def closed(self) -> bool:
         """Whether :meth:`close` completed."""
-        return self._closed
+        return self._channel.closed
 
     @property
     def aborted(self) -> str | None:
         """The abort reason, or ``None`` if the ring was not aborted."""
-        return self._dead
+        return self._channel.abort_reason
 
     def __enter__(self) -> BatchRing:
         return self
@@ -876,7 +645,7 @@ class BatchRing:
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         if exc_type is None:
             self.close()
-        elif exc is not None and exc is self._aborted_by:
+        elif exc is not None and exc is self._channel.aborted_by:
             self.abort(str(exc))
         else:
             self.abort(f"node rank {self.rank} raised {exc_type.__name__}: {exc}")
@@ -884,6 +653,45 @@ class BatchRing:
     def __repr__(self) -> str:
         role = "reader+worker" if self.is_reader and self.is_worker else \
             "reader" if self.is_reader else "worker" if self.is_worker else "idle"
-        state = "closed" if self._closed else f"aborted ({self._dead})" if self._dead else "open"
+        dead = self._channel.abort_reason
+        state = "closed" if self.closed else f"aborted ({dead})" if dead else "open"
         return (f"BatchRing(node rank {self.rank}/{self.size}, {role}, {self.slots} slots of "
                 f"{self.layout.slot_size} bytes, {state})")
+
+
+def _agree_on_config(node_comm: MPI.Intracomm, reader_rank: int, slots: int,
+                     cfg: tuple[Any, ...] | str | None) -> tuple[int, int, tuple[Any, ...]]:
+    """Collective: ``(reader, slots, the reader's configuration)`` for :meth:`BatchRing.create`.
+
+    One exchange: every rank's (reader_rank, slots), which must agree before anyone takes the
+    reader's word, and the reader's sizes and roles (``cfg``, or why it refuses them); every
+    rank raises :class:`~lmdbio.errors.ConfigError` alike on a bad configuration.
+    """
+    gathered = node_comm.allgather((reader_rank, slots, cfg))
+    if any(g[:2] != gathered[0][:2] for g in gathered):
+        raise ConfigError(
+            "BatchRing.create: reader_rank and slots must be equal on every rank, got "
+            + ", ".join(f"node rank {r}: {g[:2]}" for r, g in enumerate(gathered))
+        )
+    try:
+        reader = int(reader_rank)
+        k = int(slots)
+        if isinstance(reader_rank, bool) or isinstance(slots, bool):
+            raise ValueError
+    except (TypeError, ValueError):
+        raise ConfigError(f"BatchRing.create: reader_rank and slots must be integers, got "
+                          f"{reader_rank!r}, {slots!r}") from None
+    size = node_comm.Get_size()
+    if not 0 <= reader < size:
+        raise ConfigError(f"BatchRing.create: reader_rank {reader} outside the node's "
+                          f"{size} ranks")
+    if k < 1:
+        raise ConfigError(f"BatchRing.create: slots (prefetch depth) must be >= 1, got {k}")
+    # the reader decided sizes and roles; everyone raises alike on a bad config
+    agreed = gathered[reader][2]
+    if agreed is None:  # reader_rank given in a form that names no rank (e.g. "0")
+        raise ConfigError(f"BatchRing.create: reader_rank must be an integer node rank, "
+                          f"got {reader_rank!r}")
+    if isinstance(agreed, str):
+        raise ConfigError(f"BatchRing.create (node rank {reader}, the reader): {agreed}")
+    return reader, k, agreed

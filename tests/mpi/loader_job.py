@@ -57,7 +57,7 @@ def consume(loader, epochs, state_at=None, break_at=None, step=0.0, stop=None):
 def await_next_epoch(loader, epochs: int, seconds: float = 60.0) -> None:
     """Make ``loader``'s epoch look-ahead find the next epoch's first slot published: wait
     (sleeping, bounded by ``seconds``) until the ring holds a slot before it looks."""
-    look_ahead = loader._look_ahead_epoch
+    look_ahead = loader.prefetcher.look_ahead_epoch
 
     def waited():
         if loader.epoch + 1 < epochs:
@@ -69,7 +69,7 @@ def await_next_epoch(loader, epochs: int, seconds: float = 60.0) -> None:
                 time.sleep(0.005)
         look_ahead()
 
-    loader._look_ahead_epoch = waited
+    loader.prefetcher.look_ahead_epoch = waited
 
 
 def record_reads(session):
@@ -111,7 +111,7 @@ def run_case(args: argparse.Namespace) -> dict:
     world = MPI.COMM_WORLD
     with loaders.open(cfg, args.overrides) as loader:
         if args.no_epoch_look_ahead:
-            loader._look_ahead_epoch = lambda: None
+            loader.prefetcher.look_ahead_epoch = lambda: None
         elif args.await_next_epoch and loader.is_worker:
             await_next_epoch(loader, args.epochs)
         reads = record_reads(loader.session)

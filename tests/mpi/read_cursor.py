@@ -20,7 +20,7 @@ from mpi4py import MPI
 from lmdbio.errors import LmdbioError
 from lmdbio.io.symmap import map_file, map_symmetric
 from lmdbio.lmdb import Database
-from lmdbio.lmdb.database import _resolve_file
+from lmdbio.lmdb.snapshot import resolve_file
 from lmdbio.mpiutil import abort_on_error
 
 world = MPI.COMM_WORLD
@@ -33,7 +33,7 @@ def crc(cur) -> int:
 
 
 def trial(path: str, kind: str, extra: dict | None = None) -> None:
-    file = _resolve_file(path)
+    file = resolve_file(path)
     mapping = map_symmetric(world, file) if kind == "symmetric" else map_file(file)
     db = Database(path, buffer=mapping.array,
                   address=mapping.address if mapping.symmetric else None)

@@ -51,9 +51,9 @@ def schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
 
 def slots(sched: list[tuple[int, int]], per_slot: int) -> list[tuple[int, int, int]]:
     """The ring slots of ``sched``, as ``lmdbio bench read`` makes them."""
-    from lmdbio.benchmarks.read import _slots
+    from lmdbio.plan.epoch import schedule_slots
 
-    return _slots(sched, per_slot)
+    return schedule_slots(sched, per_slot)
 
 
 def random_read_flag(buf) -> bool | None:

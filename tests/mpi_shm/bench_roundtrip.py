@@ -62,7 +62,7 @@ def ring_run(k: int, checksum: bool | str, work: float = 0.0, n: int = iters) ->
                 w.publish()
             ring.stop()
             # wait for the last releases: the time covers every slot's full round trip
-            ring._wait(lambda: ring.in_flight == 0, None, lambda: "final releases")
+            ring.wait_released()
         else:
             for view in ring.iter_slots():
                 assert view.count == n_rec // len(ring.workers) or view.count >= 0

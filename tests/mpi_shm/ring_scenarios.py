@@ -188,13 +188,13 @@ def corrupt(node, side, k: int = 2) -> dict:
         if ring.is_reader:
             publish_batch(ring, 0, 0, n=n, min_size=1)
             # a stray write into the last worker's part after publication (test-only poke)
-            bufs = ring._bufs[0]
+            bufs = ring.slot_buffers(0)
             bs = int(bufs.parts[-1]["byte_start"])
             bufs.payload[bs] ^= 0xFF
             del bufs  # views kept past close() would keep the window mapped
             side.Barrier()  # B1
             publish_batch(ring, 0, 1, n=n, min_size=1)
-            ring._bufs[1].header["iteration"] += 1000  # a header changed after the seal
+            ring.slot_buffers(1).header["iteration"] += 1000  # a header changed after the seal
             side.Barrier()  # B2
             publish_batch(ring, 0, 2, n=n, min_size=1, timeout=10)  # slot 0 came back
             return {}

@@ -4,7 +4,7 @@ Bits that (almost) every row shares are found once per data set (:func:`fit`, op
 random sample, or :func:`fit_clusters` for one mask per cluster of rows) and removed from each
 row; a row whose chunks do not match keeps them raw, and a row that would not shrink is stored
 raw. Decoding reinserts the bits: on the CPU with a numba kernel, on a GPU with the CUDA
-kernel in ``ibp_kernel.cu``, or anywhere with whole-array code on numpy or cupy.
+kernel in ``ibp_kernel.cu`` (in this package), or anywhere with whole-array code on numpy or cupy.
 
 >>> from lmdbio.codecs import ibp
 >>> model = ibp.fit(rows, chunk_bytes=4)            # doctest: +SKIP
@@ -12,7 +12,8 @@ kernel in ``ibp_kernel.cu``, or anywhere with whole-array code on numpy or cupy.
 >>> same = model.decompress(packed)                 # doctest: +SKIP
 
 Formats: :mod:`lmdbio.codecs.ibp.model` (model bytes), :mod:`lmdbio.codecs.ibp.packed` (rows,
-layouts and frames). Transport helpers: :func:`compress_into`, :func:`decompress_from`.
+layouts and frames). Transport between a node's reader and its workers:
+:mod:`lmdbio.codecs.ibp.transport` (:func:`compress_into`, :func:`decompress_from`).
 Importing this package does not import numba; the kernels compile on first use.
 """
 
@@ -42,5 +43,3 @@ __all__ = [
     "register",
     "threshold_mask",
 ]
-
-register()

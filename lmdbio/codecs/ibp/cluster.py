@@ -17,13 +17,13 @@ import numpy as np
 
 from lmdbio.codecs.ibp.model import (
     IBPModel,
-    _check_chunk_bytes,
-    _plan,
-    _popcount,
-    _sample_rows,
-    _search,
+    check_chunk_bytes,
     model_from_bits,
+    popcount,
+    row_plan,
     rows_to_words,
+    sample_rows,
+    search_mask,
 )
 from lmdbio.errors import CodecError
 
@@ -87,11 +87,11 @@ def fit_clusters(rows: Any, k: int, chunk_bytes: int = 4, *, sample: float | Non
                  seed: int = 0, iters: int = 10, refine: int = 2,
                  search: str = "auto") -> IBPModel:
     """Fit a clustered :class:`IBPModel` with up to ``k`` masks (empty clusters are dropped)."""
-    chunk_bytes = _check_chunk_bytes(chunk_bytes)
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
     if not 1 <= int(k) <= 65535:
         raise CodecError(f"IBP clusters must be 1..65535, not {k}")
     words, dtype, row_shape = rows_to_words(rows, chunk_bytes)
-    words = _sample_rows(words, sample, seed)
+    words = sample_rows(words, sample, seed)
     nrows, n = words.shape
     if nrows == 0:
         raise CodecError("IBP cannot fit a model on zero rows")
@@ -103,7 +103,7 @@ def fit_clusters(rows: Any, k: int, chunk_bytes: int = 4, *, sample: float | Non
         masks, bitvals = [], []
         for c in np.unique(lab):
             member = np.ascontiguousarray(words[lab == c])
-            best = _search(member, width, meta_words, search, 1)
+            best = search_mask(member, width, meta_words, search, 1)
             masks.append(best.mask)
             bitvals.append(best.bitval)
         return np.array(masks, np.uint64), np.array(bitvals, np.uint64)
@@ -111,7 +111,7 @@ def fit_clusters(rows: Any, k: int, chunk_bytes: int = 4, *, sample: float | Non
     labels = np.unique(labels, return_inverse=True)[1].reshape(-1)
     masks, bitvals = fit_masks(labels)
     for _ in range(max(0, refine)):
-        rw, _, cid = _plan(words, masks, bitvals, _popcount(masks), meta_words, width)
+        rw, _, cid = row_plan(words, masks, bitvals, popcount(masks), meta_words, width)
         # compressed rows move to their cheapest mask, raw rows keep their cluster
         new = np.where(rw < n, cid, labels)
         if np.array_equal(new, labels):

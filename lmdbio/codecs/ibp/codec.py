@@ -32,9 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs._numcodecs import as_input, fill_out, refuse_object_out
 from lmdbio.codecs.ibp.model import IBPModel, fit, model_from_bits
 from lmdbio.codecs.ibp.packed import LAYOUTS, IBPPacked
+from lmdbio.codecs.numcodecs_base import as_input, fill_out, refuse_object_out
 from lmdbio.errors import CodecError
 
 try:  # numcodecs is optional: subclass its Codec when it is there
@@ -201,3 +201,6 @@ def register() -> bool:
         return False
     register_codec(IBPCodec)
     return True
+
+
+register()

@@ -1,4 +1,4 @@
-"""Host side of the CUDA decoder (``lmdbio/codecs/ibp_kernel.cu``), through cupy.
+"""Host side of the CUDA decoder (``lmdbio/codecs/ibp/ibp_kernel.cu``), through cupy.
 
 The compressed data section is copied to the device (only the compressed bytes cross PCIe;
 already there when :func:`lmdbio.codecs.ibp.device.decompress_pinned` sent the frame through
@@ -29,7 +29,7 @@ WARPS_PER_BLOCK = THREADS_PER_BLOCK // 32
 
 def kernel_source() -> str:
     """The CUDA source shipped as package data."""
-    return resources.files("lmdbio.codecs").joinpath(KERNEL_FILE).read_text()
+    return resources.files("lmdbio.codecs.ibp").joinpath(KERNEL_FILE).read_text()
 
 
 @functools.cache

@@ -30,8 +30,8 @@ from lmdbio.codecs.ibp.model import IBPModel
 from lmdbio.codecs.ibp.packed import (
     HEAD,
     IBPPacked,
-    _section_layout,
     check_compatible,
+    section_layout,
 )
 from lmdbio.codecs.ibp.transport import as_uint8
 from lmdbio.errors import CodecError
@@ -62,8 +62,8 @@ def to_device(packed: IBPPacked, frame: np.ndarray, feed: Any) -> tuple[DevicePa
     """``packed`` (parsed from the host ``frame``) on the device: the frame's bytes cross in
     one asynchronous copy through ``feed``; returns the device twin and the
     :class:`~loaders.device_feed.DeviceBatch` of the copy."""
-    first, cids, _, data_off = _section_layout(packed.layout, packed.nrows, packed.nchunks,
-                                               packed.nclusters)
+    first, cids, _, data_off = section_layout(packed.layout, packed.nrows, packed.nchunks,
+                                              packed.nclusters)
     total = data_off + packed.data.nbytes
     batch = feed.submit(frame[:total])
     dev, = batch.arrays()

@@ -11,7 +11,7 @@ Two CPU decoders share the stream format:
   two at a time through pair tables; hardware ``pdep`` where the CPU has a fast BMI2, a
   run-by-run software deposit elsewhere);
 * :func:`decode_rows_mirror` -- a lane-by-lane model of the CUDA kernel in
-  ``lmdbio/codecs/ibp_kernel.cu``: rounds of 32 chunks, exclusive scan of bit lengths,
+  ``lmdbio/codecs/ibp/ibp_kernel.cu``: rounds of 32 chunks, exclusive scan of bit lengths,
   128-byte aligned segment loads into a 512-byte ring, software deposit. Tests compare it
   bit for bit with the fast decoder and the array-API decoder, so the GPU algorithm is
   checked on machines without a GPU.

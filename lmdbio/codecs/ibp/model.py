@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmdbio.errors import CodecError
+from lmdbio.kernel_args import read_only
 
 if TYPE_CHECKING:
     from lmdbio.codecs.ibp.packed import IBPPacked
@@ -58,13 +59,15 @@ def _words_dtype(chunk_bytes: int) -> np.dtype:
     return np.dtype("<u4") if chunk_bytes == 4 else np.dtype("<u8")
 
 
-def _check_chunk_bytes(chunk_bytes: int) -> int:
+def check_chunk_bytes(chunk_bytes: int) -> int:
+    """``chunk_bytes`` as an int; a CodecError unless it is 4 or 8."""
     if chunk_bytes not in (4, 8):
         raise CodecError(f"IBP chunk_bytes must be 4 or 8, not {chunk_bytes!r}")
     return int(chunk_bytes)
 
 
-def _popcount(a: np.ndarray) -> np.ndarray:
+def popcount(a: np.ndarray) -> np.ndarray:
+    """The number of set bits of every element of ``a``, as int64."""
     return np.bitwise_count(a.astype(np.uint64)).astype(np.int64)
 
 
@@ -106,7 +109,7 @@ class IBPModel:
         self.row_shape = tuple(int(s) for s in self.row_shape)
         if any(s < 0 for s in self.row_shape):
             raise CodecError(f"IBP row shape {self.row_shape} has a negative dimension")
-        self.chunk_bytes = _check_chunk_bytes(self.chunk_bytes)
+        self.chunk_bytes = check_chunk_bytes(self.chunk_bytes)
         self.row_bytes = int(math.prod(self.row_shape)) * self.dtype.itemsize
         if self.row_bytes == 0:
             raise CodecError("IBP rows must hold at least one byte")
@@ -135,7 +138,7 @@ class IBPModel:
         self.masks, self.bitvals = masks, bitvals
         self.masks.flags.writeable = False
         self.bitvals.flags.writeable = False
-        self.pcs = _popcount(masks)
+        self.pcs = popcount(masks)
         self.pcs64 = self.pcs.astype(np.uint64)
         self.masks64 = masks.astype(np.uint64)
         self.bitvals64 = bitvals.astype(np.uint64)
@@ -416,15 +419,19 @@ def threshold_mask(counts: np.ndarray, nrows: int, threshold: float,
     return mask, bitval
 
 
-def _plan(words: np.ndarray, masks64: np.ndarray, bitvals64: np.ndarray, pcs: np.ndarray,
-          meta_words: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def row_plan(words: np.ndarray, masks64: np.ndarray, bitvals64: np.ndarray, pcs: np.ndarray,
+            meta_words: int, width: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per row, ``(stored words, saving in bits, cluster id)`` under the masks
+    ``masks64``/``bitvals64``: each row takes the cluster that stores it in the fewest words
+    (compiled: :func:`lmdbio.codecs.ibp.kernels.plan_rows`)."""
     from lmdbio.codecs.ibp import kernels
 
     nrows = words.shape[0]
     rw = np.empty(nrows, np.int64)
     saved = np.empty(nrows, np.int64)
     cid = np.empty(nrows, np.int64)
-    kernels.plan_rows(words, masks64, bitvals64, pcs, meta_words, width, rw, saved, cid)
+    kernels.plan_rows(read_only(words), masks64, bitvals64, pcs, meta_words, width, rw, saved,
+                      cid)
     return rw, saved, cid
 
 
@@ -489,8 +496,8 @@ class _Candidate:
 
 def _evaluate(words: np.ndarray, cand: _Candidate, meta_words: int, width: int) -> _Candidate:
     """Fill in the candidate's stored size (words) and the authors' objective."""
-    pcs = _popcount(cand.mask)[None, :]
-    rw, saved, _ = _plan(words, cand.mask[None, :], cand.bitval[None, :], pcs, meta_words,
+    pcs = popcount(cand.mask)[None, :]
+    rw, saved, _ = row_plan(words, cand.mask[None, :], cand.bitval[None, :], pcs, meta_words,
                          width)
     cand.words = int(rw.sum())
     cand.paper_saving = int(np.maximum(saved - words.shape[1], 0).sum())
@@ -508,11 +515,11 @@ def fit(rows: Any, chunk_bytes: int = 4, threshold: float | None = None,
     ``"column"`` (see the module docstring). ``refine``: rounds of the column search restricted
     to the rows it compresses.
     """
-    chunk_bytes = _check_chunk_bytes(chunk_bytes)
+    chunk_bytes = check_chunk_bytes(chunk_bytes)
     if search not in ("auto", "global", "column"):
         raise CodecError(f"IBP search must be auto, global or column, not {search!r}")
     words, dtype, row_shape = rows_to_words(rows, chunk_bytes)
-    words = _sample_rows(words, sample, seed)
+    words = sample_rows(words, sample, seed)
     nrows, n = words.shape
     width = 8 * chunk_bytes
     meta_words = -(-n // width)
@@ -524,12 +531,13 @@ def fit(rows: Any, chunk_bytes: int = 4, threshold: float | None = None,
         counts = bit_counts(words, chunk_bytes)
         mask, bitval = threshold_mask(counts, nrows, float(threshold), width)
         return IBPModel(dtype, row_shape, chunk_bytes, mask, bitval, float(threshold), "fixed")
-    best = _search(words, width, meta_words, search, refine)
+    best = search_mask(words, width, meta_words, search, refine)
     return IBPModel(dtype, row_shape, chunk_bytes, best.mask, best.bitval, best.threshold,
                     best.search)
 
 
-def _sample_rows(words: np.ndarray, sample: float | None, seed: int) -> np.ndarray:
+def sample_rows(words: np.ndarray, sample: float | None, seed: int) -> np.ndarray:
+    """``words``, or a seeded random fraction ``sample`` of its rows."""
     if sample is None:
         return words
     frac = float(sample)
@@ -544,8 +552,9 @@ def _sample_rows(words: np.ndarray, sample: float | None, seed: int) -> np.ndarr
     return np.ascontiguousarray(words[idx])
 
 
-def _search(words: np.ndarray, width: int, meta_words: int, search: str,
-            refine: int) -> _Candidate:
+def search_mask(words: np.ndarray, width: int, meta_words: int, search: str,
+                refine: int) -> _Candidate:
+    """The best mask candidate for ``words`` found by the ``search`` strategy."""
     nrows, n = words.shape
     cands: list[_Candidate] = []
     if search in ("auto", "global"):
@@ -566,8 +575,8 @@ def _search(words: np.ndarray, width: int, meta_words: int, search: str,
             m, b = _column_candidate(words, select, width, z)
             cand = _evaluate(words, _Candidate(m, b, "column", float("nan")), meta_words, width)
             cands.append(cand)
-            pcs = _popcount(m)[None, :]
-            rw, _, _ = _plan(words, m[None, :], b[None, :], pcs, meta_words, width)
+            pcs = popcount(m)[None, :]
+            rw, _, _ = row_plan(words, m[None, :], b[None, :], pcs, meta_words, width)
             new_select = rw < n
             if not new_select.any() or np.array_equal(new_select, select):
                 break

@@ -38,8 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs.ibp.model import IBPModel, _plan
+from lmdbio.codecs.ibp.model import IBPModel, row_plan
 from lmdbio.errors import CodecError
+from lmdbio.kernel_args import read_only
 
 FRAME_MAGIC = b"IBPP"
 FRAME_VERSION = 1
@@ -62,8 +63,8 @@ def _uint(nbytes: int) -> np.dtype:
     return np.dtype({1: "u1", 2: "<u2", 4: "<u4"}[nbytes])
 
 
-def _section_layout(layout: str, nrows: int, nchunks: int,
-                    nclusters: int) -> tuple[int, int, int, int]:
+def section_layout(layout: str, nrows: int, nchunks: int,
+                   nclusters: int) -> tuple[int, int, int, int]:
     """(bitmask-or-lengths bytes, cluster-id bytes, padding, data offset) of a frame."""
     first = -(-nrows // 8) if layout == "inplace" else nrows * length_bytes(nchunks)
     cids = nrows * _cid_bytes(nclusters)
@@ -75,7 +76,7 @@ def _section_layout(layout: str, nrows: int, nchunks: int,
 def max_frame_nbytes(model: IBPModel, nrows: int, layout: str = "condensed") -> int:
     """Largest frame :func:`compress_into` can write for ``nrows`` rows (every row raw)."""
     _check_layout(layout)
-    *_, data_off = _section_layout(layout, nrows, model.nchunks, model.nclusters)
+    *_, data_off = section_layout(layout, nrows, model.nchunks, model.nclusters)
     return data_off + nrows * model.padded_bytes
 
 
@@ -161,7 +162,7 @@ class IBPPacked:
     # ------------------------------------------------------------- serialization
     def frame_nbytes(self) -> int:
         """Length of :meth:`to_bytes`."""
-        *_, data_off = _section_layout(self.layout, self.nrows, self.nchunks, self.nclusters)
+        *_, data_off = section_layout(self.layout, self.nrows, self.nchunks, self.nclusters)
         return data_off + self.data.nbytes
 
     def to_bytes(self, checksum: bool = True) -> bytes:
@@ -172,8 +173,8 @@ class IBPPacked:
 
     def write_into(self, out: np.ndarray, checksum: bool = True) -> int:
         """Write the frame into the uint8 array ``out``; return its length."""
-        first, cids, pad, data_off = _section_layout(self.layout, self.nrows, self.nchunks,
-                                                     self.nclusters)
+        first, cids, pad, data_off = section_layout(self.layout, self.nrows, self.nchunks,
+                                                    self.nclusters)
         total = data_off + self.data.nbytes
         if out.nbytes < total:
             raise CodecError(f"IBP frame needs {total} bytes, buffer has {out.nbytes}")
@@ -220,7 +221,7 @@ class IBPPacked:
             raise CodecError(f"IBP frame: length width {lbytes}, expected {want_lb}")
         if nrows > 8 * arr.nbytes:
             raise CodecError(f"IBP frame: {nrows} rows cannot fit in {arr.nbytes} bytes")
-        first, cids, _, data_off = _section_layout(layout, nrows, nchunks, nclusters)
+        first, cids, _, data_off = section_layout(layout, nrows, nchunks, nclusters)
         total = data_off + data_nbytes
         if arr.nbytes < total or (exact and arr.nbytes != total):
             raise CodecError(f"IBP frame: {arr.nbytes} bytes, header implies {total}")
@@ -273,7 +274,7 @@ def _write_header(out: np.ndarray, p: IBPPacked, checksum: bool, total: int) -> 
     flags = FLAG_CRC if checksum else 0
     HEAD.pack_into(out, 0, FRAME_MAGIC, FRAME_VERSION, LAYOUTS.index(p.layout), p.chunk_bytes,
                    flags, p.nrows, p.nchunks, p.nclusters, lb, 0, p.model_id,
-                   total - _section_layout(p.layout, p.nrows, p.nchunks, p.nclusters)[3],
+                   total - section_layout(p.layout, p.nrows, p.nchunks, p.nclusters)[3],
                    p.nbytes, 0, 0)
     if checksum:
         crc = zlib.crc32(out[HEAD.size:total], zlib.crc32(out[:HEAD.size]))
@@ -285,8 +286,8 @@ def _write_header(out: np.ndarray, p: IBPPacked, checksum: bool, total: int) -> 
 
 
 def _plan_model(model: IBPModel, words: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    rw, _, cid = _plan(words, model.masks64, model.bitvals64, model.pcs, model.meta_words,
-                       model.width)
+    rw, _, cid = row_plan(words, model.masks64, model.bitvals64, model.pcs, model.meta_words,
+                          model.width)
     return rw, cid
 
 
@@ -294,8 +295,8 @@ def _encode(model: IBPModel, words: np.ndarray, rw: np.ndarray, cid: np.ndarray,
             row_off: np.ndarray, out_words: np.ndarray) -> None:
     from lmdbio.codecs.ibp import kernels
 
-    kernels.encode_rows(words, model.masks64, model.bitvals64, model.frees64, model.pcs64, cid,
-                        rw, row_off, model.meta_words, model.width, out_words)
+    kernels.encode_rows(read_only(words), model.masks64, model.bitvals64, model.frees64,
+                        model.pcs64, cid, rw, row_off, model.meta_words, model.width, out_words)
 
 
 def compress(model: IBPModel, rows: Any, layout: str = "inplace") -> IBPPacked:
@@ -336,7 +337,7 @@ def compress_frame_into(model: IBPModel, rows: Any, out: np.ndarray, layout: str
     nrows, n = words.shape
     rw, cid = _plan_model(model, words)
     c = model.chunk_bytes
-    first, cids_n, pad, data_off = _section_layout(layout, nrows, n, model.nclusters)
+    first, cids_n, pad, data_off = section_layout(layout, nrows, n, model.nclusters)
     if layout == "inplace":
         data_nbytes = nrows * n * c
         row_off = np.arange(nrows, dtype=np.int64) * n
@@ -404,9 +405,9 @@ def raise_decode_error(code: int, row: int) -> None:
     raise CodecError(f"IBP payload: row {row}: {ERRORS.get(code, f'error {code}')}")
 
 
-_NO_U8 = np.zeros(0, np.uint8)
-_NO_I32 = np.zeros(0, np.int32)
-_NO_U16 = np.zeros(0, np.uint16)
+_NO_U8 = read_only(np.zeros(0, np.uint8))
+_NO_I32 = read_only(np.zeros(0, np.int32))
+_NO_U16 = read_only(np.zeros(0, np.uint16))
 
 
 def decode_words_cpu(model: IBPModel, packed: IBPPacked, parallel: bool = False,
@@ -422,7 +423,8 @@ def decode_words_cpu(model: IBPModel, packed: IBPPacked, parallel: bool = False,
     cids = (packed.cluster_ids.astype(np.uint16) if packed.cluster_ids is not None
             else _NO_U16)
     pfm, pbv, pk = model.pair_tables()
-    args = (packed.data_words(), inplace, packed.bitmask if inplace else _NO_U8, lengths, cids,
+    args = (read_only(packed.data_words()), inplace,
+            read_only(packed.bitmask) if inplace else _NO_U8, read_only(lengths), read_only(cids),
             model.nclusters, model.frees64, model.bitvals64, model.pcs64, pfm, pbv, pk,
             model.meta_words)
     if parallel:
@@ -450,12 +452,12 @@ def decode_words_mirror(model: IBPModel, packed: IBPPacked, addr0: int = 0) -> n
     out = np.empty((packed.nrows, model.nchunks), model.words_dtype)
     inplace = packed.layout == "inplace"
     code, row = kernels.decode_rows_mirror(
-        np.ascontiguousarray(packed.data), int(addr0),
-        inplace, packed.bitmask if inplace else np.zeros(0, np.uint8),
-        packed.lengths.astype(np.int32) if packed.lengths is not None else np.zeros(0, np.int32),
+        read_only(np.ascontiguousarray(packed.data)), int(addr0),
+        inplace, read_only(packed.bitmask) if inplace else _NO_U8,
+        read_only(packed.lengths.astype(np.int32)) if packed.lengths is not None else _NO_I32,
         packed.row_offsets() * model.chunk_bytes,
-        packed.cluster_ids.astype(np.uint16) if packed.cluster_ids is not None
-        else np.zeros(0, np.uint16),
+        read_only(packed.cluster_ids.astype(np.uint16)) if packed.cluster_ids is not None
+        else _NO_U16,
         model.nclusters, model.masks64, model.bitvals64, model.pcs, model.meta_words,
         model.width, out)
     if code:

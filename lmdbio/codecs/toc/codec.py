@@ -9,10 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs._numcodecs import as_input, copy_out, refuse_object_out
-from lmdbio.codecs.toc import Buffer, TocMatrix, _as_memoryview, compress
+from lmdbio.codecs.numcodecs_base import as_input, copy_out, refuse_object_out
+from lmdbio.codecs.toc.matrix import Buffer, TocMatrix, as_memoryview, compress
 
-__all__ = ["TocCodec"]
+__all__ = ["TocCodec", "register"]
 
 
 def _codec_base() -> type:
@@ -57,7 +57,7 @@ class TocCodec(_codec_base()):  # type: ignore[misc]
         """The chunk's values, flat (``out``, any buffer of the chunk's byte size, is filled
         and returned when given; ``xp`` an array module to return the values in)."""
         refuse_object_out(out, "TOC codec")
-        dense = TocMatrix.from_bytes(_as_memoryview(_to_buffer(buf)), verify=self.verify)
+        dense = TocMatrix.from_bytes(as_memoryview(_to_buffer(buf)), verify=self.verify)
         flat = dense.to_dense().reshape(-1)
         if out is not None:
             return copy_out(flat, out, "TOC decode")
@@ -89,7 +89,8 @@ def _to_buffer(buf: Any) -> Buffer:
     return memoryview(buf)
 
 
-def _register() -> None:
+def register() -> None:
+    """Register :class:`TocCodec` with numcodecs (nothing when it is not installed)."""
     try:
         from numcodecs.registry import register_codec
     except ImportError:
@@ -97,4 +98,4 @@ def _register() -> None:
     register_codec(TocCodec)
 
 
-_register()
+register()

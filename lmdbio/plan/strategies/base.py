@@ -142,7 +142,8 @@ class ReadStrategy(ABC):
         """Whether :meth:`advise_pages` asks the kernel for anything: advice is on, there is
         no node cache (``--direct``: that cache reads its runs itself) and the kernel has
         not refused it."""
-        return self.ctx.advise and self.db.node_cache is None and not self._advice_refused
+        return (self.ctx.advise and self.db.accounting.node_cache is None
+                and not self._advice_refused)
 
     def advise_pages(self, starts: np.ndarray, counts: np.ndarray) -> bool:
         """Ask the kernel for database pages ``[starts[i], starts[i] + counts[i])`` now, as

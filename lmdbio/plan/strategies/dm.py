@@ -604,10 +604,11 @@ class DmSpec(DmSerial):
         # cursor has gone on: the chain waits only for the leaf pages its walk reads, not
         # for this reader's whole prefetch (without advice the touch is the read, before
         # the chain as in the paper)
-        wait_after = self.advising and self.db.node_cache is None
+        wait_after = self.advising and self.db.accounting.node_cache is None
         with Timer(stats, "prefetch"):
-            if lengths.any() and self.db.node_cache is not None:
-                self.db.node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
+            node_cache = self.db.accounting.node_cache
+            if lengths.any() and node_cache is not None:
+                node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
             elif lengths.any():  # a few large reads, then every page mapped by touching
                 if asked is None:
                     asked = self.advise_pages(starts, lengths)
@@ -625,7 +626,7 @@ class DmSpec(DmSerial):
         # needed: the pages of the values (read in parallel after the chain) and the leaf and
         # branch pages the walk read (the bitmap holds just those: the session resets it per
         # iteration and prefetching does not mark it); one compiled pass
-        from lmdbio.plan.strategies._spec_kernels import observe_iteration
+        from lmdbio.plan.strategies.kernels import observe_iteration
 
         touched = self.db.accounting.touched
         if self._scratch is None or self._scratch.shape[0] != touched.shape[0]:
@@ -785,9 +786,9 @@ def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarr
              ) -> np.ndarray:
     """Indices of the records whose value pages are not all inside the page ranges
     ``[starts[j], starts[j] + lengths[j])`` (their union: the values a prefetch missed, or
-    part of); one compiled pass (:func:`._spec_kernels.values_outside`)."""
+    part of); one compiled pass (:func:`.kernels.values_outside`)."""
     from lmdbio.io.prefetch import _merge_ranges
-    from lmdbio.plan.strategies._spec_kernels import values_outside
+    from lmdbio.plan.strategies.kernels import values_outside
 
     starts = np.asarray(starts, np.int64)
     run_starts, run_stops = _merge_ranges(starts, starts + np.asarray(lengths, np.int64))

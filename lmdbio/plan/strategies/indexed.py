@@ -253,11 +253,11 @@ def count_records_collectively(db: Database, leaves: np.ndarray, comm, rank: int
     counts = np.empty(hi - lo, np.int64)
     error: LmdbioError | None = None
     try:  # named by their parents: each must be a leaf page of the snapshot
-        db._checked_leaves(leaves[lo:hi])
+        db.checked_leaves(leaves[lo:hi])
         code, page = k.count_leaf_records(db.buf, db.fmt, leaves[lo:hi], counts,
                                           db.accounting.touched, db.accounting.enabled)
         if code:
-            db._raise(code, page)
+            db.raise_format_error(code, page)
     except LmdbioError as exc:  # agreed on below, so no rank is left waiting
         error = exc
     if comm is not None:
@@ -326,7 +326,7 @@ class Indexed(ReadStrategy):
             # located by read_ahead, its values advised then: count the leaves it read
             refs = located[1]
             with Timer(stats, "walk"):
-                self.db.mark_pages(refs.leaf_pg)
+                self.db.accounting.mark_pages(refs.leaf_pg)
             self._overflow = bool((refs.ovf_pages > 0).any())
             return refs
         if ids.size and ahead != (int(ids[0]), ids.size):

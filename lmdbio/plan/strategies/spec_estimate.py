@@ -36,6 +36,7 @@ from collections import deque
 import numpy as np
 
 from lmdbio.lmdb import RecordRefs
+from lmdbio.lmdb.free_pages import free_list
 
 
 def main_run(pages: np.ndarray, gap: int) -> tuple[int, int] | None:
@@ -157,7 +158,7 @@ class KnownTreePages:
         """Learn every branch and leaf page, and the pages of no record: parse the branch
         pages level by level from the root down to the leaves' parents (the leaves
         themselves are named by their parents, not read), and the free-page database
-        (:meth:`~lmdbio.lmdb.Database.free_list`: its own pages and the free pages it
+        (:func:`~lmdbio.lmdb.free_pages.free_list`: its own pages and the free pages it
         lists). Without it a reader knows only the leaves under the branch pages its own
         walks passed: on a tree of three levels or more the leaves under the others, and
         on any file the free database's pages and the pages freed and not reused, push
@@ -174,7 +175,7 @@ class KnownTreePages:
                 for pg in level.tolist():
                     self.branch_parents.update(
                         dict.fromkeys(self.children(db, pg).tolist(), pg))
-        found.extend(db.free_list())
+        found.extend(free_list(db))
         self.pages = np.union1d(self.pages, np.concatenate(found))
         self._shifted = self.pages - np.arange(self.pages.size, dtype=np.int64)
         self.complete = True

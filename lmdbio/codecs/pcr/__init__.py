@@ -1,0 +1,77 @@
+"""Progressive Compressed Records (PCR): the value format and JPEG scans (:mod:`.format`,
+kernels in :mod:`.kernels`), byte-plane tensors (:mod:`.progressive_tensor`, kind 2) and
+the numcodecs codecs (:mod:`.codec`, registered on import)."""
+
+from __future__ import annotations
+
+from lmdbio.codecs.pcr.codec import (
+    PCRCodec,
+    ProgressiveTensorCodec,
+)
+from lmdbio.codecs.pcr.format import (
+    EOI,
+    FIXED,
+    KIND_JPEG,
+    KIND_TENSOR,
+    LAYOUT_VERSION,
+    MAGIC,
+    MAX_SCANS,
+    JpegScans,
+    PCRHeader,
+    available_tools,
+    build_header,
+    decode_jpeg,
+    decode_pcr_value,
+    encode_pcr_images,
+    encode_progressive,
+    image_bytes,
+    is_jpeg,
+    jpeg_prefix,
+    jpeg_scans,
+    parse_header,
+    pcr_prefix_bytes,
+    read_group_prefix_length,
+    resolve_tool,
+    to_progressive,
+    transcode_progressive,
+)
+from lmdbio.codecs.pcr.progressive_tensor import (
+    decode_planes_value,
+    encode_planes_value,
+    from_planes,
+    to_planes,
+)
+
+__all__ = [
+    "EOI",
+    "FIXED",
+    "KIND_JPEG",
+    "KIND_TENSOR",
+    "LAYOUT_VERSION",
+    "MAGIC",
+    "MAX_SCANS",
+    "JpegScans",
+    "PCRCodec",
+    "PCRHeader",
+    "ProgressiveTensorCodec",
+    "available_tools",
+    "build_header",
+    "decode_jpeg",
+    "decode_pcr_value",
+    "decode_planes_value",
+    "encode_pcr_images",
+    "encode_planes_value",
+    "encode_progressive",
+    "from_planes",
+    "image_bytes",
+    "is_jpeg",
+    "jpeg_prefix",
+    "jpeg_scans",
+    "parse_header",
+    "pcr_prefix_bytes",
+    "read_group_prefix_length",
+    "resolve_tool",
+    "to_planes",
+    "to_progressive",
+    "transcode_progressive",
+]
