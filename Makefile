@@ -17,6 +17,9 @@ export NUMBA_CACHE_DIR ?= $(CURDIR)/$(BUILD)/numba-cache
 
 .PHONY: setup run test lint unit mpi bench clean
 
+COLLECTIVES = $(BIN)/mpiexec -n 2 $(BIN)/python -m pytest -q -rs -p no:cacheprovider \
+	--with-mpi tests/test_collectives.py
+
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
@@ -33,20 +36,25 @@ lint: setup
 	$(BIN)/mypy
 
 # The quick loop: every test that starts no mpiexec job (an unmarked one that does fails),
-# on up to 4 cores (pytest-xdist; a fresh clone's first run compiles every kernel: 390 s
-# on one core of the 2-core VM, 230 s on both).
+# on up to 4 cores (pytest-xdist).
 unit: setup
 	LMDBIO_TESTS_WITHOUT_MPIEXEC=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider \
 		-n auto --maxprocesses 4 -m "not mpiexec" tests
 
-# The MPI jobs: tests that start mpiexec, then the collective tests pytest-mpi runs inside
+# The MPI jobs: tests that start mpiexec (two at a time: most of a job's time is spent
+# starting and waiting, not computing; a test file's jobs stay on one worker, since
+# several share a module-scoped job), then the collective tests pytest-mpi runs inside
 # every rank of one job.
 mpi: setup
-	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -m mpiexec tests
-	$(BIN)/mpiexec -n 2 $(BIN)/python -m pytest -q -rs -p no:cacheprovider --with-mpi \
-		tests/test_collectives.py
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n 2 --dist loadfile -m mpiexec tests
+	$(COLLECTIVES)
 
-test: lint unit mpi
+# Everything, in one pytest session so that the MPI jobs fill the cores the unit tests
+# leave idle (by file, as in `make mpi`), then the collective tests. What CI runs.
+test: lint
+	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n auto --maxprocesses 4 \
+		--dist loadfile tests
+	$(COLLECTIVES)
 
 bench: setup
 	$(BIN)/python -m pip install -q -e '.[bench]'
