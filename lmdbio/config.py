@@ -85,6 +85,12 @@ _SPANS = layout_names(spans=True)
 _PROGRESSIVE = layout_names(progressive=True)
 #: layouts whose records hold several images or rows
 _GROUPED = tuple(name for name, lay in LAYOUTS.items() if lay.items_field)
+#: layouts the loader has a decoder for (the others are written and benchmarked only)
+_DECODABLE = tuple(name for name, lay in LAYOUTS.items() if lay.decoder is not None)
+#: batch codecs a node's ring can carry (``codec.name``); the others are storage layouts
+_TRANSPORT = tuple(name for name, spec in BATCH_CODECS.items() if spec.transport)
+#: strategies that read node batches into a node's shared ring (a transport codec's home)
+_NODE_LEVEL = tuple(name for name, cls in STRATEGIES.items() if cls.shared)
 
 
 def _meta(
@@ -808,15 +814,22 @@ def _plain_value(value: Any) -> bool:
     return False
 
 
+def _located(raw: Mapping[str, Any], section: str, key: str) -> tuple[Any, Any]:
+    """The mapping and key whose line a problem with ``section.key`` points at: the key
+    where it was written, else its section (a default has no line of its own)."""
+    sec = raw.get(section)
+    if isinstance(sec, Mapping) and key in sec:
+        return sec, key
+    return raw, section
+
+
 def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> None:
     """Cross-field rules: combinations each key allows alone but not together."""
 
     def where(section: str, key: str) -> tuple[Any, Any]:
-        sec = raw.get(section)
-        if isinstance(sec, Mapping) and key in sec:
-            return sec, key
-        return raw, section
+        return _located(raw, section, key)
 
+    _check_transport(cfg, raw, ctx)
     t = cfg.transform
     if t.mean_values and t.mean_file is not None:
         ctx.add(
@@ -835,6 +848,13 @@ def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> No
             *where("shuffle", "mode"),
         )
     layout = LAYOUTS[cfg.dataset.layout]
+    if layout.decoder is None:
+        ctx.add(
+            "dataset.layout",
+            f"the loader has no decoder for {cfg.dataset.layout!r} (it is written and "
+            f"benchmarked only); set dataset.layout: {' | '.join(_DECODABLE)}",
+            *where("dataset", "layout"),
+        )
     if cfg.dataset.scan_groups is not None and not layout.progressive:
         ctx.add(
             "dataset.scan_groups",
@@ -863,6 +883,43 @@ def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> No
             f"options ({names}) given but codec.name is 'none'; set codec.name "
             "or remove the options",
             *where("codec", cfg.codec.options[0][0]),
+        )
+
+
+def _check_transport(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> None:
+    """Rules of how a node's ring carries records (``codec``, ``readers``) that the loader
+    would otherwise refuse only when the job starts."""
+    codec, strategy = cfg.codec.name, cfg.readers.strategy
+    if not BATCH_CODECS[codec].transport:
+        ctx.add(
+            "codec.name",
+            f"{codec!r} is a storage layout, not a transport codec (transport supports "
+            f"{' | '.join(_TRANSPORT)}); set dataset.layout: {codec} and codec.name: none",
+            *_located(raw, "codec", "name"),
+        )
+    elif codec != "none" and not STRATEGIES[strategy].shared:
+        ctx.add(
+            "codec.name",
+            f"{codec!r} compresses the batches of a node's ring: it needs a node-level "
+            f"readers.strategy: {' | '.join(_NODE_LEVEL)} (strategy {strategy!r} has no "
+            "ring); set readers.strategy: dm-spec or codec.name: none",
+            *_located(raw, "codec", "name"),
+        )
+    as_stored = LAYOUTS[cfg.dataset.layout].spans and codec == "none"
+    if cfg.readers.transfer == "spans" and not as_stored:
+        ctx.add(
+            "readers.transfer",
+            f"spans hands out records as they are stored (dataset.layout "
+            f"{' | '.join(_SPANS)} and codec.name none); this job has layout "
+            f"{cfg.dataset.layout!r} and codec {codec!r}: set readers.transfer: copy or auto",
+            *_located(raw, "readers", "transfer"),
+        )
+    if cfg.readers.per_node != 1:
+        ctx.add(
+            "readers.per_node",
+            f"{cfg.readers.per_node} readers per node is not supported yet (one node ring "
+            "has one reader); set readers.per_node: 1",
+            *_located(raw, "readers", "per_node"),
         )
 
 
@@ -1068,6 +1125,14 @@ def render_reference() -> str:
         "- `transform.crop_size`, `transform.mirror` and `transform.mean_file` need image "
         "records: `dataset.layout` one of " + _code(_IMAGES) + ".",
         "- codec options need a `codec.name` other than `none`.",
+        "- a job reads `dataset.layout` one of " + _code(_DECODABLE) + " (the loader has "
+        "no decoder for the others).",
+        "- `codec.name` is a transport codec: one of " + _code(_TRANSPORT) + " (the others "
+        "are storage layouts: `dataset.layout`); a codec other than `none` needs a "
+        "node-level `readers.strategy`: " + _code(_NODE_LEVEL) + ".",
+        "- `readers.transfer: spans` needs `dataset.layout` one of " + _code(_SPANS)
+        + " and `codec.name: none`.",
+        "- `readers.per_node` must be 1 (one node ring has one reader).",
         "- `transform.mean_values` holds one value or one per channel (checked against the "
         "data when the job starts).",
         "",

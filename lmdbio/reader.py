@@ -506,6 +506,10 @@ class ReadSession:
         self.topo, self.opts = topo, opts
         #: CPU and wall time per stage of this rank's data path (off until enabled)
         self.stages = StageClock()
+        #: called with ``(first, count)`` after :meth:`read_group` has handled iterations
+        #: ``first .. first + count - 1`` (a measurement's hook: ``lmdbio run`` counts a
+        #: dedicated reader's iterations as it publishes them)
+        self.on_read_group: list[Callable[[int, int], None]] = []
         cls = strategy_class(opts.strategy)
         self.cls = cls
         if opts.shuffle != "none" and not cls.shuffles:
@@ -727,7 +731,7 @@ class ReadSession:
         from lmdbio.codecs.ibp.transport import fit_transport_model
         from lmdbio.mpiutil import agree
 
-        if not self.shared:
+        if not self.shared:  # load_config refuses it; ReadOptions built in code may not
             raise ConfigError("codec ibp compresses node batches: it needs a node-level "
                               "strategy (lmm, dm-serial, dm-spec, indexed)")
         blob, err = None, None
@@ -979,6 +983,8 @@ class ReadSession:
             self.last_private = Delivered(self.epoch, iteration, ids, pad, buf, offsets,
                                           koffs, kdata)
         self._account(stats, refs)
+        for hook in self.on_read_group:
+            hook(first, count)
         return stats
 
     def _prefixes(self, refs: RecordRefs) -> RecordRefs:

@@ -48,9 +48,7 @@ class Loader:
         from loaders.transform import DataTransformer
 
         self.cfg = cfg
-        options.check_transport_codec(cfg)
         transfer = options.resolve_transfer(cfg)
-        options.check_readers_per_node(cfg)
         self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
                                    readers_per_node=cfg.readers.per_node,
                                    mode=options.reader_mode(cfg))

@@ -71,41 +71,18 @@ def worker_device(cfg: Any, topo: Any) -> Any:
     return cupy
 
 
-def check_transport_codec(cfg: Any) -> None:
-    """``codec.name`` must be a transport codec (a storage layout is ``dataset.layout``)."""
-    from lmdbio.codecs.registry import BATCH_CODECS
-
-    codec = BATCH_CODECS.get(cfg.codec.name)
-    if codec is None or not codec.transport:
-        transport = " and ".join(n for n, c in BATCH_CODECS.items() if c.transport)
-        raise ConfigError(f"codec.name: {cfg.codec.name!r} is a storage layout here, not a "
-                          f"transport codec (transport supports {transport}); use "
-                          f"dataset.layout: {cfg.codec.name}")
-
-
 def resolve_transfer(cfg: Any) -> str:
-    """``readers.transfer`` resolved: ``spans`` (records handed out as stored) where the
-    layout allows it and nothing re-encodes them, ``copy`` otherwise."""
-    from lmdbio.layouts import LAYOUTS, layout_names
+    """``readers.transfer`` resolved: ``auto`` is ``spans`` (records handed out as stored)
+    where the layout allows it and nothing re-encodes them, ``copy`` otherwise. An explicit
+    ``spans`` the job cannot serve is refused by :func:`lmdbio.config.load_config`."""
+    from lmdbio.layouts import LAYOUTS
 
     transfer = cfg.readers.transfer
-    layout = LAYOUTS.get(cfg.dataset.layout)
-    as_stored = layout is not None and layout.spans and cfg.codec.name == "none"
     if transfer == "auto":
+        layout = LAYOUTS.get(cfg.dataset.layout)
+        as_stored = layout is not None and layout.spans and cfg.codec.name == "none"
         transfer = "spans" if as_stored else "copy"
-    if transfer == "spans" and not as_stored:
-        raise ConfigError(f"readers.transfer: spans hands out records as they are stored "
-                          f"(dataset.layout {' or '.join(layout_names(spans=True))}, "
-                          f"codec.name none); this job has layout {cfg.dataset.layout!r} "
-                          f"and codec {cfg.codec.name!r}: use transfer: copy")
     return str(transfer)
-
-
-def check_readers_per_node(cfg: Any) -> None:
-    """One node ring has one reader: ``readers.per_node`` must be 1."""
-    if cfg.readers.per_node != 1:
-        raise ConfigError(f"readers.per_node: {cfg.readers.per_node} readers per node is not "
-                          "supported yet (one node ring has one reader); use 1")
 
 
 def records_per_worker(cfg: Any, topo: Any, shared: bool) -> int:

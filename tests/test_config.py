@@ -204,6 +204,41 @@ def test_impossible_combinations():
     assert "codec.x" in msg
 
 
+@pytest.mark.parametrize(("text", "line", "path", "needles"), [
+    ("codec:\n  name: toc\n", 4, "codec.name",
+     ["storage layout, not a transport codec", "set dataset.layout: toc and codec.name: none"]),
+    ("readers:\n  strategy: naive-stride\ncodec:\n  name: ibp\n", 6, "codec.name",
+     ["needs a node-level readers.strategy: lmm | dm-serial | dm-spec | indexed",
+      "set readers.strategy: dm-spec or codec.name: none"]),
+    ("  layout: pcr\nreaders:\n  transfer: spans\n", 5, "readers.transfer",
+     ["layout 'pcr' and codec 'none'", "set readers.transfer: copy or auto"]),
+    ("codec:\n  name: ibp\nreaders:\n  transfer: spans\n", 6, "readers.transfer",
+     ["layout 'caffe-datum' and codec 'ibp'"]),
+    ("readers:\n  per_node: 2\n", 4, "readers.per_node",
+     ["2 readers per node is not supported yet", "set readers.per_node: 1"]),
+    ("  layout: btable\n", 3, "dataset.layout",
+     ["the loader has no decoder for 'btable'", "set dataset.layout: caffe-datum | tensor"]),
+])
+def test_job_rules_refuse_at_load_with_file_and_line(tmp_path, text, line, path,
+                                                           needles):
+    """What the loader used to refuse when the job started (the codec, the ring's
+    transfer, readers per node, a layout it cannot decode) is refused by load_config, at
+    the key's line."""
+    f = tmp_path / "job.yaml"
+    f.write_text("dataset:\n  path: /x\n" + text)
+    msg = str(_error(f))
+    assert f"{f}:{line}: {path}: " in msg
+    for needle in needles:
+        assert needle in msg
+
+
+def test_transport_rules_allow_what_the_loader_runs():
+    load_config({"dataset": {"path": "/x"}, "readers": {"transfer": "spans"}})
+    load_config({"dataset": {"path": "/x", "layout": "pcr"}, "readers": {"transfer": "copy"}})
+    load_config({"dataset": {"path": "/x"}, "codec": {"name": "ibp"},
+                 "readers": {"strategy": "lmm"}})
+
+
 def test_every_problem_is_reported_at_once():
     err = _error({"dataset": {"path": "/x"}, "batch": {"size": 0, "last": "x"}, "epochs": "2"})
     paths = [p.path for p in err.problems]  # type: ignore[attr-defined]

@@ -190,19 +190,17 @@ class SteadyMeter:
 
 def count_reads(session: Any, meter: SteadyMeter) -> None:
     """Mark ``meter`` once per iteration a dedicated reader publishes, when it publishes it
-    (a slot of several iterations marks them all; measurement only: wraps this session's
-    ``read_group``). The session's stage clock restarts where the steady window opens."""
-    read = session.read_group
+    (a slot of several iterations marks them all; measurement only: a hook of the
+    session's :attr:`~lmdbio.reader.ReadSession.on_read_group`). The session's stage clock
+    restarts where the steady window opens."""
 
-    def counted(first: int, count: int) -> Any:
-        stats = read(first, count)
+    def counted(first: int, count: int) -> None:
         for _ in range(count):
             meter.mark()
             if meter.count == meter.warmup:
                 session.stages.reset()
-        return stats
 
-    session.read_group = counted
+    session.on_read_group.append(counted)
 
 
 def totals(summaries: list[dict[str, Any]], nodes: int, strategy: str, mode: str,
