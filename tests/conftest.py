@@ -66,8 +66,22 @@ def _real_gpu() -> str | None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Tests marked ``gpu`` run wherever cupy finds a device, and are skipped (saying why)
-    elsewhere."""
+    """Test files that start mpiexec jobs run first; tests marked ``gpu`` run wherever cupy
+    finds a device, and are skipped (saying why) elsewhere."""
+    _mpi_files_first(items)
+    _skip_gpu_tests_without_a_device(items)
+
+
+def _mpi_files_first(items: list[pytest.Item]) -> None:
+    """Put the files holding mpiexec tests first (each file's tests stay together and in
+    order). Their jobs are long and mostly wait, so when ``make test`` hands files to
+    pytest-xdist workers (``--dist loadfile``) the short unit tests fill the cores around
+    them and the session does not end on one long job while the other cores idle."""
+    has_jobs = {item.path for item in items if item.get_closest_marker("mpiexec")}
+    items.sort(key=lambda item: item.path not in has_jobs)  # stable: order kept otherwise
+
+
+def _skip_gpu_tests_without_a_device(items: list[pytest.Item]) -> None:
     marked = [item for item in items if item.get_closest_marker("gpu")]
     if not marked:
         return
