@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from lmdbio.kernel_args import read_only
 from lmdbio.shm.errors import RingError, SlotCorruptError
 from lmdbio.shm.layout import (
     CHECKSUM_KINDS,
@@ -238,11 +239,6 @@ class SlotView:
                 f"iteration={self.iteration}, part={self.part}, {state})")
 
 
-def _readonly(arr: np.ndarray) -> np.ndarray:
-    arr.flags.writeable = False
-    return arr
-
-
 def read_slot(
     bufs: SlotBuffers,
     *,
@@ -291,9 +287,9 @@ def read_slot(
         first_sample=header["first_sample"], batch_records=header["n_records"],
         flags=header["flags"], codec=header["codec"].rstrip(b"\0").decode("ascii", "replace"),
         part=part, first=first, count=count,
-        payload=_readonly(bufs.payload[bs:be]), offsets=offs,
-        labels=_readonly(bufs.labels[first : first + count]), key_offsets=koffs,
-        key_data=_readonly(bufs.keys[ks:ke]),
+        payload=read_only(bufs.payload[bs:be]), offsets=offs,
+        labels=read_only(bufs.labels[first : first + count]), key_offsets=koffs,
+        key_data=read_only(bufs.keys[ks:ke]),
         release=release, pin=pin, verify=deferred,
     )
 
