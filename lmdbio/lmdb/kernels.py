@@ -733,3 +733,19 @@ def gather_each_batch(buf, fmt, val_off, val_len, batch, out, check):
             pos += val_len[t]
         total += pos
     return OK, total
+
+
+@njit(cache=True, nogil=True)
+def take_rows(table, known, ids, out):
+    """Rows ``ids`` of the row-major ``table`` (n, k) into the field-major ``out`` (k,
+    len(ids)): record ``ids[j]``'s k fields (one cache line for k <= 8 int64) become column
+    ``j`` of the k output rows. Returns -1, or the first ``j`` whose record is not
+    ``known`` (``out`` is then partly written). The caller checked ``ids`` (0 <= id < n)."""
+    k = table.shape[1]
+    for j in range(ids.shape[0]):
+        r = ids[j]
+        if not known[r]:
+            return j
+        for f in range(k):
+            out[f, j] = table[r, f]
+    return -1

@@ -73,6 +73,14 @@ class ReaderContext:
     advise: bool = True
 
 
+def spread(n: int, k: int) -> np.ndarray:
+    """``min(k, n)`` positions among ``0 .. n - 1`` spread evenly, the first and the last
+    included (``np.linspace``'s picks in integer arithmetic: a few microseconds less per
+    call, once or twice per slot)."""
+    k = min(k, n)
+    return np.arange(k, dtype=np.int64) * (n - 1) // max(k - 1, 1)
+
+
 class ReadStrategy(ABC):
     """Base class of the read strategies (see :mod:`lmdbio.plan.strategies`)."""
 
@@ -202,7 +210,7 @@ class ReadStrategy(ABC):
 
         if not pages.size:
             return False
-        pick = pages[np.linspace(0, pages.size - 1, min(samples, pages.size)).astype(np.int64)]
+        pick = pages[spread(pages.size, samples)]
         try:
             cached = pages_resident(self.db.buf, pick, np.ones_like(pick), self.db.psize,
                                     samples=samples)

@@ -28,9 +28,10 @@ import numpy as np
 from lmdbio.errors import LmdbFormatError, LmdbioError
 from lmdbio.io.prefetch import advise_page_ranges
 from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.lmdb.records import LocatedRecords
 from lmdbio.mpiutil import sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan
-from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
+from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer, spread
 
 log = logging.getLogger(__name__)
 
@@ -317,6 +318,12 @@ class Indexed(ReadStrategy):
         #: the ids read_ahead located and their refs (values advised already), which the
         #: fetch after it takes instead of locating them again
         self._located: tuple[np.ndarray, RecordRefs] | None = None
+        #: every record located so far (None for a database too large to keep them):
+        #: shuffled epochs after the first search no leaf for a record located before.
+        #: Its leaf page is still read, for its key (every batch carries its keys), and
+        #: counted as read.
+        self.table = LocatedRecords(len(self.db)) if LocatedRecords.fits(len(self.db)) \
+            else None
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
@@ -331,10 +338,15 @@ class Indexed(ReadStrategy):
             return refs
         if ids.size and ahead != (int(ids[0]), ids.size):
             # not read ahead (an epoch's first slot, a resume): the leaves in a few reads
+            # (located before or not: the keys are read from them)
             with Timer(stats, "prefetch"):
                 self._advise_leaves(ids)
         with Timer(stats, "walk"):
-            refs = self.db.locate(ids)
+            refs = self.known(ids)
+            if refs is None:
+                refs = self.locate(ids)
+            else:  # the keys are read from the leaves: counted as read
+                self.db.accounting.mark_pages(refs.leaf_pg)
         # inline values are in the leaf pages locate has just read: only overflow ones
         self._overflow = bool((refs.ovf_pages > 0).any())
         if self._overflow:
@@ -353,7 +365,7 @@ class Indexed(ReadStrategy):
         if self.db.read_around or not self.advising or not ids.size:
             return
         leaves, first = self.db.leaves(), self.db.leaf_directory()
-        some = ids[np.linspace(0, ids.size - 1, min(16, ids.size)).astype(np.int64)]
+        some = ids[spread(ids.size, 16)]
         if self.cached_sample(leaves[np.searchsorted(first, some, "right") - 1]):
             return  # a warm file: nothing to ask for
         pages = np.unique(leaves[np.searchsorted(first, ids, "right") - 1])
@@ -367,15 +379,32 @@ class Indexed(ReadStrategy):
         own iteration) instead of locating them again."""
         if not ids.size or not self.advising:
             return
-        self._advise_leaves(ids)
+        self._advise_leaves(ids)  # located or not, the keys are read from the leaves
+        refs = self.known(ids)
         self._ahead = (int(ids[0]), ids.size)
         if not self._overflow:
             return
-        acc = self.db.accounting
-        was, acc.enabled = acc.enabled, False
-        try:
-            refs = self.db.locate(ids)
-        finally:
-            acc.enabled = was
+        if refs is None:
+            acc = self.db.accounting
+            was, acc.enabled = acc.enabled, False
+            try:
+                refs = self.locate(ids)
+            finally:
+                acc.enabled = was
         self.advise_values(refs)
         self._located = (ids, refs)
+
+    def known(self, ids: np.ndarray) -> RecordRefs | None:
+        """Records ``ids`` from the record table when every one of them was located before
+        (nothing is read); ``None`` otherwise."""
+        if self.table is None:
+            return None
+        return self.table.lookup(np.ascontiguousarray(ids, np.int64))
+
+    def locate(self, ids: np.ndarray) -> RecordRefs:
+        """Records ``ids`` located through their leaf pages (:meth:`Database.locate`), and
+        remembered in the record table."""
+        refs = self.db.locate(ids)
+        if self.table is not None:
+            self.table.add(np.ascontiguousarray(ids, np.int64), refs)
+        return refs
