@@ -171,6 +171,16 @@ class TransformDraw:
     w_u: np.ndarray | None = None
 
 
+def streams(out: np.ndarray) -> bool:
+    """Whether the kernels write the float32 batch ``out`` with streaming (non-temporal)
+    stores: a batch too large to stay in the cache (:data:`loaders.decode.
+    STREAMING_MIN_BYTES`), which ordinary stores would first read line by line (read for
+    ownership). The values are the same either way."""
+    from loaders.decode import STREAMING_MIN_BYTES
+
+    return out.nbytes >= STREAMING_MIN_BYTES
+
+
 @functools.cache
 def _fused_kernels() -> tuple[Any, int, np.ndarray]:
     """The fused Datum kernels' module, the parse table's width and the empty header
@@ -423,7 +433,7 @@ class DataTransformer:
         fmt = no_check if header_fmt is None else header_fmt
         if k.transform_datums(read_only(buf), spans.starts, spans.lengths, dims, draw.h_off,
                               draw.w_off, draw.mirror, mode, mean, read_only(mv), self.scale,
-                              out, labels, table, fmt) >= 0:
+                              out, labels, table, fmt, streams(out)) >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
             # records of several sizes, each cropped as Caffe crops it: its own pass
@@ -518,7 +528,8 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
     if m is None:
         m = np.zeros((1, 1, 1), np.float32)
     k.transform(np.ascontiguousarray(batch), h_off, w_off,
-                np.ascontiguousarray(draw.mirror, np.bool_), mode, m, mv, np.float32(scale), out)
+                np.ascontiguousarray(draw.mirror, np.bool_), mode, m, mv, np.float32(scale), out,
+                streams(out))
     return out
 
 

@@ -244,6 +244,39 @@ def test_datums_straight_from_their_bytes_match_caffes_loop(crop, mirror, phase,
         np.testing.assert_array_equal(out[i], ref)  # bit-exact float32
 
 
+@pytest.mark.parametrize(("crop", "mirror", "mean"), list(itertools.product(
+    [0, 35], [False, True], ["none", "valuesC", "file"])))
+def test_streaming_stores_give_caffes_values(crop, mirror, mean, monkeypatch):
+    """Batches too large for the cache are written with non-temporal stores, 16 values a
+    cache line (mirrored rows reversed in registers): forced here on images whose rows
+    and planes start at every alignment, both kernels give Caffe's values bit for bit."""
+    import loaders.decode
+    from loaders.decode import datum_spans
+
+    monkeypatch.setattr(loaders.decode, "STREAMING_MIN_BYTES", 0)
+    rng = np.random.default_rng(zlib.crc32(repr((crop, mirror, mean)).encode()))
+    N, C, H, W = 6, 3, 40, 53  # odd widths: runs of 35 and 53 values at any alignment
+    images = rng.integers(0, 256, (N, C, H, W), dtype=np.uint8)
+    buf, starts, lengths = _datum_buffer(images, list(range(N)), rng)
+    mean_file = (rng.random((C, H, W)) * 255).astype(np.float32) if mean == "file" else None
+    mean_values = (104.0, 117.0, 123.5) if mean == "valuesC" else ()
+    t = DataTransformer(scale=0.017, mean_values=mean_values, mean_file=mean_file,
+                        crop_size=crop, mirror=mirror, phase="train")
+    fused, _ = t.datums(buf, datum_spans(buf, starts, lengths), transform_rng(0, 2, 3, 0))
+    # the array kernel, into an output shifted off 64-byte alignment
+    shape = (N, C, crop or H, crop or W)
+    shifted = np.empty(int(np.prod(shape)) + 3, np.float32)[3:].reshape(shape)
+    batch = t(images, rng=transform_rng(0, 2, 3, 0), out=shifted)
+    draw = t.draw(N, H, W, transform_rng(0, 2, 3, 0))
+    assert len(set(draw.mirror.tolist())) == (2 if mirror else 1)  # mirrored and not
+    for i in range(N):
+        ref = caffe_reference(images[i], crop_size=crop, scale=0.017, mean_file=mean_file,
+                              mean_values=mean_values, do_mirror=bool(draw.mirror[i]),
+                              h_off=int(draw.h_off[i]), w_off=int(draw.w_off[i]))
+        np.testing.assert_array_equal(fused[i], ref)
+        np.testing.assert_array_equal(batch[i], ref)
+
+
 def test_datums_give_up_on_a_record_of_another_kind():
     """A record of another shape, an encoded one or a broken one: ``None`` (the loader then
     decodes that batch on the general path, which explains the record), never a read past
