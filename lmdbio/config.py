@@ -221,7 +221,8 @@ class ReadersConfig:
         metadata=_meta(
             "Checksum of each worker's part of a node batch in shared memory: computed by the "
             "reader, verified by the worker before it reads (catches stray writes into the "
-            "ring; costs a pass over the batch on each side).",
+            "ring; costs a pass over the batch on each side). A colocated reader's own part "
+            "is not checksummed: it never leaves the process.",
             choices={
                 "xxh64": "XXH64 (compiled; the fastest)",
                 "crc32": "zlib's CRC-32",

@@ -412,6 +412,26 @@ def test_deferred_verification_detects_what_the_immediate_one_does(checksum):
         read_slot(bufs, part=1, slot=0, seq=7)  # what the immediate check says
 
 
+@pytest.mark.parametrize("checksum", ["xxh64", "crc32"])
+def test_the_writers_own_part_is_not_checksummed(checksum):
+    """A colocated reader reads its own part in the process that wrote it: the writer
+    computes no checksum for that part (0 in the part table), the other parts keep theirs."""
+    layout, bufs = new_slot(n_parts=3)
+    payload, offsets, labels, keys = gen_batch(np.random.default_rng(11), 12)
+    w = SlotWriter(bufs, slot=0, seq=7, epoch=2, iteration=11, checksum=checksum, own_part=1)
+    w.write(payload, offsets, labels, keys)
+    w.seal()
+    stored = [int(e["checksum"]) for e in bufs.parts[: layout.n_parts]]
+    assert stored[1] == 0 and stored[0] != 0 and stored[2] != 0
+    for p in (0, 2):
+        read_slot(bufs, part=p, slot=0, seq=7)  # verified
+    own = read_slot(bufs, part=1, slot=0, seq=7, verify=False)
+    whole = read_all(bufs, layout, verify=False)
+    assert own.payload.tobytes() == whole[1].payload.tobytes()
+    with pytest.raises(SlotCorruptError, match="checksum mismatch"):
+        read_slot(bufs, part=1, slot=0, seq=7)  # nothing stored to verify against
+
+
 def test_checksum_off_still_checks_the_header():
     _, bufs = new_slot(n_parts=1)
     payload, offsets, labels, keys = gen_batch(np.random.default_rng(5), 8)

@@ -153,7 +153,8 @@ class BatchRing:
         0 to keep no keys), ``workers`` (node ranks that consume, in part order; default:
         every rank but the reader, or all ranks with ``colocated``, or the reader alone on a
         single-rank node) and ``checksum`` (per worker part: ``True``/``"xxh64"``,
-        ``"crc32"`` or ``False``).
+        ``"crc32"`` or ``False``; a colocated reader's own part is neither checksummed nor
+        verified: it is written and read by the same process).
         ``reader_info``: a small picklable value of the reader's that every rank gets as
         :attr:`reader_info` in the same exchange (the caller's own setting, such as its slot
         size: one collective less).
@@ -336,7 +337,8 @@ class BatchRing:
             self.stats.reader_wait_s += waited
         self._window.sync()  # the workers' reads of this slot happen before our writes
         w = SlotWriter(self._window.buffers[slot], slot=slot, seq=seq, epoch=epoch,
-                       iteration=iteration, checksum=self.checksum, on_publish=self._publish)
+                       iteration=iteration, checksum=self.checksum, on_publish=self._publish,
+                       own_part=self.worker_index)
         self._writer = w
         return w
 
@@ -410,8 +412,10 @@ class BatchRing:
         inbox.expect += 1
         self._window.sync()  # see everything the reader wrote before READY
         try:
+            # a colocated reader's own part never left this process: nothing to verify
             view = read_slot(self._window.buffers[slot], part=self.worker_index, slot=slot,
-                             seq=seq, verify=bool(self.checksum), release=self._release_view,
+                             seq=seq, verify=bool(self.checksum) and not self.is_reader,
+                             release=self._release_view,
                              pin=self._window.pin, defer=defer_verify)
         except SlotCorruptError:
             self.stats.corrupt += 1

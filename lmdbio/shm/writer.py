@@ -67,6 +67,7 @@ class SlotWriter:
         iteration: int,
         checksum: bool | str | int = True,
         on_publish: Callable[[SlotWriter], None] | None = None,
+        own_part: int = -1,
     ) -> None:
         self._bufs: SlotBuffers | None = bufs
         self.layout = bufs.layout
@@ -78,6 +79,10 @@ class SlotWriter:
         self.where = (f"slot {self.slot} (sequence {self.seq}, epoch {self.epoch}, iteration "
                       f"{self.iteration})")
         self.checksum = checksum_kind(checksum)
+        #: the part the writing process reads itself (a colocated reader's own batch): no
+        #: checksum is computed for it (0 stands in the part table), as none guards a copy
+        #: that never leaves the process; -1: every part is checksummed
+        self.own_part = int(own_part)
         self._on_publish = on_publish
         self._n: int | None = None
         self._key_bytes = 0
@@ -390,9 +395,9 @@ class SlotWriter:
                    ranges.ends.tolist(), ranges.key_starts.tolist(), ranges.key_ends.tolist(),
                    strict=True)
         packed = []
-        for first, count, bs, be, ks, ke in rows:
+        for part, (first, count, bs, be, ks, ke) in enumerate(rows):
             h = part_checksum(self.checksum, bufs, first, count, bs, be, ks, ke) \
-                if self.checksum else 0
+                if self.checksum and part != self.own_part else 0
             # positional, in PART_DTYPE's field order (the hot loop of a seal)
             packed.append(PART.struct.pack(first, count, bs, be, ks, ke, h))
         return b"".join(packed)
