@@ -75,13 +75,8 @@ def await_next_epoch(loader, epochs: int, seconds: float = 60.0) -> None:
 def record_reads(session):
     """The ``[epoch, first iteration, batches]`` of every slot group ``session`` reads."""
     reads = []
-    read_group = session.read_group
-
-    def recorded(first, count, *args, **kwargs):
-        reads.append([session.epoch, int(first), int(count)])
-        return read_group(first, count, *args, **kwargs)
-
-    session.read_group = recorded
+    session.on_read_group.append(
+        lambda first, count: reads.append([session.epoch, int(first), int(count)]))
     return reads
 
 
