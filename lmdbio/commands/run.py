@@ -350,17 +350,15 @@ def _quiet_on_error() -> Iterator[None]:
 
 
 def main(args: argparse.Namespace) -> int:
+    """``lmdbio run``: open the loader, deliver every batch of the job (optionally logging
+    them and sleeping a training step each), then rank 0 reports the job's figures."""
     from lmdbio.mpiutil import fail_together
     from loaders import open as open_loader
 
     step = float(getattr(args, "step_seconds", 0.0) or 0.0)
     warmup = int(getattr(args, "warmup", 2))
     show = progress.wanted(args)
-    overrides = list(args.overrides)
-    if show or getattr(args, "quiet", False):
-        # the bar says what the loader's periodic lines say, in place (under --quiet:
-        # neither); the same on every rank, decided before the loader opens
-        overrides.append("metrics.every=0")
+    overrides = loader_overrides(args, show)
     # an error on every rank (a bad config, a missing or corrupt file) is reported once, by
     # rank 0, and every rank exits 2 (130 interrupted); an error on some ranks only ends
     # the job (Abort) after a short grace; one process starts MPI only if it gets that far
@@ -374,86 +372,134 @@ def main(args: argparse.Namespace) -> int:
         # an error inside is reported by fail_together: the warnings of the ring's abort
         # on the way out (the loader's __exit__, after _quiet_on_error's) would repeat it
         with loader, _quiet_on_error():
-            log = None
-            if args.record_log and loader.is_worker:
-                d = Path(args.record_log)
-                d.mkdir(parents=True, exist_ok=True)
-                log = open(d / f"rank-{loader.topo.rank:05d}.log", "w")  # noqa: SIM115
-                log.write("# epoch iteration key label padding\n")
-            loader.stages.enabled = bool(getattr(args, "stages", False))
-            meter = SteadyMeter(warmup)
-            meter.begin(loader.metrics)
-            reader_meter = None
-            if loader.session.reads and not loader.is_worker:  # a dedicated reader
-                reader_meter = SteadyMeter(warmup)
-                reader_meter.begin()
-                count_reads(loader.session, reader_meter)
-            bar = delivery_bar(loader, show)
-            t_loop, cpu_loop = time.perf_counter(), time.process_time()
-            faults_loop = minor_page_faults()
-            try:
-                for epoch in loader.epochs():  # cfg.epochs, cut at cfg.max_iterations
-                    bar.set_description_str(f"epoch {epoch + 1}/{bar.epochs}", refresh=False)
-                    batches = iter(loader)
-                    while True:
-                        t0 = time.perf_counter()
-                        batch = next(batches, None)
-                        meter.in_loader += time.perf_counter() - t0
-                        if batch is None:
-                            break
-                        if meter.first_batch_at is None:
-                            meter.first_batch_at = time.perf_counter()
-                        if log is not None:
-                            labels = [int(x) for x in batch.label.tolist()] \
-                                if hasattr(batch.label, "tolist") else list(batch.label)
-                            log.write("".join(
-                                f"{epoch} {batch.iteration} {key.hex()} {label} {int(pad)}\n"
-                                for key, label, pad in zip(batch.keys, labels,
-                                                           batch.padding.tolist(),
-                                                           strict=False)))
-                            # each batch reaches the file before the next is asked for: a
-                            # job killed later leaves every delivered batch in the log
-                            log.flush()
-                        if step > 0:
-                            time.sleep(step)
-                        meter.mark(loader.metrics)
-                        bar.batch(len(batch))
-                        if meter.count == warmup and loader.is_worker:
-                            loader.stages.reset()  # stages timed in the steady window only
-            finally:
-                bar.close()
-                if log is not None:
-                    log.close()
-            meter.finish()
-            if reader_meter is not None:
-                reader_meter.finish()
-            loop_seconds = time.perf_counter() - t_loop
-            loop_cpu = time.process_time() - cpu_loop
-            summary = loader.summary()
-            # CPU time of this process over every epoch (all threads): what the data path
-            # costs, apart from how the OS shared the cores among oversubscribed ranks
-            summary["loop"] = {"seconds": loop_seconds, "cpu_seconds": loop_cpu,
-                               "minor_page_faults": minor_page_faults() - faults_loop}
-            ring = getattr(loader.session, "ring", None)
-            summary["ring"] = ring.stats.as_dict() if ring is not None else None
-            summary["steady"] = meter.as_dict() if loader.is_worker else None
-            summary["reader_steady"] = reader_meter.as_dict() if reader_meter else None
-            summary["startup"] = {
-                "to_open": age0, "open_seconds": open_seconds,
-                "to_first_batch": (meter.first_batch_at - t_loop)
-                if meter.first_batch_at is not None else None,
-            }
+            summary = run_job(args, loader, show, step, warmup)
+            summary["startup"] = {"to_open": age0, "open_seconds": open_seconds,
+                                  **summary["startup"]}
             summaries = loader.topo.world.gather(summary, root=0)
             if loader.topo.rank == 0:
                 assert summaries is not None  # gathered at the root
-                total = totals(summaries, loader.topo.n_nodes, loader.cfg.readers.strategy,
-                               loader.topo.mode, step)
-                total["slot_checksum"] = checksum
-                result = {"totals": total, "per_rank": summaries}
-                line = summary_line(total, warmup)
-                print(line, flush=True)
-                for text in stage_lines(total.get("stages_us_per_sample", {})):
-                    print(text, flush=True)
-                if args.metrics_json:
-                    Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n")
+                report(args, loader, summaries, checksum, step, warmup)
     return 0
+
+
+def loader_overrides(args: argparse.Namespace, show: bool) -> list[str]:
+    """The configuration overrides the loader opens with: ``args.overrides``, and no
+    periodic metrics lines when the bar shows (it says the same, in place) or ``--quiet``.
+
+    The same on every rank, decided before the loader opens.
+    """
+    overrides = list(args.overrides)
+    if show or getattr(args, "quiet", False):
+        overrides.append("metrics.every=0")
+    return overrides
+
+
+def open_record_log(record_log: str | None, loader: Any) -> typing.TextIO | None:
+    """This worker's ``rank-NNNNN.log`` in the ``--record-log`` folder (made if needed), its
+    header written; None without ``--record-log`` or on a rank that does not train."""
+    if not record_log or not loader.is_worker:
+        return None
+    d = Path(record_log)
+    d.mkdir(parents=True, exist_ok=True)
+    log = open(d / f"rank-{loader.topo.rank:05d}.log", "w")  # noqa: SIM115
+    log.write("# epoch iteration key label padding\n")
+    return log
+
+
+def log_batch(log: typing.TextIO, epoch: int, batch: Any) -> None:
+    """One line per record of ``batch``: epoch, iteration, key (hex), label, padding.
+
+    Flushed at once: a job killed later leaves every delivered batch in the log.
+    """
+    labels = [int(x) for x in batch.label.tolist()] \
+        if hasattr(batch.label, "tolist") else list(batch.label)
+    log.write("".join(
+        f"{epoch} {batch.iteration} {key.hex()} {label} {int(pad)}\n"
+        for key, label, pad in zip(batch.keys, labels, batch.padding.tolist(), strict=False)))
+    log.flush()
+
+
+def run_job(args: argparse.Namespace, loader: Any, show: bool, step: float,
+            warmup: int) -> dict[str, Any]:
+    """Deliver every batch of the job and return this rank's summary (the loader's, with the
+    loop's time, CPU and page faults, the ring's counters and the steady-state meters)."""
+    log = open_record_log(args.record_log, loader)
+    loader.stages.enabled = bool(getattr(args, "stages", False))
+    meter = SteadyMeter(warmup)
+    meter.begin(loader.metrics)
+    reader_meter = None
+    if loader.session.reads and not loader.is_worker:  # a dedicated reader
+        reader_meter = SteadyMeter(warmup)
+        reader_meter.begin()
+        count_reads(loader.session, reader_meter)
+    bar = delivery_bar(loader, show)
+    t_loop, cpu_loop = time.perf_counter(), time.process_time()
+    faults_loop = minor_page_faults()
+    try:
+        deliver(loader, meter, bar, log, step, warmup)
+    finally:
+        bar.close()
+        if log is not None:
+            log.close()
+    meter.finish()
+    if reader_meter is not None:
+        reader_meter.finish()
+    loop_seconds = time.perf_counter() - t_loop
+    loop_cpu = time.process_time() - cpu_loop
+    summary = loader.summary()
+    # CPU time of this process over every epoch (all threads): what the data path
+    # costs, apart from how the OS shared the cores among oversubscribed ranks
+    summary["loop"] = {"seconds": loop_seconds, "cpu_seconds": loop_cpu,
+                       "minor_page_faults": minor_page_faults() - faults_loop}
+    ring = getattr(loader.session, "ring", None)
+    summary["ring"] = ring.stats.as_dict() if ring is not None else None
+    summary["steady"] = meter.as_dict() if loader.is_worker else None
+    summary["reader_steady"] = reader_meter.as_dict() if reader_meter else None
+    summary["startup"] = {
+        "to_first_batch": (meter.first_batch_at - t_loop)
+        if meter.first_batch_at is not None else None,
+    }
+    return summary
+
+
+def deliver(loader: Any, meter: SteadyMeter, bar: _Bar, log: typing.TextIO | None,
+            step: float, warmup: int) -> None:
+    """The loop a trainer runs: every epoch's batches (``cfg.epochs``, cut at
+    ``cfg.max_iterations``), timed in ``meter`` (time inside the loader apart), logged,
+    then ``step`` seconds of sleep for the training step. Stages are timed in the steady
+    window only (reset after ``warmup`` batches)."""
+    for epoch in loader.epochs():
+        bar.set_description_str(f"epoch {epoch + 1}/{bar.epochs}", refresh=False)
+        batches = iter(loader)
+        while True:
+            t0 = time.perf_counter()
+            batch = next(batches, None)
+            meter.in_loader += time.perf_counter() - t0
+            if batch is None:
+                break
+            if meter.first_batch_at is None:
+                meter.first_batch_at = time.perf_counter()
+            if log is not None:
+                log_batch(log, epoch, batch)
+            if step > 0:
+                time.sleep(step)
+            meter.mark(loader.metrics)
+            bar.batch(len(batch))
+            if meter.count == warmup and loader.is_worker:
+                loader.stages.reset()
+
+
+def report(args: argparse.Namespace, loader: Any, summaries: list[dict[str, Any]],
+           checksum: Any, step: float, warmup: int) -> None:
+    """Rank 0's report: the job's totals over every rank's summary, printed as one line
+    (and the stage lines), and with ``--metrics-json`` written with the per-rank ones."""
+    total = totals(summaries, loader.topo.n_nodes, loader.cfg.readers.strategy,
+                   loader.topo.mode, step)
+    total["slot_checksum"] = checksum
+    result = {"totals": total, "per_rank": summaries}
+    line = summary_line(total, warmup)
+    print(line, flush=True)
+    for text in stage_lines(total.get("stages_us_per_sample", {})):
+        print(text, flush=True)
+    if args.metrics_json:
+        Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n")

@@ -87,21 +87,58 @@ def convert(src: str, dst: str | os.PathLike, args: argparse.Namespace) -> dict[
     shuffle = not getattr(args, "no_shuffle", False)
     seed = int(getattr(args, "seed", 0))
     if shuffle:
-        perm = np.random.default_rng(seed).permutation(n_rows)
-        X = X[perm]
-        y = y[perm] if y is not None else None
+        X, y = _shuffled(X, y, seed)
     n_batches = (n_rows + batch_size - 1) // batch_size
     sizes = {"toc": 0}
-
-    def records() -> Iterator[tuple[bytes, bytes]]:
-        for i in range(n_batches):
-            s, e = i * batch_size, min(n_rows, (i + 1) * batch_size)
-            value = encode_batch_value(X[s:e], None if y is None else y[s:e])
-            sizes["toc"] += len(value)
-            yield (KEY_FORMAT % i).encode(), value
-
     dense_bytes = n_rows * n_cols * np.dtype(X.dtype).itemsize
     meta = {
+        **_table_meta(src, X, y, batch_size, n_batches),
+        "shuffled": shuffle,
+        "seed": seed if shuffle else None,
+        "max_abs": _max_abs(X),
+        "nnz": _nnz(X),
+        "dense_bytes": dense_bytes,
+        **info,
+    }
+    summary = write_records(dst, _batch_records(X, y, batch_size, sizes), meta=meta,
+                            total=n_batches,
+                            format_version=int(getattr(args, "format_version", 1)),
+                            overwrite=bool(getattr(args, "overwrite", False)))
+    _add_sizes_meta(dst, sizes["toc"], dense_bytes)
+    summary.update({
+        "rows": n_rows, "columns": n_cols, "batches": n_batches, "batch_size": batch_size,
+        "dtype": np.dtype(X.dtype).name, "dense_bytes": dense_bytes,
+        "ratio_vs_dense": round(dense_bytes / max(1, sizes["toc"]), 3),
+        "ratio_vs_float64": round(n_rows * n_cols * 8 / max(1, sizes["toc"]), 3),
+        "seconds": round(time.perf_counter() - t0, 3),
+    })
+    return summary
+
+
+def _shuffled(X: Any, y: np.ndarray | None, seed: int) -> tuple[Any, np.ndarray | None]:
+    """Rows and labels in one seeded random order: the TOC paper's "shuffle once"."""
+    perm = np.random.default_rng(seed).permutation(X.shape[0])
+    return X[perm], (y[perm] if y is not None else None)
+
+
+def _batch_records(X: Any, y: np.ndarray | None, batch_size: int,
+                   sizes: dict[str, int]) -> Iterator[tuple[bytes, bytes]]:
+    """One record per mini-batch of ``batch_size`` rows (the last may be shorter), keyed
+    :data:`KEY_FORMAT`; ``sizes["toc"]`` counts the value bytes."""
+    n_rows = X.shape[0]
+    for i in range((n_rows + batch_size - 1) // batch_size):
+        s, e = i * batch_size, min(n_rows, (i + 1) * batch_size)
+        value = encode_batch_value(X[s:e], None if y is None else y[s:e])
+        sizes["toc"] += len(value)
+        yield (KEY_FORMAT % i).encode(), value
+
+
+def _table_meta(src: str, X: Any, y: np.ndarray | None, batch_size: int,
+                n_batches: int) -> dict[str, Any]:
+    """The sidecar's description of the table and its batching (shape, dtypes, keys and
+    value layout)."""
+    n_rows, n_cols = X.shape
+    return {
         "layout": "toc",
         "source": str(src),
         "shape": [n_rows, n_cols],
@@ -114,31 +151,18 @@ def convert(src: str, dst: str | os.PathLike, args: argparse.Namespace) -> dict[
                          "lmdbio.codecs.toc.decode_batch_value"),
         "toc_version": 1,
         "labels": None if y is None else {"dtype": y.dtype.name, "shape": list(y.shape[1:])},
-        "shuffled": shuffle,
-        "seed": seed if shuffle else None,
-        "max_abs": _max_abs(X),
-        "nnz": _nnz(X),
-        "dense_bytes": dense_bytes,
-        **info,
     }
-    summary = write_records(dst, records(), meta=meta, total=n_batches,
-                            format_version=int(getattr(args, "format_version", 1)),
-                            overwrite=bool(getattr(args, "overwrite", False)))
-    # the sizes are known only once every batch is encoded: add them to the sidecar
+
+
+def _add_sizes_meta(dst: str | os.PathLike, value_bytes: int, dense_bytes: int) -> None:
+    """Add the value bytes and the ratio to dense storage to the sidecar: they are known
+    only once every batch is encoded."""
     from lmdbio.convert.writer import write_dataset_meta
 
     full = read_dataset_meta(dst)
-    full["value_bytes"] = sizes["toc"]
-    full["ratio_vs_dense"] = dense_bytes / max(1, sizes["toc"])
+    full["value_bytes"] = value_bytes
+    full["ratio_vs_dense"] = dense_bytes / max(1, value_bytes)
     write_dataset_meta(dst, full)
-    summary.update({
-        "rows": n_rows, "columns": n_cols, "batches": n_batches, "batch_size": batch_size,
-        "dtype": np.dtype(X.dtype).name, "dense_bytes": dense_bytes,
-        "ratio_vs_dense": round(dense_bytes / max(1, sizes["toc"]), 3),
-        "ratio_vs_float64": round(n_rows * n_cols * 8 / max(1, sizes["toc"]), 3),
-        "seconds": round(time.perf_counter() - t0, 3),
-    })
-    return summary
 
 
 # ---------------------------------------------------------------------------------------------

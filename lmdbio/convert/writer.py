@@ -91,46 +91,17 @@ def write_records(
     Keys need not arrive sorted, but sorted keys give the file order that readers prefer.
     ``total``: the number of records coming, for the progress bar (see the module's doc).
     """
-    import lmdb
-
     from lmdbio.commands import progress
 
     if format_version not in (1, 3):
         raise LmdbioError(f"format_version must be 1 or 3, not {format_version}")
     d = prepare_destination(dst, overwrite)
-    kwargs: dict[str, Any] = {"map_size": initial_map_size, "subdir": True}
-    if format_version == 3:
-        kwargs["lib_version"] = 1
-    env = lmdb.open(str(d), **kwargs)
-    count = 0
-    nbytes = 0
-    pending: list[tuple[bytes, bytes]] = []
-
-    def flush() -> None:
-        while True:
-            try:
-                with env.begin(write=True) as txn:
-                    for k, v in pending:
-                        txn.put(k, v)
-                return
-            except lmdb.MapFullError:
-                env.set_mapsize(env.info()["map_size"] * 2)
-
+    env = _open_new_env(d, format_version, initial_map_size)
     show = progress.active()
     bar = progress.bar(total if show else None, "writing", " records",
                        show=show, unit_scale=True)
     try:
-        for key, value in records:
-            pending.append((bytes(key), bytes(value)))
-            count += 1
-            nbytes += len(value)
-            bar.update(1)
-            if len(pending) >= commit_every:
-                flush()
-                pending.clear()
-                bar.set_postfix_str(f"{nbytes / 1e6:.1f} MB", refresh=False)
-        if pending:
-            flush()
+        count, nbytes = _write_in_commits(env, records, commit_every, bar)
         if show and bar.total != count:  # a count announced from the source was off
             bar.total = count
         bar.set_postfix_str(f"{nbytes / 1e6:.1f} MB", refresh=False)
@@ -141,3 +112,50 @@ def write_records(
         write_dataset_meta(d, {**meta, "records": count, "format_version": format_version})
     return {"path": str(d), "records": count, "value_bytes": nbytes,
             "file_bytes": (d / "data.mdb").stat().st_size}
+
+
+def _open_new_env(d: Path, format_version: int, initial_map_size: int) -> Any:
+    """A writable py-lmdb environment in the directory ``d``: LMDB 0.9's file format for
+    ``format_version`` 1, LMDB 1.0's for 3."""
+    import lmdb
+
+    kwargs: dict[str, Any] = {"map_size": initial_map_size, "subdir": True}
+    if format_version == 3:
+        kwargs["lib_version"] = 1
+    return lmdb.open(str(d), **kwargs)
+
+
+def _write_in_commits(env: Any, records: Iterable[tuple[bytes, bytes]], commit_every: int,
+                      bar: Any) -> tuple[int, int]:
+    """Put every record, one transaction per ``commit_every`` records (the bar advanced per
+    record, its size shown per commit); returns ``(records, value bytes)``."""
+    count = 0
+    nbytes = 0
+    pending: list[tuple[bytes, bytes]] = []
+    for key, value in records:
+        pending.append((bytes(key), bytes(value)))
+        count += 1
+        nbytes += len(value)
+        bar.update(1)
+        if len(pending) >= commit_every:
+            _commit(env, pending)
+            pending.clear()
+            bar.set_postfix_str(f"{nbytes / 1e6:.1f} MB", refresh=False)
+    if pending:
+        _commit(env, pending)
+    return count, nbytes
+
+
+def _commit(env: Any, pending: list[tuple[bytes, bytes]]) -> None:
+    """Put ``pending`` in one write transaction, doubling the map size until they fit (so
+    that no size has to be guessed up front)."""
+    import lmdb
+
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for k, v in pending:
+                    txn.put(k, v)
+            return
+        except lmdb.MapFullError:
+            env.set_mapsize(env.info()["map_size"] * 2)

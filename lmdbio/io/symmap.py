@@ -34,6 +34,7 @@ import os
 import random
 import stat as _stat
 import weakref
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -371,30 +372,113 @@ def map_symmetric(
 
     if comm == MPI.COMM_NULL:
         raise LmdbioError("map_symmetric needs a communicator, got MPI.COMM_NULL")
+    _check_window(max_attempts, low, high, alignment)
+    p = _resolve(path)
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    window = _AddressWindow(low, high, alignment, rng)
+    fd, size, mlen, first_address, hook = _open_everywhere(
+        comm, p, length, window, fail_ranks, fail_attempts
+    )
+    try:
+        addr, attempts, last_error = _try_common_address(
+            comm, p, fd, mlen, window, first_address, max_attempts, hook
+        )
+        if addr is not None:
+            return Mapping(str(p), addr, mlen, size, symmetric=True, attempts=attempts)
+        ptr = _map_fallback(comm, p, fd, mlen, attempts, last_error)
+        return Mapping(str(p), ptr, mlen, size, symmetric=False, attempts=attempts)
+    finally:
+        os.close(fd)
+
+
+def _try_common_address(
+    comm: Any, p: Path, fd: int, mlen: int, window: _AddressWindow, first_address: int | None,
+    max_attempts: int, hook: tuple[frozenset[int], int | None],
+) -> tuple[int | None, int, str]:
+    """Step 2, collective: up to ``max_attempts`` tries to map ``fd`` at an address rank 0
+    draws (the first one already sent, ``first_address``), all ranks voting on each.
+
+    Returns ``(address, attempts, last_error)``: the common address (None when every try
+    failed, every rank's own try then unmapped) and this rank's last failure, for the log.
+    ``hook`` is the test hook's (ranks, attempts) that collide on purpose.
+    """
+    from mpi4py import MPI
+
+    fail_set, fail_count = hook
+    rank = comm.Get_rank()
+    attempt = 0
+    last_error = "the file does not fit in the address window" if not window.slots(mlen) else ""
+    while first_address is not None and attempt < max_attempts:
+        attempt += 1
+        if attempt == 1:
+            addr = first_address
+        else:
+            addr = comm.bcast(window.draw(mlen) if rank == 0 else None, root=0)
+        block = rank in fail_set and (fail_count is None or attempt <= fail_count)
+        got, err = _try_fixed(fd, addr, mlen, block)
+        everyone_ok = comm.allreduce(1 if got is not None else 0, op=MPI.MIN)
+        if everyone_ok:
+            log.debug("%s: symmetric mapping at %#x after %d attempt(s)", p, addr, attempt)
+            return addr, attempt, last_error
+        if got is not None:
+            _release(got, mlen)
+        if err:
+            last_error = err
+        log.debug("%s: attempt %d at %#x failed (%s)", p, attempt, addr, err or "elsewhere")
+    return None, attempt, last_error
+
+
+def _check_window(max_attempts: int, low: int, high: int, alignment: int) -> None:
+    """Raise :class:`~lmdbio.errors.LmdbioError` for attempt counts or address windows that
+    :func:`map_symmetric` cannot draw from (checked before any collective)."""
     if max_attempts < 1:
         raise LmdbioError(f"max_attempts must be >= 1, got {max_attempts}")
     if alignment < _libc.OS_PAGE_SIZE or alignment % _libc.OS_PAGE_SIZE:
         raise LmdbioError(f"alignment {alignment} is not a multiple of the OS page size")
     if low % alignment or high <= low:
         raise LmdbioError(f"bad address window [{low:#x}, {high:#x}) for alignment {alignment}")
-    rank = comm.Get_rank()
-    p = _resolve(path)
 
-    # Step 1: everyone opens, everyone learns everyone's outcome (and rank 0's first
-    # address draw, for the first attempt: one exchange less)
+
+@dataclass(frozen=True)
+class _AddressWindow:
+    """Where rank 0 draws candidate addresses: ``alignment``-aligned starts in
+    ``[low, high)`` that leave room for the whole mapping."""
+
+    low: int
+    high: int
+    alignment: int
+    rng: random.Random
+
+    def slots(self, length: int) -> int:
+        """How many aligned starts leave room for ``length`` bytes (0: it does not fit)."""
+        if self.high - self.low < length:
+            return 0
+        return (self.high - self.low - length) // self.alignment + 1
+
+    def draw(self, length: int) -> int:
+        """A random aligned start for ``length`` bytes (the window must have a slot)."""
+        return self.low + self.rng.randrange(self.slots(length)) * self.alignment
+
+
+def _open_everywhere(
+    comm: Any, p: Path, length: int | None, window: _AddressWindow, fail_ranks: object,
+    fail_attempts: int | None,
+) -> tuple[int, int, int, int | None, tuple[frozenset[int], int | None]]:
+    """Step 1, collective: open the file on every rank and check that all could, with one
+    size and length. Returns ``(fd, size, length, first_address, test_hook_plan)``, where
+    ``first_address`` is rank 0's first draw, sent in the same exchange (one less).
+
+    Raises :class:`~lmdbio.errors.LmdbioError` on every rank, the file closed, otherwise.
+    """
     fd = -1
-    fail_set: frozenset[int] = frozenset()
-    fail_count: int | None = None
-    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    plan: tuple[frozenset[int], int | None] = (frozenset(), None)
     first_draw = None
-    slots = 0
     try:
-        fail_set, fail_count = _fail_plan(fail_ranks, fail_attempts)
+        plan = _fail_plan(fail_ranks, fail_attempts)
         fd, size, mlen = _open_checked(p, length)
         mine: tuple[str, int, int] = ("", size, mlen)
-        slots = (high - low - mlen) // alignment + 1 if high - low >= mlen else 0
-        if rank == 0 and slots:
-            first_draw = low + rng.randrange(slots) * alignment
+        if comm.Get_rank() == 0 and window.slots(mlen):
+            first_draw = window.draw(mlen)
     except LmdbioError as exc:
         mine = (str(exc), -1, -1)
     gathered = comm.allgather((*mine, first_draw))
@@ -410,53 +494,34 @@ def map_symmetric(
             (f"rank {r}: {e}" if r >= 0 else e) for r, e in sorted(errors.items())
         )
         raise LmdbioError(f"{p}: symmetric mapping cannot start: {detail}")
-    size, mlen = mine[1], mine[2]
+    return fd, mine[1], mine[2], gathered[0][3], plan
 
+
+def _map_fallback(comm: Any, p: Path, fd: int, mlen: int, attempts: int,
+                  last_error: str) -> int:
+    """Step 3, collective: map wherever the kernel chooses on every rank; rank 0 logs why
+    (each rank's last failure). Raises :class:`~lmdbio.errors.LmdbioError` on every rank
+    when any rank's mapping fails, so that none keeps a half-made result."""
+    reasons = comm.gather(last_error, root=0)
     try:
-        attempt = 0
-        last_error = "the file does not fit in the address window" if slots == 0 else ""
-        while slots and attempt < max_attempts:
-            attempt += 1
-            if attempt == 1:
-                addr = gathered[0][3]
-            else:
-                addr = comm.bcast(low + rng.randrange(slots) * alignment if rank == 0
-                                  else None, root=0)
-            block = rank in fail_set and (fail_count is None or attempt <= fail_count)
-            got, err = _try_fixed(fd, addr, mlen, block)
-            everyone_ok = comm.allreduce(1 if got is not None else 0, op=MPI.MIN)
-            if everyone_ok:
-                log.debug("%s: symmetric mapping at %#x after %d attempt(s)", p, addr, attempt)
-                return Mapping(str(p), addr, mlen, size, symmetric=True, attempts=attempt)
-            if got is not None:
-                _release(got, mlen)
-            if err:
-                last_error = err
-            log.debug("%s: attempt %d at %#x failed (%s)", p, attempt, addr, err or "elsewhere")
-
-        # Step 3: explicit fallback, every rank takes part.
-        reasons = comm.gather(last_error, root=0)
-        try:
-            ptr = _libc.mmap(0, mlen, _libc.PROT_READ, _libc.MAP_SHARED, fd, 0)
-            fallback_error = ""
-        except OSError as exc:
-            ptr, fallback_error = 0, f"mmap: {exc.strerror}"
-        failed = comm.allgather(fallback_error)
-        if any(failed):
-            if ptr:
-                _release(ptr, mlen)
-            detail = "; ".join(f"rank {r}: {e}" for r, e in enumerate(failed) if e)
-            raise LmdbioError(f"{p}: even the non-symmetric fallback mapping failed: {detail}")
-        if rank == 0:
-            why = "; ".join(f"rank {r}: {e}" for r, e in enumerate(reasons or []) if e)
-            log.warning(
-                "%s: no common address for %d rank(s) after %d attempt(s) (%s); falling back "
-                "to kernel-chosen addresses (symmetric=False): cursors travel as page numbers",
-                p,
-                comm.Get_size(),
-                attempt,
-                why or "no rank reported a reason",
-            )
-        return Mapping(str(p), ptr, mlen, size, symmetric=False, attempts=attempt)
-    finally:
-        os.close(fd)
+        ptr = _libc.mmap(0, mlen, _libc.PROT_READ, _libc.MAP_SHARED, fd, 0)
+        fallback_error = ""
+    except OSError as exc:
+        ptr, fallback_error = 0, f"mmap: {exc.strerror}"
+    failed = comm.allgather(fallback_error)
+    if any(failed):
+        if ptr:
+            _release(ptr, mlen)
+        detail = "; ".join(f"rank {r}: {e}" for r, e in enumerate(failed) if e)
+        raise LmdbioError(f"{p}: even the non-symmetric fallback mapping failed: {detail}")
+    if comm.Get_rank() == 0:
+        why = "; ".join(f"rank {r}: {e}" for r, e in enumerate(reasons or []) if e)
+        log.warning(
+            "%s: no common address for %d rank(s) after %d attempt(s) (%s); falling back "
+            "to kernel-chosen addresses (symmetric=False): cursors travel as page numbers",
+            p,
+            comm.Get_size(),
+            attempts,
+            why or "no rank reported a reason",
+        )
+    return ptr

@@ -363,16 +363,7 @@ def plan_epoch(
         raise ValueError(f"last must be one of {LAST_POLICIES}, not {last!r}")
     if scheme not in SCHEMES:
         raise ValueError(f"scheme must be one of {SCHEMES}, not {scheme!r}")
-    if shuffle == "none":
-        order = np.arange(n_records, dtype=np.int64)
-    elif shuffle == "global":
-        order = permutation(n_records, seed, epoch)
-    elif shuffle == "block":
-        if leaf_first is None:
-            raise ValueError("block shuffle needs the leaf directory (strategy indexed)")
-        order = block_order(leaf_first, seed, epoch, block_leaves, window)
-    else:
-        raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, not {shuffle!r}")
+    order = _epoch_order(n_records, shuffle, seed, epoch, leaf_first, block_leaves, window)
     iters = scheme_iterations(n_records, consumers, batch, last, scheme)
     if node_consumers is not None and sum(node_consumers) != consumers:
         raise ValueError(f"node_consumers {node_consumers} do not add up to {consumers}")
@@ -390,30 +381,53 @@ def plan_epoch(
         pad = np.zeros(pos.shape, bool)
         sizes[:] = 0
     else:
-        if scheme == "shard":
-            shard = _shard_size(n_records, consumers, last)
-            c = np.arange(consumers)[None, :, None]
-            pad = (pos >= np.minimum((c + 1) * shard, n_records)) | (pos >= n_records)
-        else:
-            pad = pos >= n_records
-        wraps = bool(pad.any())
-        # positions past the end wrap around to the start of the order (``pad``); the
-        # identity order needs no gather
-        if not wraps:
-            index = pos
-        elif scheme != "shard" and int(pos.max()) < 2 * n_records:  # wrapped at most once
-            index = np.subtract(pos, n_records, out=pos.copy(), where=pad)
-        else:
-            index = pos % n_records
-        table = index if shuffle == "none" else order[index]
-        if scheme == "shard" and wraps:
-            # a shard pads by wrapping around to its own start, as DALI's readers do
-            c = np.broadcast_to(np.arange(consumers)[None, :, None], pos.shape)
-            start = c * shard
-            length = np.maximum(np.minimum((c + 1) * shard, n_records) - start, 1)
-            table = np.where(pad, order[np.minimum(start + (pos - start) % length,
-                                                   n_records - 1)], table)
+        table, pad = _record_table(pos, order, n_records, consumers, last, scheme,
+                                   identity=shuffle == "none")
     # every record is delivered under ``pad`` and ``partial``: only ``drop`` leaves some out
     dropped = _dropped(order, table, sizes, pad) if last == "drop" else np.empty(0, np.int64)
     return EpochPlan(n_records, consumers, batch, last, scheme, order, table, sizes, pad,
                      dropped, group, split)
+
+
+def _epoch_order(n_records: int, shuffle: str, seed: int, epoch: int,
+                 leaf_first: np.ndarray | None, block_leaves: int, window: int) -> np.ndarray:
+    """The epoch's order of the records: key order (``none``), a seeded permutation
+    (``global``), or shuffled blocks of leaves (``block``, which needs ``leaf_first``)."""
+    if shuffle == "none":
+        return np.arange(n_records, dtype=np.int64)
+    if shuffle == "global":
+        return permutation(n_records, seed, epoch)
+    if shuffle == "block":
+        if leaf_first is None:
+            raise ValueError("block shuffle needs the leaf directory (strategy indexed)")
+        return block_order(leaf_first, seed, epoch, block_leaves, window)
+    raise ValueError(f"shuffle must be one of {SHUFFLE_MODES}, not {shuffle!r}")
+
+
+def _record_table(pos: np.ndarray, order: np.ndarray, n_records: int, consumers: int,
+                  last: str, scheme: str, identity: bool) -> tuple[np.ndarray, np.ndarray]:
+    """``(table, pad)``: the record of every (iteration, consumer, slot) position of a
+    non-empty epoch, and which positions are padding. Positions past the end wrap around
+    to the start of the order; a shard wraps to its own start, as DALI's readers do.
+    ``identity``: ``order`` is key order, so positions need no gather."""
+    if scheme == "shard":
+        shard = _shard_size(n_records, consumers, last)
+        c = np.arange(consumers)[None, :, None]
+        pad = (pos >= np.minimum((c + 1) * shard, n_records)) | (pos >= n_records)
+    else:
+        pad = pos >= n_records
+    wraps = bool(pad.any())
+    if not wraps:
+        index = pos
+    elif scheme != "shard" and int(pos.max()) < 2 * n_records:  # wrapped at most once
+        index = np.subtract(pos, n_records, out=pos.copy(), where=pad)
+    else:
+        index = pos % n_records
+    table = index if identity else order[index]
+    if scheme == "shard" and wraps:
+        c = np.broadcast_to(np.arange(consumers)[None, :, None], pos.shape)
+        start = c * shard
+        length = np.maximum(np.minimum((c + 1) * shard, n_records) - start, 1)
+        table = np.where(pad, order[np.minimum(start + (pos - start) % length,
+                                               n_records - 1)], table)
+    return table, pad

@@ -184,14 +184,7 @@ class BatchRing:
         self.reader_info = info
         self._init_state(MPI, node_comm.Dup(), k, reader, wtuple, kind,
                          float(timeout), float(max_sleep), float(spin))
-        try:
-            self._window = SharedWindow.allocate(MPI, self._comm, layout, k, reader)
-        except BaseException:
-            self._comm.Free()
-            raise
-        self._channel.start()
-        self._shutdown_cb = self._on_shutdown
-        on_shutdown(self._shutdown_cb)
+        self._open_window(MPI, layout, k, reader)
         return self
 
     @staticmethod
@@ -254,6 +247,19 @@ class BatchRing:
         self._inbox = SlotInbox()
         self._held: dict[int, SlotView] = {}
         self._shutdown_cb: Callable[[str], None] | None = None
+
+    def _open_window(self, MPI: Any, layout: SlotLayout, k: int, reader: int) -> None:
+        """Collective: allocate the shared window of ``k`` slots on the reader (freeing the
+        ring's communicator if that fails), then start the channel and register the
+        shutdown hook, so that a ring is only ever half-made inside :meth:`create`."""
+        try:
+            self._window = SharedWindow.allocate(MPI, self._comm, layout, k, reader)
+        except BaseException:
+            self._comm.Free()
+            raise
+        self._channel.start()
+        self._shutdown_cb = self._on_shutdown
+        on_shutdown(self._shutdown_cb)
 
     # ================================================================== messages
     def _on_message(self, kind: int, slot: int, seq: int, src: int) -> None:

@@ -115,8 +115,57 @@ def decode_datum_batch(
         return fast
     h = parse_datum_headers(u8, off, ln)
     bad: dict[int, str] = {int(i): h.error_text(int(i)) for i in np.flatnonzero(h.error)}
-
     # encoded records: decode now (one Pillow call each) so their shapes join the checks
+    images = _decode_encoded_images(u8, h, channel_order, bad)
+    shapes = _record_shapes(h, images)
+    ok = _valid_mask(n, bad)
+    _mark_unfilled_shapes(h, shapes, ok, bad)
+    expected = _batch_shape(shapes, ok, expected_shape)
+    c, hh, ww = _usable_shape(expected, ok, bad)
+    size = c * hh * ww
+    has_bytes, has_floats = _pixel_sources(h, ok)
+    _mark_size_mismatches(h, shapes, ok, bad, expected, size, has_bytes, has_floats)
+    if bad and errors == "raise":
+        i = min(bad)
+        raise RecordError(key_of(keys, i), f"bad Caffe Datum: {bad[i]}")
+
+    float_rows = np.flatnonzero(has_floats & ok)
+    out = _output_array(out, (n, c, hh, ww), float_rows.size > 0, ok, bool(bad))
+    _copy_pixels(k, u8, off, ln, h, out, np.flatnonzero(has_bytes & ok), float_rows)
+    _place_images(out, images, ok)
+    labels = h.label.copy()
+    errs = [RecordError(key_of(keys, i), f"bad Caffe Datum: {bad[i]}") for i in sorted(bad)]
+    return DatumBatch(out, labels, ok, errs)
+
+
+def _valid_mask(n: int, bad: dict[int, str]) -> np.ndarray:
+    """``(N,)`` bool: True for the records not (yet) in ``bad``."""
+    ok = np.ones(n, bool)
+    if bad:
+        ok[list(bad)] = False
+    return ok
+
+
+def _pixel_sources(h: DatumHeaders, ok: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(has_bytes, has_floats)`` masks of the valid raw records: pixels in ``data`` bytes,
+    or (no data bytes) in float_data values."""
+    raw = ok & ~h.encoded
+    has_bytes = raw & (h.data_len > 0)
+    return has_bytes, raw & ~has_bytes
+
+
+def _place_images(out: np.ndarray, images: dict[int, np.ndarray], ok: np.ndarray) -> None:
+    """Write the decoded encoded images into their rows of ``out``, valid records only."""
+    for i, img in images.items():
+        if ok[i]:
+            out[i] = img
+
+
+def _decode_encoded_images(u8: np.ndarray, h: DatumHeaders, channel_order: ChannelOrder,
+                           bad: dict[int, str]) -> dict[int, np.ndarray]:
+    """Decode the batch's encoded (JPEG/PNG) records that parsed cleanly, one Pillow call
+    each, by batch index; a record that fails to decode is added to ``bad`` instead, so
+    that its error is reported with the others."""
     images: dict[int, np.ndarray] = {}
     for i in np.flatnonzero(h.encoded & (h.error == 0)).tolist():
         lo = int(h.data_offset[i])
@@ -125,29 +174,46 @@ def decode_datum_batch(
             images[i] = decode_image(data, channel_order)
         except CodecError as exc:
             bad[i] = str(exc)
+    return images
 
+
+def _record_shapes(h: DatumHeaders, images: dict[int, np.ndarray]) -> np.ndarray:
+    """``(N, 3)`` ``(channels, height, width)`` of every record: the header's, or a decoded
+    image's own shape for encoded records (their headers need not give one)."""
     shapes = np.stack([h.channels, h.height, h.width], axis=1)
     for i, img in images.items():
         shapes[i] = img.shape
-    ok = np.ones(n, bool)
-    if bad:
-        ok[list(bad)] = False
-    _mark_unfilled_shapes(h, shapes, ok, bad)
+    return shapes
+
+
+def _batch_shape(shapes: np.ndarray, ok: np.ndarray,
+                 expected_shape: tuple[int, int, int] | None) -> tuple[int, ...]:
+    """The ``(C, H, W)`` every record must have: ``expected_shape`` when given, else the
+    first still-valid record's shape, ``(0, 0, 0)`` when none is valid."""
     if expected_shape is None:
         cand = np.flatnonzero(ok)
-        expected = tuple(int(x) for x in shapes[cand[0]]) if cand.size else (0, 0, 0)
-    else:
-        expected = tuple(int(x) for x in expected_shape)
-    c, hh, ww = expected
-    size = c * hh * ww
+        return tuple(int(x) for x in shapes[cand[0]]) if cand.size else (0, 0, 0)
+    return tuple(int(x) for x in expected_shape)
+
+
+def _usable_shape(expected: tuple[int, ...], ok: np.ndarray,
+                  bad: dict[int, str]) -> tuple[int, int, int]:
+    """``expected`` when it holds pixels; otherwise every still-valid record is marked bad
+    ("no pixels") and the output gets the empty shape ``(0, 0, 0)``."""
     if min(expected) <= 0:
         for i in np.flatnonzero(ok).tolist():
             bad[i] = f"no pixels: (channels, height, width) = {expected}"
         ok[:] = False
-        c = hh = ww = size = 0
-    raw = ok & ~h.encoded
-    has_bytes = raw & (h.data_len > 0)
-    has_floats = raw & ~has_bytes
+        return 0, 0, 0
+    c, hh, ww = expected
+    return c, hh, ww
+
+
+def _mark_size_mismatches(h: DatumHeaders, shapes: np.ndarray, ok: np.ndarray,
+                          bad: dict[int, str], expected: tuple[int, ...], size: int,
+                          has_bytes: np.ndarray, has_floats: np.ndarray) -> None:
+    """Mark the still-valid records whose shape differs from the batch's, or whose bytes or
+    float values do not hold ``size`` pixels; the first failing check names the error."""
     checks = (
         (ok & np.any(shapes != np.asarray(expected), axis=1),
          lambda i: f"shape {tuple(int(x) for x in shapes[i])} differs from the batch's "
@@ -162,46 +228,50 @@ def decode_datum_batch(
         for i in np.flatnonzero(mask & ok).tolist():
             bad[i] = text(i)
             ok[i] = False
-    if bad and errors == "raise":
-        i = min(bad)
-        raise RecordError(key_of(keys, i), f"bad Caffe Datum: {bad[i]}")
 
-    float_rows = np.flatnonzero(has_floats & ok)
-    dtype = np.float32 if float_rows.size else np.uint8
+
+def _output_array(out: np.ndarray | None, shape: tuple[int, int, int, int], any_floats: bool,
+                  ok: np.ndarray, any_bad: bool) -> np.ndarray:
+    """The ``(N, C, H, W)`` array to decode into: float32 when any record holds float_data,
+    else uint8; a caller's ``out`` is checked. Rows of bad records are zero."""
+    dtype = np.float32 if any_floats else np.uint8
     if out is None:
-        out = np.zeros((n, c, hh, ww), dtype) if bad else np.empty((n, c, hh, ww), dtype)
-    else:
-        if (out.shape != (n, c, hh, ww) or out.dtype not in (np.uint8, np.float32)
-                or not out.flags.c_contiguous):
-            raise CodecError(f"Datum batch: out must be C-contiguous ({n}, {c}, {hh}, {ww}) "
-                             f"uint8/float32, got {out.shape} {out.dtype}")
-        if out.dtype == np.uint8 and float_rows.size:
-            raise CodecError("Datum batch: records hold float_data; out must be float32")
-        if bad:
-            out[~ok] = 0
+        return np.zeros(shape, dtype) if any_bad else np.empty(shape, dtype)
+    n, c, hh, ww = shape
+    if (out.shape != shape or out.dtype not in (np.uint8, np.float32)
+            or not out.flags.c_contiguous):
+        raise CodecError(f"Datum batch: out must be C-contiguous ({n}, {c}, {hh}, {ww}) "
+                         f"uint8/float32, got {out.shape} {out.dtype}")
+    if out.dtype == np.uint8 and any_floats:
+        raise CodecError("Datum batch: records hold float_data; out must be float32")
+    if any_bad:
+        out[~ok] = 0
+    return out
+
+
+def _copy_pixels(k: Any, u8: np.ndarray, off: np.ndarray, ln: np.ndarray, h: DatumHeaders,
+                 out: np.ndarray, byte_rows: np.ndarray, float_rows: np.ndarray) -> None:
+    """Copy the raw records' pixels into ``out`` in compiled passes: ``byte_rows`` from
+    their ``data`` bytes (straight into ``out`` when every row is such a uint8 row, widened
+    when ``out`` is float32), ``float_rows`` from their float_data."""
+    n = out.shape[0]
+    size = int(np.prod(out.shape[1:]))
     flat = out.reshape(n, size)
-    byte_rows = np.flatnonzero(has_bytes & ok)
     if byte_rows.size == n and out.dtype == np.uint8:
         k.copy_datum_bytes(u8, h.table, byte_rows, out.reshape(-1))
-    else:
-        if byte_rows.size and out.dtype == np.uint8:
-            tmp = np.empty(byte_rows.size * size, np.uint8)
-            k.copy_datum_bytes(u8, h.table, byte_rows, tmp)
-            flat[byte_rows] = tmp.reshape(byte_rows.size, size)
-        elif byte_rows.size:
-            tmp32 = np.empty((byte_rows.size, size), np.float32)
-            k.widen_datum_bytes(u8, h.table, byte_rows, tmp32)
-            flat[byte_rows] = tmp32
-        if float_rows.size:
-            raw = np.empty(float_rows.size * size * 4, np.uint8)
-            k.copy_datum_floats(u8, off, ln, float_rows, raw)
-            flat[float_rows] = raw.view("<f4").reshape(float_rows.size, size)
-        for i, img in images.items():
-            if ok[i]:
-                out[i] = img
-    labels = h.label.copy()
-    errs = [RecordError(key_of(keys, i), f"bad Caffe Datum: {bad[i]}") for i in sorted(bad)]
-    return DatumBatch(out, labels, ok, errs)
+        return
+    if byte_rows.size and out.dtype == np.uint8:
+        tmp = np.empty(byte_rows.size * size, np.uint8)
+        k.copy_datum_bytes(u8, h.table, byte_rows, tmp)
+        flat[byte_rows] = tmp.reshape(byte_rows.size, size)
+    elif byte_rows.size:
+        tmp32 = np.empty((byte_rows.size, size), np.float32)
+        k.widen_datum_bytes(u8, h.table, byte_rows, tmp32)
+        flat[byte_rows] = tmp32
+    if float_rows.size:
+        raw = np.empty(float_rows.size * size * 4, np.uint8)
+        k.copy_datum_floats(u8, off, ln, float_rows, raw)
+        flat[float_rows] = raw.view("<f4").reshape(float_rows.size, size)
 
 
 def _mark_unfilled_shapes(h: DatumHeaders, shapes: np.ndarray, ok: np.ndarray,

@@ -142,36 +142,11 @@ def decode_datum(buf: Any) -> Datum:
             elif fnum == 7:
                 vals["encoded"] = v != 0
         elif wire == 2:
-            ln, pos = _get_varint(mv, pos, end, f"length of field {fnum}")
-            if ln > end - pos:
-                raise CodecError(f"Datum: field {fnum} at byte {tag_at} declares {ln} bytes, "
-                                 f"only {end - pos} remain")
-            if fnum == 4:
-                vals["data"] = mv[pos:pos + ln]
-            elif fnum == 6:
-                if ln % 4:
-                    raise CodecError(f"Datum: packed float_data at byte {tag_at} holds {ln} "
-                                     "bytes, not a multiple of 4")
-                float_parts.append(np.frombuffer(mv[pos:pos + ln], "<f4"))
-                packed = True
-            pos += ln
+            pos, packed_floats = _read_length_delimited(mv, pos, end, fnum, tag_at, vals,
+                                                        float_parts)
+            packed = packed or packed_floats
         elif wire == 5:
-            if end - pos < 4:
-                raise CodecError(f"Datum: 32-bit field {fnum} at byte {tag_at} is truncated")
-            if fnum == 6:
-                # a run of unpacked floats: (0x35, 4 bytes) repeated; take it in one go
-                count = (end - tag_at) // 5
-                run = np.frombuffer(mv[tag_at:tag_at + 5 * count], np.uint8).reshape(count, 5)
-                stop = np.flatnonzero(run[:, 0] != 0x35)
-                k = int(stop[0]) if stop.size else count
-                if k == 0:  # a key written as a non-minimal varint: take this value alone
-                    float_parts.append(np.frombuffer(mv[pos:pos + 4], "<f4"))
-                    pos += 4
-                    continue
-                float_parts.append(run[:k, 1:].copy().view("<f4").reshape(-1))
-                pos = tag_at + 5 * k
-                continue
-            pos += 4
+            pos = _read_fixed32(mv, pos, end, fnum, tag_at, float_parts)
         elif wire == 1:
             if end - pos < 8:
                 raise CodecError(f"Datum: 64-bit field {fnum} at byte {tag_at} is truncated")
@@ -182,6 +157,49 @@ def decode_datum(buf: Any) -> Datum:
         floats = np.concatenate(float_parts).astype(np.float32, copy=False)
         vals["float_data"] = floats
     return Datum(**vals, float_packed=packed)
+
+
+def _read_length_delimited(mv: memoryview, pos: int, end: int, fnum: int, tag_at: int,
+                           vals: dict[str, Any], float_parts: list[np.ndarray]
+                           ) -> tuple[int, bool]:
+    """Read the length-delimited field ``fnum`` whose length varint starts at ``pos``:
+    ``data`` (a zero-copy slice into ``vals``) or packed ``float_data`` (into
+    ``float_parts``); other fields are skipped. Returns the position after the field and
+    whether it was packed floats."""
+    ln, pos = _get_varint(mv, pos, end, f"length of field {fnum}")
+    if ln > end - pos:
+        raise CodecError(f"Datum: field {fnum} at byte {tag_at} declares {ln} bytes, "
+                         f"only {end - pos} remain")
+    packed = False
+    if fnum == 4:
+        vals["data"] = mv[pos:pos + ln]
+    elif fnum == 6:
+        if ln % 4:
+            raise CodecError(f"Datum: packed float_data at byte {tag_at} holds {ln} "
+                             "bytes, not a multiple of 4")
+        float_parts.append(np.frombuffer(mv[pos:pos + ln], "<f4"))
+        packed = True
+    return pos + ln, packed
+
+
+def _read_fixed32(mv: memoryview, pos: int, end: int, fnum: int, tag_at: int,
+                  float_parts: list[np.ndarray]) -> int:
+    """Read the 32-bit field ``fnum`` (key at ``tag_at``, value at ``pos``); returns the
+    position after it. Unpacked ``float_data`` is taken as the whole run of (0x35, 4 bytes)
+    pairs from here in one go, not value by value."""
+    if end - pos < 4:
+        raise CodecError(f"Datum: 32-bit field {fnum} at byte {tag_at} is truncated")
+    if fnum != 6:
+        return pos + 4
+    count = (end - tag_at) // 5
+    run = np.frombuffer(mv[tag_at:tag_at + 5 * count], np.uint8).reshape(count, 5)
+    stop = np.flatnonzero(run[:, 0] != 0x35)
+    k = int(stop[0]) if stop.size else count
+    if k == 0:  # a key written as a non-minimal varint: take this value alone
+        float_parts.append(np.frombuffer(mv[pos:pos + 4], "<f4"))
+        return pos + 4
+    float_parts.append(run[:k, 1:].copy().view("<f4").reshape(-1))
+    return tag_at + 5 * k
 
 
 def encode_datum(datum: Datum) -> bytes:

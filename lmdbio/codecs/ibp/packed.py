@@ -34,7 +34,7 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -198,67 +198,24 @@ class IBPPacked:
         section sizes, CRC and (``validate``) :meth:`validate_rows`. ``exact=False`` accepts
         trailing bytes (a frame at the start of a larger buffer). Decoding validates rows
         itself, so the hot path parses with ``validate=False``."""
-        mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else buf
-        arr = np.frombuffer(mv, np.uint8) if not isinstance(mv, np.ndarray) else mv.view(
-            np.uint8).reshape(-1)
-        if arr.nbytes < HEAD.size:
-            raise CodecError(f"IBP frame: {arr.nbytes} bytes is shorter than its "
-                             f"{HEAD.size}-byte header")
-        (magic, version, layout_code, chunk_bytes, flags, nrows, nchunks, nclusters, lbytes,
-         res0, model_id, data_nbytes, nbytes, crc, res1) = HEAD.unpack_from(arr)
-        if magic != FRAME_MAGIC:
-            raise CodecError(f"IBP frame: bad magic {magic!r} (expected {FRAME_MAGIC!r})")
-        if version != FRAME_VERSION:
-            raise CodecError(f"IBP frame: unsupported version {version}")
-        if layout_code > 1 or chunk_bytes not in (4, 8) or flags & ~FLAG_CRC or res0 or res1:
-            raise CodecError(f"IBP frame: bad header (layout {layout_code}, chunk {chunk_bytes},"
-                             f" flags {flags:#x})")
-        if nclusters < 1 or nchunks < 1:
-            raise CodecError(f"IBP frame: bad header ({nchunks} chunks, {nclusters} clusters)")
-        layout = LAYOUTS[layout_code]
-        want_lb = 0 if layout == "inplace" else length_bytes(nchunks)
-        if lbytes != want_lb:
-            raise CodecError(f"IBP frame: length width {lbytes}, expected {want_lb}")
-        if nrows > 8 * arr.nbytes:
-            raise CodecError(f"IBP frame: {nrows} rows cannot fit in {arr.nbytes} bytes")
-        first, cids, _, data_off = section_layout(layout, nrows, nchunks, nclusters)
-        total = data_off + data_nbytes
-        if arr.nbytes < total or (exact and arr.nbytes != total):
-            raise CodecError(f"IBP frame: {arr.nbytes} bytes, header implies {total}")
-        if data_nbytes % chunk_bytes:
-            raise CodecError(f"IBP frame: data section of {data_nbytes} bytes is not whole "
-                             f"{chunk_bytes}-byte words")
-        if layout == "inplace" and data_nbytes != nrows * nchunks * chunk_bytes:
-            raise CodecError(f"IBP frame: in-place data of {data_nbytes} bytes, expected "
-                             f"{nrows} x {nchunks * chunk_bytes}")
+        arr = _frame_bytes(buf)
+        h = _read_frame_header(arr)
+        first, cids, _, data_off = section_layout(h.layout, h.nrows, h.nchunks, h.nclusters)
+        total = data_off + h.data_nbytes
+        _check_data_section(arr.nbytes, h, total, exact)
         frame = arr[:total]
-        if not flags & FLAG_CRC and crc:
-            raise CodecError("IBP frame: checksum field set without the checksum flag")
-        if flags & FLAG_CRC:
-            head = bytearray(frame[:HEAD.size].tobytes())
-            head[48:52] = b"\0\0\0\0"
-            got = zlib.crc32(frame[HEAD.size:], zlib.crc32(head))
-            if got != crc:
-                raise CodecError("IBP frame: checksum mismatch (corrupt payload)")
+        _check_crc(frame, h.flags, h.crc)
         pos = HEAD.size
         meta = frame[pos:pos + first]
         pos += first
         cid_arr = None
         if cids:
-            cid_arr = frame[pos:pos + cids].view(_uint(_cid_bytes(nclusters)))
+            cid_arr = frame[pos:pos + cids].view(_uint(_cid_bytes(h.nclusters)))
         data = frame[data_off:total]
-        packed = cls(layout, int(nrows), int(nchunks), int(chunk_bytes), int(nclusters),
-                     bytes(model_id), data, cluster_ids=cid_arr, nbytes=int(nbytes))
-        if layout == "inplace":
-            packed.bitmask = meta
-            if nrows % 8 and meta.size and int(meta[-1]) >> (nrows % 8):
-                raise CodecError("IBP frame: bitmask has bits set past the last row")
-            if nbytes > first + cids + data_nbytes:
-                raise CodecError(f"IBP frame: nbytes {nbytes} exceeds the frame's content")
-        else:
-            packed.lengths = meta.view(_uint(lbytes))
-            if nbytes != first + cids + data_nbytes:
-                raise CodecError(f"IBP frame: nbytes {nbytes} != {first + cids + data_nbytes}")
+        packed = cls(h.layout, int(h.nrows), int(h.nchunks), int(h.chunk_bytes),
+                     int(h.nclusters), bytes(h.model_id), data, cluster_ids=cid_arr,
+                     nbytes=int(h.nbytes))
+        _attach_row_meta(packed, meta, h, first + cids)
         if validate:
             packed.validate_rows()
         return packed
@@ -267,6 +224,102 @@ class IBPPacked:
         return (f"IBPPacked(layout={self.layout!r}, nrows={self.nrows}, nchunks={self.nchunks},"
                 f" chunk_bytes={self.chunk_bytes}, nbytes={self.nbytes}, "
                 f"compressed={self.ncompressed})")
+
+
+class _FrameHeader(NamedTuple):
+    """The fields of a frame's header (:data:`HEAD`) that parsing needs, ``layout`` by
+    name."""
+
+    layout: str
+    chunk_bytes: int
+    flags: int
+    nrows: int
+    nchunks: int
+    nclusters: int
+    lbytes: int
+    model_id: bytes
+    data_nbytes: int
+    nbytes: int
+    crc: int
+
+
+def _frame_bytes(buf: Any) -> np.ndarray:
+    """``buf`` as a flat uint8 array, without a copy."""
+    mv = memoryview(buf).cast("B") if not isinstance(buf, np.ndarray) else buf
+    return np.frombuffer(mv, np.uint8) if not isinstance(mv, np.ndarray) else mv.view(
+        np.uint8).reshape(-1)
+
+
+def _read_frame_header(arr: np.ndarray) -> _FrameHeader:
+    """The header at the start of ``arr``, its fields checked on their own and against
+    the buffer's size; :class:`~lmdbio.errors.CodecError` names the first bad one."""
+    if arr.nbytes < HEAD.size:
+        raise CodecError(f"IBP frame: {arr.nbytes} bytes is shorter than its "
+                         f"{HEAD.size}-byte header")
+    (magic, version, layout_code, chunk_bytes, flags, nrows, nchunks, nclusters, lbytes,
+     res0, model_id, data_nbytes, nbytes, crc, res1) = HEAD.unpack_from(arr)
+    if magic != FRAME_MAGIC:
+        raise CodecError(f"IBP frame: bad magic {magic!r} (expected {FRAME_MAGIC!r})")
+    if version != FRAME_VERSION:
+        raise CodecError(f"IBP frame: unsupported version {version}")
+    if layout_code > 1 or chunk_bytes not in (4, 8) or flags & ~FLAG_CRC or res0 or res1:
+        raise CodecError(f"IBP frame: bad header (layout {layout_code}, chunk {chunk_bytes},"
+                         f" flags {flags:#x})")
+    if nclusters < 1 or nchunks < 1:
+        raise CodecError(f"IBP frame: bad header ({nchunks} chunks, {nclusters} clusters)")
+    layout = LAYOUTS[layout_code]
+    want_lb = 0 if layout == "inplace" else length_bytes(nchunks)
+    if lbytes != want_lb:
+        raise CodecError(f"IBP frame: length width {lbytes}, expected {want_lb}")
+    if nrows > 8 * arr.nbytes:
+        raise CodecError(f"IBP frame: {nrows} rows cannot fit in {arr.nbytes} bytes")
+    return _FrameHeader(layout, chunk_bytes, flags, nrows, nchunks, nclusters, lbytes,
+                        model_id, data_nbytes, nbytes, crc)
+
+
+def _check_data_section(available: int, h: _FrameHeader, total: int, exact: bool) -> None:
+    """Check that the buffer (``available`` bytes) holds the ``total`` bytes the header
+    implies (exactly, with ``exact``) and that the data section is whole words, of the
+    in-place layout's size where it has one."""
+    if available < total or (exact and available != total):
+        raise CodecError(f"IBP frame: {available} bytes, header implies {total}")
+    if h.data_nbytes % h.chunk_bytes:
+        raise CodecError(f"IBP frame: data section of {h.data_nbytes} bytes is not whole "
+                         f"{h.chunk_bytes}-byte words")
+    if h.layout == "inplace" and h.data_nbytes != h.nrows * h.nchunks * h.chunk_bytes:
+        raise CodecError(f"IBP frame: in-place data of {h.data_nbytes} bytes, expected "
+                         f"{h.nrows} x {h.nchunks * h.chunk_bytes}")
+
+
+def _check_crc(frame: np.ndarray, flags: int, crc: int) -> None:
+    """Check the frame's CRC-32 (computed with the header's CRC field zeroed) when the
+    checksum flag is set; refuse a CRC without the flag."""
+    if not flags & FLAG_CRC and crc:
+        raise CodecError("IBP frame: checksum field set without the checksum flag")
+    if flags & FLAG_CRC:
+        head = bytearray(frame[:HEAD.size].tobytes())
+        head[48:52] = b"\0\0\0\0"
+        got = zlib.crc32(frame[HEAD.size:], zlib.crc32(head))
+        if got != crc:
+            raise CodecError("IBP frame: checksum mismatch (corrupt payload)")
+
+
+def _attach_row_meta(packed: IBPPacked, meta: np.ndarray, h: _FrameHeader,
+                     before_data: int) -> None:
+    """Give ``packed`` its per-row section (the in-place layout's bitmask, the condensed
+    one's lengths) and check it and ``nbytes`` against the frame's content
+    (``before_data``: bytes of the row and cluster sections)."""
+    content = before_data + h.data_nbytes
+    if h.layout == "inplace":
+        packed.bitmask = meta
+        if h.nrows % 8 and meta.size and int(meta[-1]) >> (h.nrows % 8):
+            raise CodecError("IBP frame: bitmask has bits set past the last row")
+        if h.nbytes > content:
+            raise CodecError(f"IBP frame: nbytes {h.nbytes} exceeds the frame's content")
+    else:
+        packed.lengths = meta.view(_uint(h.lbytes))
+        if h.nbytes != content:
+            raise CodecError(f"IBP frame: nbytes {h.nbytes} != {content}")
 
 
 def _write_header(out: np.ndarray, p: IBPPacked, checksum: bool, total: int) -> None:

@@ -172,6 +172,35 @@ def section_sizes(dtype: np.dtype, flags: int, widths: tuple[int, int, int],
 def parse_header(buf: memoryview, *, verify: bool = True) -> Header:
     """Check magic, version, checksum and sizes; never trusts a count it has not bounded."""
     n = len(buf)
+    _check_envelope(buf, verify)
+    code = buf[4]
+    if code not in DTYPES:
+        raise CodecError(f"TOC header: unknown dtype code {code} at byte 4")
+    flags = buf[5]
+    if flags & ~FLAG_COLUMN_COUNTS:
+        raise CodecError(f"TOC header: unknown flags {flags:#04x} at byte 5")
+    widths = (buf[6], buf[7], buf[8])
+    names = ("column", "value index", "row length")
+    for name, w in zip(names, widths, strict=True):
+        if w > MAX_WIDTH:
+            raise CodecError(f"TOC header: {name} width {w} bits exceeds {MAX_WIDTH}")
+    counts, pos = _read_counts(buf)
+    dtype = DTYPES[code]
+    sizes = section_sizes(dtype, flags, widths, counts)
+    code_bytes = n - CRC_BYTES - pos - sum(sizes)
+    _check_counts(n, counts, widths, code_bytes)
+    sections = []
+    start = pos
+    for size in [*sizes, code_bytes]:
+        sections.append((start, start + size))
+        start += size
+    return Header(dtype, flags, *widths, *counts, tuple(sections))
+
+
+def _check_envelope(buf: memoryview, verify: bool) -> None:
+    """Check what surrounds the header's fields: the smallest size, magic, version and
+    (``verify``) the CRC-32 of everything before the trailing checksum."""
+    n = len(buf)
     if n < FIXED_HEADER + 5 + CRC_BYTES:
         raise CodecError(f"TOC payload is {n} bytes, shorter than the smallest valid one (18)")
     if bytes(buf[:3]) != MAGIC:
@@ -186,17 +215,11 @@ def parse_header(buf: memoryview, *, verify: bool = True) -> Header:
                 f"TOC payload checksum mismatch (stored {stored:#010x}, computed {actual:#010x}):"
                 f" the {n} bytes are corrupt or truncated"
             )
-    code = buf[4]
-    if code not in DTYPES:
-        raise CodecError(f"TOC header: unknown dtype code {code} at byte 4")
-    flags = buf[5]
-    if flags & ~FLAG_COLUMN_COUNTS:
-        raise CodecError(f"TOC header: unknown flags {flags:#04x} at byte 5")
-    widths = (buf[6], buf[7], buf[8])
-    names = ("column", "value index", "row length")
-    for name, w in zip(names, widths, strict=True):
-        if w > MAX_WIDTH:
-            raise CodecError(f"TOC header: {name} width {w} bits exceeds {MAX_WIDTH}")
+
+
+def _read_counts(buf: memoryview) -> tuple[tuple[int, int, int, int, int], int]:
+    """The header's five varint counts (rows, columns, first-layer pairs, distinct values,
+    codes), each bounded by :data:`MAX_DIM`, and the position after them."""
     pos = FIXED_HEADER
     counts = []
     for what in ("rows", "columns", "first-layer pairs", "distinct values", "codes"):
@@ -205,9 +228,15 @@ def parse_header(buf: memoryview, *, verify: bool = True) -> Header:
             raise CodecError(f"TOC header: {what} = {value} exceeds the limit {MAX_DIM}")
         counts.append(value)
     n_rows, n_cols, n_first, n_values, n_codes = counts
-    dtype = DTYPES[code]
-    sizes = section_sizes(dtype, flags, widths, tuple(counts))
-    code_bytes = n - CRC_BYTES - pos - sum(sizes)
+    return (n_rows, n_cols, n_first, n_values, n_codes), pos
+
+
+def _check_counts(n: int, counts: tuple[int, int, int, int, int],
+                  widths: tuple[int, int, int], code_bytes: int) -> None:
+    """Check the counts against the payload's ``n`` bytes (``code_bytes`` left for the code
+    section) and against the structural invariants of a valid encoding: cheap, and they
+    bound what decoding does next."""
+    n_rows, n_cols, n_first, n_values, n_codes = counts
     if code_bytes < 0:
         raise CodecError(
             f"TOC payload is {n} bytes, too short for its header ({n_rows}x{n_cols}, "
@@ -218,7 +247,6 @@ def parse_header(buf: memoryview, *, verify: bool = True) -> Header:
             f"TOC payload: {code_bytes} bytes of codes for {n_codes} codes is more than they "
             "can take: corrupt"
         )
-    # structural invariants of a valid encoding (cheap, and they bound what follows)
     if n_values > n_first or (n_first > 0 and n_values == 0):
         raise CodecError(f"TOC header: {n_values} distinct values for {n_first} pairs")
     if (n_codes == 0) != (n_first == 0):
@@ -227,13 +255,6 @@ def parse_header(buf: memoryview, *, verify: bool = True) -> Header:
         raise CodecError("TOC header: stored pairs in a matrix with 0 columns")
     if n_codes > 0 and widths[2] == 0:
         raise CodecError("TOC header: codes stored but every row length is 0 bits wide")
-    sections = []
-    start = pos
-    for size in [*sizes, code_bytes]:
-        sections.append((start, start + size))
-        start += size
-    return Header(dtype, flags, *widths, n_rows, n_cols, n_first, n_values, n_codes,
-                  tuple(sections))
 
 
 #: kernel status -> message
