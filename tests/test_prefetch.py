@@ -238,7 +238,7 @@ def test_split_runs_cover_each_run_in_pieces(runs: list[tuple[int, int]], chunk:
 def test_merge_ranges_is_the_union(ranges: list[tuple[int, int]]) -> None:
     starts = np.array([a for a, _ in ranges], dtype=np.int64)
     stops = np.array([a + n for a, n in ranges], dtype=np.int64)
-    ms, me = pf._merge_ranges(starts, stops)
+    ms, me = pf.merge_ranges(starts, stops)
     covered = set()
     for a, b in zip(starts.tolist(), stops.tolist(), strict=True):
         covered.update(range(a, b))
@@ -337,7 +337,7 @@ def test_direct_reader_fallback_when_refused(
     def refuse(p: str) -> int:
         raise OSError(errno.EINVAL, "Invalid argument")
 
-    monkeypatch.setattr(pf, "_open_direct", refuse)
+    monkeypatch.setattr(pf, "open_direct", refuse)
     with caplog.at_level(logging.WARNING, logger="lmdbio.io.prefetch"):
         r = pf.DirectReader(path)
     assert r.direct is False

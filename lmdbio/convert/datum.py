@@ -40,12 +40,14 @@ from __future__ import annotations
 import argparse
 import io
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from lmdbio.codecs.datum import datum_from_array, datum_from_image, encode_datum
-from lmdbio.convert._sources import Sample, Source, add_source_arguments, iter_samples, open_source
+from lmdbio.convert.sources import Sample, Source, add_source_arguments, iter_samples, open_source
 from lmdbio.convert.writer import write_dataset_meta, write_records
 from lmdbio.errors import LmdbioError
 
@@ -127,40 +129,87 @@ def _decoded_shape(image: bytes) -> tuple[int, int, int]:
 
 
 def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Convert ``src`` into an LMDB of Caffe Datums at ``dst``; return a summary."""
     t0 = time.perf_counter()
     source: Source = open_source(src, args)
     fmt = getattr(args, "encoded", None)
     if fmt and source.kind != "image":
         raise LmdbioError(f"--encoded {fmt}: {src} holds table rows, not images")
-    state: dict[str, Any] = {"shapes": set(), "dtypes": set(), "max_err": 0.0}
+    seen = _SeenValues()
+    meta = _source_meta(src, source, fmt)
+    # shape and dtype are known only after the pass: write the sidecar once writing is done
+    summary = write_records(dst, _datum_records(source, fmt, args, seen), meta=None,
+                            format_version=args.format_version, total=len(source.samples),
+                            overwrite=args.overwrite)
+    _add_seen_meta(meta, source, seen)
+    write_dataset_meta(dst, {**meta, "records": summary["records"],
+                             "format_version": args.format_version})
+    summary.update({
+        "layout": "caffe-datum", "source": src, "encoded": fmt, "shape": meta["shape"],
+        "dtype": meta["dtype"], "float32_rounding_max_abs_error": seen.max_err,
+        **({"smallest_image": meta["smallest_image"]} if meta["shapes_vary"]
+           and "smallest_image" in meta else {}),
+        "provenance": source.provenance, "seconds": round(time.perf_counter() - t0, 3),
+    })
+    return summary
 
-    def records():
-        for i, sample, arr in iter_samples(source):
-            key = f"{i:08d}_{sample.name}" if sample.name else f"{i:08d}"
-            if fmt:
-                image = _encode_image(sample, arr, fmt, args)
-                value = encode_datum(datum_from_image(image, sample.label))
-                state["dtypes"].add("uint8")
-                state["shapes"].add(_decoded_shape(image))
-            else:
-                chw = _to_chw(sample, arr, source.from_image_files)
-                if chw.dtype == np.bool_:
-                    chw = chw.astype(np.uint8)
-                if chw.dtype != np.uint8:
-                    f32 = chw.astype(np.float32)
-                    if chw.dtype.kind in "fiu":
-                        err = float(np.max(np.abs(f32.astype(np.float64) - chw), initial=0.0))
-                        state["max_err"] = max(state["max_err"], err)
-                    chw = f32
-                state["shapes"].add(tuple(int(x) for x in chw.shape))
-                state["dtypes"].add(str(chw.dtype))
-                value = encode_datum(datum_from_array(chw, sample.label))
-            yield key.encode(), value
 
+@dataclass
+class _SeenValues:
+    """What the records written so far hold: their (C, H, W) shapes and dtypes, and the
+    largest error of rounding a value to float32."""
+
+    shapes: set[tuple[int, ...]] = field(default_factory=set)
+    dtypes: set[str] = field(default_factory=set)
+    max_err: float = 0.0
+
+
+def _datum_records(source: Source, fmt: str | None, args: argparse.Namespace,
+                   seen: _SeenValues) -> Iterator[tuple[bytes, bytes]]:
+    """The ``(key, Datum)`` records of every sample: encoded images with ``--encoded``,
+    else raw (C, H, W) pixels (uint8, or float32 for other types)."""
+    for i, sample, arr in iter_samples(source):
+        key = f"{i:08d}_{sample.name}" if sample.name else f"{i:08d}"
+        if fmt:
+            value = _encoded_datum(sample, arr, fmt, args, seen)
+        else:
+            value = _raw_datum(sample, arr, source.from_image_files, seen)
+        yield key.encode(), value
+
+
+def _encoded_datum(sample: Sample, arr: np.ndarray, fmt: str, args: argparse.Namespace,
+                   seen: _SeenValues) -> bytes:
+    """A Datum holding the sample as an encoded ``fmt`` image, its decoded shape noted."""
+    image = _encode_image(sample, arr, fmt, args)
+    value = encode_datum(datum_from_image(image, sample.label))
+    seen.dtypes.add("uint8")
+    seen.shapes.add(_decoded_shape(image))
+    return value
+
+
+def _raw_datum(sample: Sample, arr: np.ndarray, bgr: bool, seen: _SeenValues) -> bytes:
+    """A Datum holding the sample's (C, H, W) pixels: uint8 as they are (booleans as 0/1),
+    anything else as float32 (the rounding error noted)."""
+    chw = _to_chw(sample, arr, bgr)
+    if chw.dtype == np.bool_:
+        chw = chw.astype(np.uint8)
+    if chw.dtype != np.uint8:
+        f32 = chw.astype(np.float32)
+        if chw.dtype.kind in "fiu":
+            err = float(np.max(np.abs(f32.astype(np.float64) - chw), initial=0.0))
+            seen.max_err = max(seen.max_err, err)
+        chw = f32
+    seen.shapes.add(tuple(int(x) for x in chw.shape))
+    seen.dtypes.add(str(chw.dtype))
+    return encode_datum(datum_from_array(chw, sample.label))
+
+
+def _source_meta(src: str, source: Source, fmt: str | None) -> dict[str, Any]:
+    """The sidecar's description of what is converted, before the records are written."""
     channel_order = None
     if source.kind == "image":
         channel_order = "bgr" if source.from_image_files else "as-given"
-    meta: dict[str, Any] = {
+    return {
         "layout": "caffe-datum",
         "source": src,
         "provenance": source.provenance,
@@ -171,11 +220,12 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         "channel_order": channel_order,
         "key_format": "%08d_<file name>" if source.samples[0].name else "%08d",
     }
-    # shape and dtype are known only after the pass: write the sidecar once writing is done
-    summary = write_records(dst, records(), meta=None, format_version=args.format_version,
-                            total=len(source.samples),
-                            overwrite=args.overwrite)
-    shapes, dtypes = state["shapes"], state["dtypes"]
+
+
+def _add_seen_meta(meta: dict[str, Any], source: Source, seen: _SeenValues) -> None:
+    """Add to ``meta`` what only the written records tell: shape (None when sizes vary),
+    dtype, the float32 rounding error, and grey channel order for one-channel images."""
+    shapes, dtypes = seen.shapes, seen.dtypes
     if source.kind == "image" and shapes and all(sh[0] == 1 for sh in shapes):
         meta["channel_order"] = "gray"
     meta.update({
@@ -183,15 +233,5 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         "shapes_vary": len(shapes) > 1,
         **{k: v for k, v in source.sizes.items() if k != "sizes_vary"},
         "dtype": next(iter(dtypes)) if len(dtypes) == 1 else None,
-        "float32_rounding_max_abs_error": state["max_err"],
+        "float32_rounding_max_abs_error": seen.max_err,
     })
-    write_dataset_meta(dst, {**meta, "records": summary["records"],
-                             "format_version": args.format_version})
-    summary.update({
-        "layout": "caffe-datum", "source": src, "encoded": fmt, "shape": meta["shape"],
-        "dtype": meta["dtype"], "float32_rounding_max_abs_error": state["max_err"],
-        **({"smallest_image": meta["smallest_image"]} if meta["shapes_vary"]
-           and "smallest_image" in meta else {}),
-        "provenance": source.provenance, "seconds": round(time.perf_counter() - t0, 3),
-    })
-    return summary

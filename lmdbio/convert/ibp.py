@@ -39,7 +39,8 @@ from lmdbio.errors import CodecError, LmdbioError
 
 RECORD_MAGIC = b"IBPR"
 RECORD_VERSION = 1
-_REC_HEAD = struct.Struct("<4sBBBBI")
+#: the head of an IBP record: magic, version, flags, dtype name length, reserved, rows
+RECORD_HEAD = struct.Struct("<4sBBBBI")
 KEY_FORMAT = b"%010d"
 BUNDLED = ("sklearn:digits", "sklearn:breast_cancer", "sklearn:wine", "sklearn:iris",
            "sklearn:diabetes", "skimage:lfw")
@@ -150,7 +151,7 @@ def encode_record(frame: bytes, labels: np.ndarray | None, nrows: int) -> bytes:
             raise LmdbioError(f"labels of shape {labels.shape} for {nrows} rows")
         dt = labels.dtype.str.encode("ascii")
         lab = labels.tobytes()
-    head = _REC_HEAD.pack(RECORD_MAGIC, RECORD_VERSION, 1 if labels is not None else 0,
+    head = RECORD_HEAD.pack(RECORD_MAGIC, RECORD_VERSION, 1 if labels is not None else 0,
                           len(dt), 0, nrows) + dt
     head += b"\0" * (-len(head) % 8)
     lab += b"\0" * (-len(lab) % 8)
@@ -164,17 +165,17 @@ def decode_record(value: Any, model: Any, xp: Any = np,
     from lmdbio.codecs.ibp.packed import IBPPacked
 
     buf = np.frombuffer(value, np.uint8)
-    if buf.nbytes < _REC_HEAD.size:
+    if buf.nbytes < RECORD_HEAD.size:
         raise CodecError(f"IBP record: {buf.nbytes} bytes is too short")
-    magic, version, flags, dtlen, res, nrows = _REC_HEAD.unpack_from(buf)
+    magic, version, flags, dtlen, res, nrows = RECORD_HEAD.unpack_from(buf)
     if magic != RECORD_MAGIC or version != RECORD_VERSION or flags > 1 or res:
         raise CodecError(f"IBP record: bad header (magic {magic!r}, version {version})")
-    pos = _REC_HEAD.size + dtlen
+    pos = RECORD_HEAD.size + dtlen
     pos += -pos % 8
     labels = None
     if flags & 1:
         try:
-            ldt = np.dtype(bytes(buf[_REC_HEAD.size:_REC_HEAD.size + dtlen]).decode("ascii"))
+            ldt = np.dtype(bytes(buf[RECORD_HEAD.size:RECORD_HEAD.size + dtlen]).decode("ascii"))
         except (UnicodeDecodeError, TypeError, ValueError) as exc:
             raise CodecError(f"IBP record: bad label dtype ({exc})") from None
         if ldt.hasobject or ldt.itemsize == 0 or ldt.subdtype is not None \
@@ -232,9 +233,41 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[bytes, bytes]]:
 
 def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     """Fit, pack and write; return a summary (ratio counts what the records store)."""
-    from lmdbio.codecs import ibp
-    from lmdbio.convert.writer import write_records
+    from lmdbio.convert.writer import write_dataset_meta, write_records
 
+    rows, labels, description = checked_rows(src, args)
+    per = int(args.rows_per_record)
+    if per < 1:
+        raise LmdbioError("--rows-per-record must be at least 1")
+    model = fit_model(rows, args)
+    checksum = not getattr(args, "no_checksum", False)
+    nrows = len(rows)
+    stats = {"payload": 0, "frames": 0, "compressed": 0}
+    raw_bytes = nrows * model.row_bytes
+    meta = dataset_meta(src, description, model, labels, nrows, per, checksum)
+    summary = write_records(dst, packed_records(rows, labels, model, per, checksum, stats),
+                            meta=None, format_version=args.format_version,
+                            total=-(-nrows // per), overwrite=args.overwrite)
+    meta["ibp"].update({
+        "raw_bytes": raw_bytes,
+        "payload_bytes": stats["payload"],
+        "frame_bytes": stats["frames"],
+        "compressed_rows": stats["compressed"],
+        "ratio": raw_bytes / stats["payload"] if stats["payload"] else None,
+    })
+    write_dataset_meta(dst, {**meta, "records": summary["records"],
+                             "format_version": args.format_version})
+    return {**summary, "rows": nrows, "raw_bytes": raw_bytes,
+            "payload_bytes": stats["payload"], "frame_bytes": stats["frames"],
+            "ratio": meta["ibp"]["ratio"], "record_ratio": raw_bytes / summary["value_bytes"]
+            if summary["value_bytes"] else None, "chunk_bytes": model.chunk_bytes,
+            "clusters": model.nclusters, "search": model.search, "model_id": model.model_id.hex()}
+
+
+def checked_rows(src: str, args: argparse.Namespace
+                 ) -> tuple[np.ndarray, np.ndarray | None, str]:
+    """``(rows, labels, description)`` of ``src`` (:func:`load_source`), rows cast to
+    ``--dtype`` (float32 for the sklearn/skimage sets by default), labels one per row."""
     rows, labels, description = load_source(src, getattr(args, "array_key", None),
                                             getattr(args, "label_key", None))
     want = getattr(args, "dtype", None)
@@ -251,34 +284,42 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         raise LmdbioError(f"{src}: {len(labels)} labels for {len(rows)} rows")
     if labels is not None:
         labels = np.ascontiguousarray(labels.reshape(len(rows)))
-    per = int(args.rows_per_record)
-    if per < 1:
-        raise LmdbioError("--rows-per-record must be at least 1")
+    return rows, labels, description
+
+
+def fit_model(rows: np.ndarray, args: argparse.Namespace) -> Any:
+    """The IBP model of ``rows``: one fit, or ``--clusters`` of them."""
+    from lmdbio.codecs import ibp
+
     chunk = int(args.chunk_bytes)
     clusters = int(getattr(args, "clusters", 1) or 1)
     if clusters > 1:
-        model = ibp.fit_clusters(rows, clusters, chunk, sample=args.sample, seed=args.seed)
-    else:
-        model = ibp.fit(rows, chunk, args.threshold, args.sample, search=args.search,
-                        seed=args.seed)
-    checksum = not getattr(args, "no_checksum", False)
-    nrows = len(rows)
-    stats = {"payload": 0, "frames": 0, "compressed": 0}
+        return ibp.fit_clusters(rows, clusters, chunk, sample=args.sample, seed=args.seed)
+    return ibp.fit(rows, chunk, args.threshold, args.sample, search=args.search,
+                   seed=args.seed)
 
-    def records() -> Iterator[tuple[bytes, bytes]]:
-        for r, start in enumerate(range(0, nrows, per)):
-            block = rows[start:start + per]
-            packed = model.compress(block, "condensed")
-            stats["payload"] += packed.nbytes
-            stats["compressed"] += packed.ncompressed
-            frame = packed.to_bytes(checksum)
-            stats["frames"] += len(frame)
-            lab = None if labels is None else labels[start:start + per]
-            yield KEY_FORMAT % r, encode_record(frame, lab, len(block))
 
-    raw_bytes = nrows * model.row_bytes
+def packed_records(rows: np.ndarray, labels: np.ndarray | None, model: Any, per: int,
+                   checksum: bool, stats: dict[str, int]) -> Iterator[tuple[bytes, bytes]]:
+    """The records: ``per`` rows each, packed by ``model`` (condensed), keyed
+    :data:`KEY_FORMAT`; ``stats`` counts payload and frame bytes and compressed rows."""
+    for r, start in enumerate(range(0, len(rows), per)):
+        block = rows[start:start + per]
+        packed = model.compress(block, "condensed")
+        stats["payload"] += packed.nbytes
+        stats["compressed"] += packed.ncompressed
+        frame = packed.to_bytes(checksum)
+        stats["frames"] += len(frame)
+        lab = None if labels is None else labels[start:start + per]
+        yield KEY_FORMAT % r, encode_record(frame, lab, len(block))
+
+
+def dataset_meta(src: str, description: str, model: Any, labels: np.ndarray | None,
+                 nrows: int, per: int, checksum: bool) -> dict[str, Any]:
+    """The sidecar's description of the dataset, with the model (base64) under ``"ibp"``;
+    the sizes known once written are added by :func:`convert`."""
     model_bytes = model.to_bytes()
-    meta: dict[str, Any] = {
+    return {
         "layout": "ibp",
         "source": src,
         "description": description,
@@ -288,35 +329,15 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         "rows_per_record": per,
         "key_format": KEY_FORMAT.decode(),
         "labels": None if labels is None else {"dtype": labels.dtype.str},
+        "ibp": {
+            "model": base64.b64encode(model_bytes).decode("ascii"),
+            "model_id": model.model_id.hex(),
+            "model_bytes": len(model_bytes),
+            "chunk_bytes": model.chunk_bytes,
+            "clusters": model.nclusters,
+            "search": model.search,
+            "threshold": None if np.isnan(model.threshold) else model.threshold,
+            "packed_layout": "condensed",
+            "checksum": checksum,
+        },
     }
-    ibp_meta: dict[str, Any] = {
-        "model": base64.b64encode(model_bytes).decode("ascii"),
-        "model_id": model.model_id.hex(),
-        "model_bytes": len(model_bytes),
-        "chunk_bytes": model.chunk_bytes,
-        "clusters": model.nclusters,
-        "search": model.search,
-        "threshold": None if np.isnan(model.threshold) else model.threshold,
-        "packed_layout": "condensed",
-        "checksum": checksum,
-    }
-    meta["ibp"] = ibp_meta
-    summary = write_records(dst, records(), meta=None, format_version=args.format_version,
-                            total=-(-nrows // per),
-                            overwrite=args.overwrite)
-    ibp_meta.update({
-        "raw_bytes": raw_bytes,
-        "payload_bytes": stats["payload"],
-        "frame_bytes": stats["frames"],
-        "compressed_rows": stats["compressed"],
-        "ratio": raw_bytes / stats["payload"] if stats["payload"] else None,
-    })
-    from lmdbio.convert.writer import write_dataset_meta
-
-    write_dataset_meta(dst, {**meta, "records": summary["records"],
-                             "format_version": args.format_version})
-    return {**summary, "rows": nrows, "raw_bytes": raw_bytes,
-            "payload_bytes": stats["payload"], "frame_bytes": stats["frames"],
-            "ratio": ibp_meta["ratio"], "record_ratio": raw_bytes / summary["value_bytes"]
-            if summary["value_bytes"] else None, "chunk_bytes": model.chunk_bytes,
-            "clusters": model.nclusters, "search": model.search, "model_id": model.model_id.hex()}

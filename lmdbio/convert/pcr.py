@@ -31,8 +31,9 @@ import argparse
 import io
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -218,7 +219,7 @@ class _Shapes:
     def add(self, key: bytes, jpeg: bytes) -> None:
         from PIL import Image
 
-        from lmdbio.convert._sources import decoded_channels
+        from lmdbio.convert.sources import decoded_channels
 
         with Image.open(io.BytesIO(jpeg)) as im:
             h, w = int(im.height), int(im.width)
@@ -266,7 +267,7 @@ def _resized(data: bytes | np.ndarray, size: tuple[int, int], mode: str | None,
         im.load()
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise CodecError(f"not an image Pillow can read: {exc}") from exc
-    from lmdbio.convert._sources import decoded_channels
+    from lmdbio.convert.sources import decoded_channels
 
     want = mode or ("L" if decoded_channels(im.mode) == 1 else "RGB")
     if im.mode != want:
@@ -287,8 +288,62 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         raise LmdbioError("--group-size must be >= 1")
     if srcp.suffix == ".npy" and srcp.is_file():
         return _convert_tensor(srcp, dst, args, group)
+    opts = _image_options(args)
+    source = _open_source(srcp, src)
+    if getattr(args, "shuffle_seed", None) is not None:
+        order = np.random.default_rng(args.shuffle_seed).permutation(len(source.entries))
+        source.entries = [source.entries[i] for i in order]
+    if source.kind == "image-folder":  # every image measured before anything is written
+        from lmdbio.convert.sources import check_image_sizes
+
+        check_image_sizes(srcp, [(e[0].decode(), e[1][1]) for e in source.entries],
+                          resized=opts.resize is not None, keep_option="--keep-sizes",
+                          keep=opts.keep,
+                          channels_fix=None if opts.decode_mode else _CHOICES_COLOUR)
+    shapes = _Shapes(src, opts.decode_mode, opts.keep or opts.resize is not None)
+    encode = _ItemEncoder(src, opts, source.load)
+    stats = _PcrStats()
+    try:
+        if not source.entries:
+            raise LmdbioError(f"{src}: no records")
+        records = _pcr_records(source.entries, group, opts.workers, encode, shapes, stats)
+        summary = _write_new(dst, records, -(-len(source.entries) // group), args, stats)
+    finally:
+        source.close()
+    meta = {"layout": "pcr", "kind": "jpeg", "source": os.path.abspath(src),
+            "source_kind": source.kind, "classes": source.classes, "group_size": group,
+            "items": len(source.entries), "scan_groups": stats.n_groups,
+            "quality": opts.quality, "jpeg_tool": encode.tool,
+            "lossless_items": stats.lossless, "reencoded_items": stats.reencoded,
+            "records": summary["records"], "format_version": getattr(args, "format_version", 1),
+            "value_format": "LPCR v1 (see lmdbio.codecs.pcr)", "decode_mode": opts.decode_mode,
+            "resize": list(opts.resize) if opts.resize else None, **shapes.meta()}
+    write_dataset_meta(dst, meta)
+    return {**summary, "items": len(source.entries), "scan_groups": stats.n_groups,
+            "jpeg_tool": encode.tool, "lossless_items": stats.lossless,
+            "reencoded_items": stats.reencoded, "source_bytes": stats.source_bytes,
+            "pcr_image_bytes": stats.pcr_image_bytes, "decode_mode": opts.decode_mode,
+            **shapes.meta()}
+
+
+@dataclass(frozen=True)
+class _ImageOptions:
+    """How images are encoded: JPEG ``quality`` and tool, encoding threads, the optional
+    ``resize`` (H, W), the forced ``decode_mode`` (``RGB``, ``L`` or None) and whether
+    several sizes are kept (``--keep-sizes``)."""
+
+    quality: int
+    tool_request: str
+    workers: int
+    resize: tuple[int, int] | None
+    decode_mode: str | None
+    keep: bool
+
+
+def _image_options(args: argparse.Namespace) -> _ImageOptions:
+    """The image options of ``args`` (defaults for those absent); refuses sizes below 1."""
     quality = int(getattr(args, "quality", 90))
-    tool_req = getattr(args, "jpeg_tool", "auto")
+    tool_request = getattr(args, "jpeg_tool", "auto")
     workers = max(1, int(getattr(args, "workers", 1) or 1))
     resize: tuple[int, int] | None = None
     if getattr(args, "resize", None):
@@ -297,105 +352,133 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         raise LmdbioError(f"--resize {resize[0]} {resize[1]}: sizes must be >= 1")
     decode_mode = "RGB" if getattr(args, "color", False) else \
         "L" if getattr(args, "gray", False) else None
-    keep = bool(getattr(args, "keep_sizes", False))
-    classes: list[str] = []
+    return _ImageOptions(quality=quality, tool_request=tool_request, workers=workers,
+                         resize=resize, decode_mode=decode_mode,
+                         keep=bool(getattr(args, "keep_sizes", False)))
+
+
+_Entry = tuple[bytes, Any]  # (key, what the source's loader needs to find the item)
+
+
+@dataclass
+class _ImageSource:
+    """The items to convert: ``entries`` in conversion order, ``load`` giving an entry's
+    image (encoded bytes or an HWC array) and label, and the class names of a folder."""
+
+    kind: str
+    entries: list[_Entry]
+    load: Callable[[_Entry], tuple[bytes | np.ndarray, int]]
+    classes: list[str]
+    lmdb: _LmdbSource | None = None
+
+    def close(self) -> None:
+        """Close the source LMDB, if any."""
+        if self.lmdb is not None:
+            self.lmdb.close()
+
+
+def _open_source(srcp: Path, src: str) -> _ImageSource:
+    """An LMDB of Caffe Datums or an image folder at ``srcp``, listed (keys only)."""
     if _is_lmdb(srcp):
-        source_kind = "caffe-datum-lmdb"
         lsrc = _LmdbSource(srcp)
-        entries: list[tuple[bytes, Any]] = [(k, None) for k in lsrc.keys]
 
-        def load(entry: tuple[bytes, Any]) -> tuple[bytes | np.ndarray, int]:
+        def load(entry: _Entry) -> tuple[bytes | np.ndarray, int]:
             return _datum_image(entry[0], lsrc.get(entry[0]))
-    elif srcp.is_dir():
-        source_kind = "image-folder"
-        items, classes = _folder_items(srcp)
-        entries = [(key, (label, path)) for key, label, path in items]
 
-        def load(entry: tuple[bytes, Any]) -> tuple[bytes | np.ndarray, int]:
+        return _ImageSource("caffe-datum-lmdb", [(k, None) for k in lsrc.keys], load, [], lsrc)
+    if srcp.is_dir():
+        items, classes = _folder_items(srcp)
+
+        def load_file(entry: _Entry) -> tuple[bytes | np.ndarray, int]:
             label, path = entry[1]
             return path.read_bytes(), label
-    else:
-        raise LmdbioError(f"{src}: expected an image folder, an LMDB of Caffe Datums or a .npy")
-    if getattr(args, "shuffle_seed", None) is not None:
-        order = np.random.default_rng(args.shuffle_seed).permutation(len(entries))
-        entries = [entries[i] for i in order]
-    if source_kind == "image-folder":  # every image measured before anything is written
-        from lmdbio.convert._sources import check_image_sizes
 
-        check_image_sizes(srcp, [(e[0].decode(), e[1][1]) for e in entries],
-                          resized=resize is not None, keep_option="--keep-sizes", keep=keep,
-                          channels_fix=None if decode_mode else _CHOICES_COLOUR)
-    shapes = _Shapes(src, decode_mode, keep or resize is not None)
-    tool = None
-    stats = {"lossless": 0, "reencoded": 0, "source_bytes": 0, "pcr_image_bytes": 0,
-             "n_groups": 0, "started": 0}
+        return _ImageSource("image-folder", [(key, (label, path)) for key, label, path in items],
+                            load_file, classes)
+    raise LmdbioError(f"{src}: expected an image folder, an LMDB of Caffe Datums or a .npy")
 
-    def one(entry: tuple[bytes, Any]) -> tuple[bytes, int, bool, int]:
-        nonlocal tool
-        data, label = load(entry)
-        if resize is not None:
+
+class _ItemEncoder:
+    """Loads one item and makes it a progressive JPEG: ``(jpeg, label, lossless,
+    source_bytes)``. JPEG sources are transcoded losslessly with the JPEG tool, resolved on
+    the first JPEG met (``tool``, None until then); everything else is encoded at the
+    quality, resized first with ``--resize``."""
+
+    def __init__(self, src: str, opts: _ImageOptions,
+                 load: Callable[[_Entry], tuple[bytes | np.ndarray, int]]) -> None:
+        self.src, self.opts, self.load = src, opts, load
+        self.tool: str | None = None
+
+    def __call__(self, entry: _Entry) -> tuple[bytes, int, bool, int]:
+        opts = self.opts
+        data, label = self.load(entry)
+        if opts.resize is not None:
             try:
-                jpeg = _resized(data, resize, decode_mode, quality)
+                jpeg = _resized(data, opts.resize, opts.decode_mode, opts.quality)
             except CodecError as exc:
-                raise CodecError(f"{src}: item {entry[0]!r}: {exc}") from exc
+                raise CodecError(f"{self.src}: item {entry[0]!r}: {exc}") from exc
             return jpeg, label, False, len(data) if isinstance(data, bytes) else data.nbytes
         if isinstance(data, np.ndarray):
-            return pcr.encode_progressive(data, quality), label, False, data.nbytes
-        if pcr.is_jpeg(data) and tool is None:
-            tool = pcr.resolve_tool(tool_req)
+            return pcr.encode_progressive(data, opts.quality), label, False, data.nbytes
+        if pcr.is_jpeg(data) and self.tool is None:
+            self.tool = pcr.resolve_tool(opts.tool_request)
         try:
-            jpeg, lossless = pcr.to_progressive(data, quality, tool or tool_req)
+            jpeg, lossless = pcr.to_progressive(data, opts.quality,
+                                                self.tool or opts.tool_request)
         except CodecError as exc:
-            raise CodecError(f"{src}: item {entry[0]!r}: {exc}") from exc
+            raise CodecError(f"{self.src}: item {entry[0]!r}: {exc}") from exc
         return jpeg, label, lossless, len(data)
 
-    def records() -> Iterator[tuple[bytes, bytes]]:
-        stats["started"] = 1  # write_records made DST (it asks for records after that)
-        with ThreadPoolExecutor(workers) as pool:
-            for gi, a in enumerate(range(0, len(entries), group)):
-                chunk = entries[a:a + group]
-                done = list(pool.map(one, chunk))
-                jpegs = [d[0] for d in done]
-                for e, j in zip(chunk, jpegs, strict=True):
-                    shapes.add(e[0], j)
-                value = pcr.encode_pcr_images(jpegs, [d[1] for d in done], [e[0] for e in chunk])
-                hdr = pcr.parse_header(value)
-                stats["n_groups"] = max(stats["n_groups"], hdr.n_groups)
-                stats["lossless"] += sum(d[2] for d in done)
-                stats["reencoded"] += sum(not d[2] for d in done)
-                stats["source_bytes"] += sum(d[3] for d in done)
-                stats["pcr_image_bytes"] += sum(len(j) for j in jpegs)
-                yield b"%08d" % gi, value
 
+@dataclass
+class _PcrStats:
+    """Running totals of a conversion; ``started`` once ``write_records`` has made DST."""
+
+    lossless: int = 0
+    reencoded: int = 0
+    source_bytes: int = 0
+    pcr_image_bytes: int = 0
+    n_groups: int = 0
+    started: bool = False
+
+    def add_group(self, n_groups: int, done: list[tuple[bytes, int, bool, int]]) -> None:
+        """Count one value's items (as :class:`_ItemEncoder` returns them) and scan groups."""
+        self.n_groups = max(self.n_groups, n_groups)
+        self.lossless += sum(d[2] for d in done)
+        self.reencoded += sum(not d[2] for d in done)
+        self.source_bytes += sum(d[3] for d in done)
+        self.pcr_image_bytes += sum(len(d[0]) for d in done)
+
+
+def _pcr_records(entries: list[_Entry], group: int, workers: int, encode: _ItemEncoder,
+                 shapes: _Shapes, stats: _PcrStats) -> Iterator[tuple[bytes, bytes]]:
+    """The PCR values, ``group`` items each under key ``%08d``, encoded on ``workers``
+    threads; every image's shape is checked (``shapes``) and counted (``stats``)."""
+    stats.started = True  # write_records made DST (it asks for records after that)
+    with ThreadPoolExecutor(workers) as pool:
+        for gi, a in enumerate(range(0, len(entries), group)):
+            chunk = entries[a:a + group]
+            done = list(pool.map(encode, chunk))
+            jpegs = [d[0] for d in done]
+            for e, j in zip(chunk, jpegs, strict=True):
+                shapes.add(e[0], j)
+            value = pcr.encode_pcr_images(jpegs, [d[1] for d in done], [e[0] for e in chunk])
+            stats.add_group(pcr.parse_header(value).n_groups, done)
+            yield b"%08d" % gi, value
+
+
+def _write_new(dst: str, records: Iterator[tuple[bytes, bytes]], total: int,
+               args: argparse.Namespace, stats: _PcrStats) -> dict[str, Any]:
+    """:func:`write_records` into ``dst``; on failure a DST this conversion made is removed,
+    so that nothing is left behind."""
     try:
-        if not entries:
-            raise LmdbioError(f"{src}: no records")
-        try:
-            summary = write_records(dst, records(), meta=None,
-                                    total=-(-len(entries) // group),
-                                    format_version=getattr(args, "format_version", 1),
-                                    overwrite=getattr(args, "overwrite", False))
-        except LmdbioError:
-            if stats["started"]:  # DST was made for this conversion: nothing left behind
-                shutil.rmtree(dst, ignore_errors=True)
-            raise
-    finally:
-        if source_kind == "caffe-datum-lmdb":
-            lsrc.close()
-    meta = {"layout": "pcr", "kind": "jpeg", "source": os.path.abspath(src),
-            "source_kind": source_kind, "classes": classes, "group_size": group,
-            "items": len(entries), "scan_groups": stats["n_groups"], "quality": quality,
-            "jpeg_tool": tool, "lossless_items": stats["lossless"],
-            "reencoded_items": stats["reencoded"], "records": summary["records"],
-            "format_version": getattr(args, "format_version", 1),
-            "value_format": "LPCR v1 (see lmdbio.codecs.pcr)", "decode_mode": decode_mode,
-            "resize": list(resize) if resize else None, **shapes.meta()}
-    write_dataset_meta(dst, meta)
-    return {**summary, "items": len(entries), "scan_groups": stats["n_groups"],
-            "jpeg_tool": tool, "lossless_items": stats["lossless"],
-            "reencoded_items": stats["reencoded"], "source_bytes": stats["source_bytes"],
-            "pcr_image_bytes": stats["pcr_image_bytes"], "decode_mode": decode_mode,
-            **shapes.meta()}
+        return write_records(dst, records, meta=None, total=total,
+                             format_version=getattr(args, "format_version", 1),
+                             overwrite=getattr(args, "overwrite", False))
+    except LmdbioError:
+        if stats.started:
+            shutil.rmtree(dst, ignore_errors=True)
+        raise
 
 
 def _convert_tensor(src: Path, dst: str, args: argparse.Namespace, group: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs.tensor import DTYPE_CODES, encode_tensor
-from lmdbio.convert._sources import Sample, add_source_arguments, iter_samples, open_source
+from lmdbio.convert.sources import Sample, add_source_arguments, iter_samples, open_source
 from lmdbio.convert.writer import write_dataset_meta, write_records
 from lmdbio.errors import LmdbioError
 

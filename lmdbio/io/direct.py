@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import LmdbioError
-from lmdbio.io.prefetch import _open_direct
+from lmdbio.io.prefetch import open_direct
 
 _ALIGN = 4096
 
@@ -116,7 +116,7 @@ class NodeCache:
                 raise LmdbioError(f"{self.path}: page size {self.psize} is not a multiple of "
                                   f"{_ALIGN} bytes; O_DIRECT reads need aligned pages")
             try:
-                self._fd = _open_direct(self.path)
+                self._fd = open_direct(self.path)
             except OSError as exc:
                 why = "the file system refuses O_DIRECT" if exc.errno in (
                     errno.EINVAL, errno.EOPNOTSUPP) else exc.strerror

@@ -166,7 +166,7 @@ def advise(
             raise LmdbioError(f"{mapping.path}: madvise({advice}) failed: {exc}") from exc
 
 
-def _merge_ranges(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def merge_ranges(starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted union of byte ranges ``[starts[i], stops[i])`` (whole-array, no Python loop)."""
     keep = stops > starts
     starts, stops = starts[keep], stops[keep]
@@ -271,7 +271,7 @@ def advise_page_ranges(
     arr = _as_array(target)
     s, c = _checked_page_ranges("advise_page_ranges", arr.shape[0], starts, counts,
                                 page_size)
-    run_starts, run_stops = _merge_ranges(s * page_size, (s + c) * page_size)
+    run_starts, run_stops = merge_ranges(s * page_size, (s + c) * page_size)
     if not run_starts.size:
         return 0
     if max_bytes is not None:
@@ -487,7 +487,7 @@ def resident_count(target: PathOrMapping, offset: int = 0, length: int | None = 
 # --------------------------------------------------------------------------- O_DIRECT
 
 
-def _open_direct(path: str) -> int:
+def open_direct(path: str) -> int:
     """``open(O_RDONLY | O_DIRECT)`` (a separate function so tests can make it refuse)."""
     return os.open(path, os.O_RDONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
 
@@ -525,7 +525,7 @@ class DirectReader:
         self._buf: _mmap.mmap | None = None
         self.direct = True
         try:
-            self._fd = _open_direct(self.path)
+            self._fd = open_direct(self.path)
         except OSError as exc:
             if exc.errno not in (errno.EINVAL, errno.EOPNOTSUPP):
                 raise LmdbioError(f"{self.path}: cannot open: {exc.strerror}") from exc

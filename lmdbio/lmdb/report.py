@@ -285,20 +285,20 @@ def _toc(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _ibp(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.convert.ibp import _REC_HEAD, RECORD_MAGIC
+    from lmdbio.convert.ibp import RECORD_HEAD, RECORD_MAGIC
 
     if not all(bytes(v[:4]) == RECORD_MAGIC for v in values):
         return None
     rows: list[int] = []
     labels: list[int] = []
     for v in values:
-        if len(v) < _REC_HEAD.size:
+        if len(v) < RECORD_HEAD.size:
             return None
-        _, _, flags, dt_len, _, nrows = _REC_HEAD.unpack_from(v, 0)
+        _, _, flags, dt_len, _, nrows = RECORD_HEAD.unpack_from(v, 0)
         rows.append(nrows)
         if flags & 1 and dt_len:
             try:
-                start = _REC_HEAD.size
+                start = RECORD_HEAD.size
                 dt = np.dtype(bytes(v[start:start + dt_len]).decode("ascii"))
                 at = start + dt_len + (-(start + dt_len) % 8)
                 lab = np.frombuffer(v, dt, count=nrows, offset=at)

@@ -564,6 +564,8 @@ class DmSpec(DmSerial):
 
     def fetch(self, plan: EpochPlan, iteration: int, ids: np.ndarray,
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
+        """Prefetch the pages of ``ids`` (estimated, or known from an earlier epoch), walk
+        the share, then learn from what the walk read (see :meth:`_observe`)."""
         from lmdbio.io.prefetch import touch_page_ranges
 
         # the estimates extrapolate from the previous iterations only while the records
@@ -575,28 +577,9 @@ class DmSpec(DmSerial):
             starts, lengths, cut, scans, asked = ahead
         else:
             starts, lengths, cut, scans, asked = *self._ranges(ids), None
-        acc = self.db.accounting
         scanned = np.concatenate([sc.leaves for sc in scans]) if scans else None
         if scanned is not None and scanned.size:
-            # the share's values the ranges do not name (all of them where the leaves place
-            # the share; else those stored in pages freed by earlier commits), named by its
-            # leaves, which the walk reads next anyway: asked for now, before the chain,
-            # with the rest. The leaves are counted as prefetched, not walked: one the walk
-            # then does not read is a redundant page (marked read after the observation)
-            with Timer(stats, "prefetch"):
-                was, acc.enabled = acc.enabled, False
-                try:
-                    found = [sc.missing(*self.db.leaf_value_runs(sc.leaves))
-                             for sc in scans if sc.leaves.size]
-                finally:
-                    acc.enabled = was
-                far = (np.concatenate([f[0] for f in found]),
-                       np.concatenate([f[1] for f in found]))
-                if far[0].size:
-                    if asked is not None:  # the estimate was asked for in read-ahead
-                        asked = self.advise_pages(*far) or asked
-                    starts = np.concatenate([starts, far[0]])
-                    lengths = np.concatenate([lengths, far[1]])
+            starts, lengths, asked = self._add_far_values(scans, stats, starts, lengths, asked)
         if ids.size:
             self._expect = int(ids[-1]) + 1 + (self.ctx.n_readers - 1) * ids.size
             self._after = int(ids[-1]) + 1
@@ -605,15 +588,7 @@ class DmSpec(DmSerial):
         # for this reader's whole prefetch (without advice the touch is the read, before
         # the chain as in the paper)
         wait_after = self.advising and self.db.accounting.node_cache is None
-        with Timer(stats, "prefetch"):
-            node_cache = self.db.accounting.node_cache
-            if lengths.any() and node_cache is not None:
-                node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
-            elif lengths.any():  # a few large reads, then every page mapped by touching
-                if asked is None:
-                    asked = self.advise_pages(starts, lengths)
-                if not wait_after:
-                    touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
+        asked = self._prefetch(starts, lengths, asked, stats, wait_after)
         refs = self.walk_share(iteration, ids, stats, iterations)
         # nothing to wait for when every page was in the page cache (a warm file): the
         # walk and the workers map them as they read
@@ -623,9 +598,67 @@ class DmSpec(DmSerial):
                 touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         if not len(refs):
             return refs
-        # needed: the pages of the values (read in parallel after the chain) and the leaf and
-        # branch pages the walk read (the bitmap holds just those: the session resets it per
-        # iteration and prefetching does not mark it); one compiled pass
+        self._observe(refs, ids, cut, starts, lengths, asked, scanned, stats)
+        return refs
+
+    def _add_far_values(self, scans: list[FarScan], stats: IterationStats,
+                        starts: np.ndarray, lengths: np.ndarray, asked: bool | None
+                        ) -> tuple[np.ndarray, np.ndarray, bool | None]:
+        """The prefetch ranges with the share's values the ranges do not name.
+
+        All of them where the leaves place the share; else those stored in pages freed by
+        earlier commits. They are named by the share's leaves, which the walk reads next
+        anyway: asked for now, before the chain, with the rest. The leaves are counted as
+        prefetched, not walked: one the walk then does not read is a redundant page (marked
+        read after the observation). Returns ``(starts, lengths, asked)``.
+        """
+        acc = self.db.accounting
+        with Timer(stats, "prefetch"):
+            was, acc.enabled = acc.enabled, False
+            try:
+                found = [sc.missing(*self.db.leaf_value_runs(sc.leaves))
+                         for sc in scans if sc.leaves.size]
+            finally:
+                acc.enabled = was
+            far = (np.concatenate([f[0] for f in found]),
+                   np.concatenate([f[1] for f in found]))
+            if far[0].size:
+                if asked is not None:  # the estimate was asked for in read-ahead
+                    asked = self.advise_pages(*far) or asked
+                starts = np.concatenate([starts, far[0]])
+                lengths = np.concatenate([lengths, far[1]])
+        return starts, lengths, asked
+
+    def _prefetch(self, starts: np.ndarray, lengths: np.ndarray, asked: bool | None,
+                  stats: IterationStats, wait_after: bool) -> bool | None:
+        """Read the prefetch ranges before the chain: O_DIRECT into the node cache where
+        there is one, else a few large reads asked for (unless asked already) and, unless
+        the wait comes after the walk (``wait_after``), every page mapped by touching.
+        Returns what the advice answered (``asked``)."""
+        from lmdbio.io.prefetch import touch_page_ranges
+
+        with Timer(stats, "prefetch"):
+            node_cache = self.db.accounting.node_cache
+            if lengths.any() and node_cache is not None:
+                node_cache.load_runs(starts, lengths)  # O_DIRECT into the node
+            elif lengths.any():  # a few large reads, then every page mapped by touching
+                if asked is None:
+                    asked = self.advise_pages(starts, lengths)
+                if not wait_after:
+                    touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
+        return asked
+
+    def _observe(self, refs: RecordRefs, ids: np.ndarray, cut: int, starts: np.ndarray,
+                 lengths: np.ndarray, asked: bool | None, scanned: np.ndarray | None,
+                 stats: IterationStats) -> None:
+        """Learn from the walk: feed the estimators the run the values lie in, ask for the
+        values the estimate missed, remember the share's exact pages for the next epoch,
+        and count prefetched, missed and redundant pages in ``stats``.
+
+        Needed are the pages of the values (read in parallel after the chain) and the leaf
+        and branch pages the walk read (the bitmap holds just those: the session resets it
+        per iteration and prefetching does not mark it); one compiled pass.
+        """
         from lmdbio.plan.strategies.kernels import observe_iteration
 
         touched = self.db.accounting.touched
@@ -650,7 +683,7 @@ class DmSpec(DmSerial):
         if (known is None or known.size < ids.size) and self.first_iteration == 0:
             # (not after a resume, whose walk reads more than the share's pages)
             self._known[int(ids[0])] = KnownShare(refs, touched, self.db.psize)
-        if scanned is not None and scanned.size and acc.enabled:
+        if scanned is not None and scanned.size and self.db.accounting.enabled:
             # read by the scan, not the walk: in the rank's pages touched, but neither in
             # the observation nor in the pages a known share asks for next epoch
             touched[scanned] = 1
@@ -658,7 +691,6 @@ class DmSpec(DmSerial):
         stats.missed_pages = int(missed)
         stats.missed_walk_pages = int(missed_walk)
         stats.redundant_pages = int(redundant)
-        return refs
 
 
 @dataclass(frozen=True)
@@ -767,14 +799,14 @@ class KnownShare:
         share's size, also the leaf of the next record, which the walk moves on to."""
         if count == self.size and self._runs is not None:
             return self._runs
-        from lmdbio.io.prefetch import _merge_ranges
+        from lmdbio.io.prefetch import merge_ranges
 
         first, counts = self.refs.head(count).value_page_runs(self.psize)
         if count == self.size:
             pages = self.walked
         else:
             pages = np.concatenate([self.refs.leaf_pg[:count + 1], self.other])
-        starts, stops = _merge_ranges(np.concatenate([first, pages]),
+        starts, stops = merge_ranges(np.concatenate([first, pages]),
                                       np.concatenate([first + counts, pages + 1]))
         runs = (starts, stops - starts)
         if count == self.size:
@@ -787,9 +819,9 @@ def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarr
     """Indices of the records whose value pages are not all inside the page ranges
     ``[starts[j], starts[j] + lengths[j])`` (their union: the values a prefetch missed, or
     part of); one compiled pass (:func:`.kernels.values_outside`)."""
-    from lmdbio.io.prefetch import _merge_ranges
+    from lmdbio.io.prefetch import merge_ranges
     from lmdbio.plan.strategies.kernels import values_outside
 
     starts = np.asarray(starts, np.int64)
-    run_starts, run_stops = _merge_ranges(starts, starts + np.asarray(lengths, np.int64))
+    run_starts, run_stops = merge_ranges(starts, starts + np.asarray(lengths, np.int64))
     return values_outside(refs.val_off, refs.val_len, psize, run_starts, run_stops)

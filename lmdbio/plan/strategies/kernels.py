@@ -115,7 +115,7 @@ def observe_iteration(val_off, val_len, leaf_pg, psize, touched, scratch, starts
 @njit(cache=True, nogil=True)
 def values_outside(val_off, val_len, psize, run_starts, run_stops):
     """Indices of the values not wholly inside the page runs ``[run_starts[j],
-    run_stops[j])`` (sorted and disjoint: :func:`lmdbio.io.prefetch._merge_ranges` of the
+    run_stops[j])`` (sorted and disjoint: :func:`lmdbio.io.prefetch.merge_ranges` of the
     prefetched ranges): the values a prefetch missed, all or part of (an empty value stands
     for its first page). Each value's page span is found by binary search: one pass, where
     the numpy form built a values-by-ranges matrix (~0.12 ms a 2,048-record slot)."""
