@@ -41,67 +41,11 @@ from lmdbio.plan.strategies import (
     Timer,
     strategy_class,
 )
+from lmdbio.run_plan import RunPlan
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class ReadOptions:
-    """What a read session needs from a job configuration."""
-
-    strategy: str = "dm-spec"
-    batch_size: int = 64
-    last: str = "pad"
-    shuffle: str = "none"
-    seed: int = 0
-    #: block shuffle: leaf pages per block, and the shuffle window in blocks
-    block_pages: int = 64
-    window_blocks: int = 8
-    prefetch_depth: int = 4
-    #: consecutive batches per ring slot (0: chosen from the batch, see
-    #: :func:`choose_batches_per_slot`); ``lmdbio bench read`` keeps one per slot
-    batches_per_slot: int = 1
-    subdb: str | None = None
-    timeout: float = 120.0
-    symmetric: bool = True
-    #: read only a prefix of each value: a function of the value (a zero-copy view) giving
-    #: how many leading bytes are needed (PCR scan groups); later pages are never touched
-    value_prefix: Callable[[memoryview], int] | None = None
-    #: batch codec between reader and workers: "none" or "ibp" (with its options)
-    codec: str = "none"
-    codec_options: dict = field(default_factory=dict)
-    #: per-iteration page accounting (pages touched, own, extra; kept in ``totals``): what
-    #: ``lmdbio bench read`` reports. A training job turns it off: it costs a pass over a
-    #: bitmap of the whole file per iteration and a record per iteration kept forever.
-    accounting: bool = True
-    #: checksum of each worker's part of a node batch in shared memory: True / "xxh64",
-    #: "crc32" or False. It catches stray writes into the ring, at the price of one pass
-    #: over the batch on the reader and one on the workers (see docs/service.md)
-    checksum: bool | str = True
-    #: every (simulated) node reads the file into its own cache with O_DIRECT reads
-    #: (:mod:`lmdbio.io.direct`), so nodes on one host stop sharing the page cache; the
-    #: caches start empty when the session is ready and are emptied at every new epoch
-    #: (a data set larger than a node's memory). Implies page accounting.
-    direct_io: bool = False
-    #: readers that know the pages they will read before reading them (dm-spec's
-    #: speculative ranges, indexed's exact ones) ask the kernel for them first
-    #: (``MADV_WILLNEED``): a few large reads instead of a fault per page or read-around
-    #: window. Off: the pages are faulted in as read (the A/B of docs/reading.md).
-    prefetch_advice: bool = True
-    #: the kernel's read-around on page faults of the reading ranks' mapping: "on" (the
-    #: kernel's default, 128 KiB - MiBs per fault), "off" (``MADV_RANDOM``, as LMDB's
-    #: ``MDB_NORDAHEAD``: a fault reads its page) or "auto": off for the strategies that
-    #: ask for their pages themselves (dm-spec, indexed, with ``prefetch_advice``), where
-    #: read-around only reads other nodes' records (docs/reading.md), else on
-    read_around: str = "auto"
-    #: how a node ring carries records: "copy" (the reader gathers their bytes into the
-    #: slot) or "spans" (the slot carries each record's offset and length in the database
-    #: file, which every rank has mapped, and workers decode straight from the mapping: no
-    #: copy, and slot checksums cover only the spans, labels and keys). "spans" applies to
-    #: plain values (no batch codec, value prefix or O_DIRECT node cache); otherwise copy.
-    transfer: str = "copy"
 
 
 #: the page bitmap of a gather that accounts no page
@@ -124,7 +68,7 @@ class Delivered:
     #: consecutive iterations in this delivery, from ``iteration`` on (a ring slot may
     #: carry several batches of each worker, back to back)
     batches: int = 1
-    #: by-reference delivery (``ReadOptions.transfer="spans"``): record ``i`` is
+    #: by-reference delivery (``RunPlan.transfer="spans"``): record ``i`` is
     #: ``payload[offsets[i]:offsets[i] + lengths[i]]`` of the database mapping; None when
     #: ``offsets`` are the ``n + 1`` bounds of records copied into ``payload``
     lengths: np.ndarray | None = None
@@ -258,20 +202,20 @@ class ReaderTotals:
         np.bitwise_or(self.setup, touched, out=self.setup)
 
 
-def _open_database(path: str, topo: Topology, shared_cursors: bool, opts: ReadOptions
+def _open_database(path: str, topo: Topology, shared_cursors: bool, run_plan: RunPlan
                    ) -> tuple[Database, Any, ReaderTotals]:
     """Open the database for this rank, its snapshot not pinned yet (the session pins it
     where :func:`_pins_snapshot` says); readers that hand cursors map it symmetrically."""
     totals = ReaderTotals()
     mapping = None
-    if shared_cursors and topo.is_reader and opts.symmetric:
+    if shared_cursors and topo.is_reader and run_plan.symmetric:
         mapping = map_symmetric(topo.readers, resolve_file(path))
         totals.symmetric_attempts = mapping.attempts
         totals.symmetric = bool(mapping.symmetric)
-        db = Database(path, subdb=opts.subdb, buffer=mapping.array, pin_snapshot=False,
+        db = Database(path, subdb=run_plan.subdb, buffer=mapping.array, pin_snapshot=False,
                       address=mapping.address if mapping.symmetric else None)
     else:
-        db = Database(path, subdb=opts.subdb, pin_snapshot=False)
+        db = Database(path, subdb=run_plan.subdb, pin_snapshot=False)
     _refuse_names_only(db)
     return db, mapping, totals
 
@@ -502,29 +446,29 @@ class ReadSession:
     Collective over the world communicator: construct on every rank.
     """
 
-    def __init__(self, path: str, topo: Topology, opts: ReadOptions) -> None:
-        self.topo, self.opts = topo, opts
+    def __init__(self, path: str, topo: Topology, run_plan: RunPlan, *,
+                 value_prefix: Callable[[memoryview], int] | None = None) -> None:
+        """Open ``path`` for this rank and set the session up as ``run_plan`` says (a plan
+        :meth:`~lmdbio.run_plan.RunPlan.resolve` checked); ``value_prefix``: see
+        :attr:`value_prefix`."""
+        self.topo, self.run_plan = topo, run_plan
+        #: read only a prefix of each value: a function of the value (a zero-copy view)
+        #: giving how many leading bytes are needed (PCR scan groups, changed between
+        #: epochs by ``Loader.set_scan_groups``); later pages are never touched
+        self.value_prefix = value_prefix
         #: CPU and wall time per stage of this rank's data path (off until enabled)
         self.stages = StageClock()
         #: called with ``(first, count)`` after :meth:`read_group` has handled iterations
         #: ``first .. first + count - 1`` (a measurement's hook: ``lmdbio run`` counts a
         #: dedicated reader's iterations as it publishes them)
         self.on_read_group: list[Callable[[int, int], None]] = []
-        cls = strategy_class(opts.strategy)
+        cls = strategy_class(run_plan.strategy)
         self.cls = cls
-        if opts.shuffle != "none" and not cls.shuffles:
-            from lmdbio.errors import ConfigError
-
-            raise ConfigError(f"shuffle.mode {opts.shuffle!r} needs random access: use "
-                              f"readers.strategy indexed (not {opts.strategy!r})")
         self.shared = cls.shared
-        if opts.transfer not in ("copy", "spans"):
-            raise ConfigError(f"readers.transfer must be 'copy' or 'spans', got "
-                              f"{opts.transfer!r}")
         self.reads = topo.is_reader if self.shared else True
         t0 = time.perf_counter()
         self.db, self.mapping, self.totals = _open_database(
-            path, topo, cls.chained, opts)
+            path, topo, cls.chained, run_plan)
         # one exchange over the world: every rank's node and consumer rank (the node-level
         # strategies' layout), the pin choice of simulated nodes (one per file and host)
         # and the snapshot every reading rank opened, which must be one
@@ -550,26 +494,26 @@ class ReadSession:
             snaps = [s[-1] for s in seen if s[-1] is not None]
             self.db.pin_snapshot(txnid=snaps[0][1] if snaps else None)
         self.node_cache = None
-        if opts.direct_io:
+        if run_plan.direct_io:
             from lmdbio.io.direct import NodeCache
 
             self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
-        if opts.accounting or opts.direct_io:  # direct: walks report the pages they read
+        if run_plan.accounting or run_plan.direct_io:  # direct: walks report their pages
             self.db.accounting.enable()
         if self.shared:
             comm = topo.readers if topo.is_reader else None
-            ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers, opts.timeout,
-                                advise=opts.prefetch_advice)
+            ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers,
+                                run_plan.timeout, advise=run_plan.prefetch_advice)
         else:
-            ctx = ReaderContext(self.db, None, topo.rank, topo.size, opts.timeout,
-                                advise=opts.prefetch_advice)
+            ctx = ReaderContext(self.db, None, topo.rank, topo.size, run_plan.timeout,
+                                advise=run_plan.prefetch_advice)
         self.strategy: ReadStrategy = cls(ctx)
         if self.reads:
             self.strategy.setup()
         self.ring = None
         self.batches_per_slot = 1  # a node ring may carry several (see _create_ring)
         self.codec_model = None
-        if self.opts.codec == "ibp":
+        if self.run_plan.codec == "ibp":
             self._share_codec_model()
         if self.shared:
             if not self.reads:
@@ -581,7 +525,7 @@ class ReadSession:
             self.node_cache.clear()  # every node starts cold (collective over the node)
         self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0
-        if self.db.accounting.enabled and self.opts.accounting:
+        if self.db.accounting.enabled and self.run_plan.accounting:
             self.totals.add_setup(self.db.accounting.touched)
         self.db.accounting.reset()
         self.epoch = -1
@@ -594,7 +538,7 @@ class ReadSession:
         delivered (a :class:`ConfigError`, on every rank alike); under ``pad`` and
         ``partial`` every epoch is one padded or short batch (a warning, from world rank 0
         only)."""
-        n, per, consumers = len(self.db), self.opts.batch_size, self.consumers
+        n, per, consumers = len(self.db), self.run_plan.batch_size, self.consumers
         total = per * consumers
         if n >= total:
             return
@@ -606,20 +550,19 @@ class ReadSession:
                               "and no batch delivered: make batch.size at most "
                               f"{n} or use batch.last: pad or partial")
         if self.topo.rank == 0:
-            if self.opts.last == "pad":
+            if self.run_plan.last == "pad":
                 log.warning("%s: every epoch is one batch of %d records padded with %d "
                             "repeated ones (batch.last: pad)", what, total, total - n)
             else:
                 log.warning("%s: every epoch is one batch of %d records (batch.last: %s)",
-                            what, n, self.opts.last)
+                            what, n, self.run_plan.last)
 
     def _set_read_around(self) -> None:
-        """Apply :attr:`ReadOptions.read_around` to this reading rank's mapping."""
-        mode = self.opts.read_around
-        if mode not in ("auto", "on", "off"):
-            raise ConfigError(f"read_around must be 'auto', 'on' or 'off', got {mode!r}")
+        """Apply :attr:`RunPlan.read_around <lmdbio.run_plan.RunPlan.read_around>` to this
+        reading rank's mapping."""
+        mode = self.run_plan.read_around
         off = mode == "off" or (mode == "auto" and self.cls.advises
-                                and self.opts.prefetch_advice and self.node_cache is None)
+                                and self.run_plan.prefetch_advice and self.node_cache is None)
         if not (off and self.reads):
             return
         try:
@@ -631,25 +574,25 @@ class ReadSession:
     @property
     def by_reference(self) -> bool:
         """Whether this reader's slots carry record spans instead of record bytes
-        (``ReadOptions.transfer``; plain values only)."""
-        return (self.shared and self.opts.transfer == "spans" and self.codec_model is None
-                and self.opts.value_prefix is None and not self.opts.direct_io)
+        (``RunPlan.transfer``; plain values only)."""
+        return (self.shared and self.run_plan.transfer == "spans" and self.codec_model is None
+                and self.value_prefix is None and not self.run_plan.direct_io)
 
     # ----------------------------------------------------------------- setup
     def _create_ring(self) -> None:
         from lmdbio.shm import BatchRing
 
         topo = self.topo
-        node_batch = self.opts.batch_size * self.node_consumers
+        node_batch = self.run_plan.batch_size * self.node_consumers
         cap = None
-        per_slot = max(int(self.opts.batches_per_slot), 0)
+        per_slot = max(int(self.run_plan.batches_per_slot), 0)
         if topo.is_reader and self.by_reference:
             # spans: a slot holds 8 bytes per record, and no leaf is read to size it; the
             # decoded-output rule goes by the file's bytes per record
             if per_slot == 0:
                 per_record = self.db.psize * (self.db.meta.last_pg + 1) // max(len(self.db), 1)
                 per_slot = self._agreed_slot_size(choose_batches_per_slot(
-                    self.opts.batch_size, per_record * node_batch, spans=True,
+                    self.run_plan.batch_size, per_record * node_batch, spans=True,
                     consumers=self.node_consumers))
             node_batch *= per_slot
             cap = 8 * node_batch
@@ -667,7 +610,7 @@ class ReadSession:
             if per_slot == 0:
                 per_slot = self._agreed_slot_size(
                     1 if self.codec_model is not None else
-                    choose_batches_per_slot(self.opts.batch_size, cap))
+                    choose_batches_per_slot(self.run_plan.batch_size, cap))
             if per_slot > 1:
                 cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot
@@ -682,12 +625,12 @@ class ReadSession:
         keys = (8 if self.by_reference else max(64, int(self._max_key()))) * node_batch
         self._wait_for_reader("the reader to size the batch ring")
         self.ring = BatchRing.create(
-            topo.node, 0, slots=self.opts.prefetch_depth,
+            topo.node, 0, slots=self.run_plan.prefetch_depth,
             payload_bytes=max(cap, 1) if cap is not None else None,
             max_records=node_batch if topo.is_reader else None,
             key_bytes=keys if topo.is_reader else None,
-            colocated=topo.mode == "colocated", timeout=self.opts.timeout,
-            checksum=self.opts.checksum,
+            colocated=topo.mode == "colocated", timeout=self.run_plan.timeout,
+            checksum=self.run_plan.checksum,
             spin=0.0 if _host_oversubscribed(topo) else 2e-4,
             reader_info=per_slot if topo.is_reader else None)
         #: consecutive batches in one slot, as the node's reader chose them
@@ -710,7 +653,7 @@ class ReadSession:
         the setup (mapping, strategy, ring sizing), not in the next node collective."""
         from lmdbio.mpiutil import sleeping_barrier
 
-        sleeping_barrier(self.topo.node, self.opts.timeout,
+        sleeping_barrier(self.topo.node, self.run_plan.timeout,
                          f"node {self.topo.node_index}: waiting for {what}")
 
     def _warm_up_worker(self) -> None:
@@ -719,7 +662,7 @@ class ReadSession:
         first call in a process costs ~0.5 s of CPU, which then no batch pays."""
         from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
 
-        if checksum_kind(self.opts.checksum) == CHECKSUM_XXH64:
+        if checksum_kind(self.run_plan.checksum) == CHECKSUM_XXH64:
             from lmdbio.shm.kernels import part_hash_at
 
             empty = read_only(np.zeros(0, np.uint8))  # as part_checksum passes its arrays
@@ -731,13 +674,13 @@ class ReadSession:
         from lmdbio.codecs.ibp.transport import fit_transport_model
         from lmdbio.mpiutil import agree
 
-        if not self.shared:  # load_config refuses it; ReadOptions built in code may not
+        if not self.shared:  # RunPlan.resolve refuses it; a plan built in code may not
             raise ConfigError("codec ibp compresses node batches: it needs a node-level "
                               "strategy (lmm, dm-serial, dm-spec, indexed)")
         blob, err = None, None
         if self.topo.is_reader:
             try:
-                blob = fit_transport_model(self.db, self.opts.codec_options).to_bytes()
+                blob = fit_transport_model(self.db, dict(self.run_plan.codec_options)).to_bytes()
             except Exception as exc:  # agreed on below so no rank waits forever
                 err = f"{type(exc).__name__}: {exc}"
         self._wait_for_reader("the reader to fit the IBP transport model")
@@ -755,20 +698,21 @@ class ReadSession:
         runs the whole epoch); a slot group it cuts is laid out as two
         (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``split``; such a plan is built for the
         one epoch, not shared, its arrays writable)."""
-        shuffle = self.opts.shuffle if self.reads or self.opts.shuffle != "block" else "none"
+        run = self.run_plan
+        shuffle = run.shuffle if self.reads or run.shuffle != "block" else "none"
         if shuffle == "none" and self._unshuffled_plan is not None and not stop:
             return self._unshuffled_plan
         leaf_first = self.db.leaf_directory() if self.cls.shuffles and self.reads else None
-        if self.opts.shuffle == "block" and leaf_first is None:
+        if run.shuffle == "block" and leaf_first is None:
             # workers plan too (for padding flags): the order comes with the slot instead
             leaf_first = None
         window = 1024
         if leaf_first is not None and leaf_first.shape[0] > 1:
             per_leaf = max(1, int(leaf_first[-1]) // (leaf_first.shape[0] - 1))
-            window = max(1, self.opts.window_blocks * self.opts.block_pages * per_leaf)
-        plan = plan_epoch(len(self.db), self.consumers, self.opts.batch_size, self.opts.last,
-                          shuffle, self.opts.seed, epoch, leaf_first,
-                          block_leaves=self.opts.block_pages, window=window,
+            window = max(1, run.window_blocks * run.block_pages * per_leaf)
+        plan = plan_epoch(len(self.db), self.consumers, run.batch_size, run.last,
+                          shuffle, run.seed, epoch, leaf_first,
+                          block_leaves=run.block_pages, window=window,
                           scheme=self.cls.scheme, group=self.plan_group,
                           node_consumers=self.consumers_per_node, split=stop)
         if shuffle == "none" and not plan.split:
@@ -780,8 +724,8 @@ class ReadSession:
     @property
     def epoch_iterations(self) -> int:
         """Iterations in every epoch of this session (what its plans hold)."""
-        return scheme_iterations(len(self.db), self.consumers, self.opts.batch_size,
-                                 self.opts.last, self.cls.scheme)
+        return scheme_iterations(len(self.db), self.consumers, self.run_plan.batch_size,
+                                 self.run_plan.last, self.cls.scheme)
 
     @property
     def plan_group(self) -> int:
@@ -819,7 +763,7 @@ class ReadSession:
                 first = self.plan.records(start_iteration, 0)
                 self.strategy.resume(self.plan, start_iteration,
                                      int(first[0]) if first.size else 0)
-            if acc.enabled and self.opts.accounting:  # outside every iteration's pages
+            if acc.enabled and self.run_plan.accounting:  # outside every iteration's pages
                 self.totals.add_setup(acc.touched)
             acc.reset()
         return self.plan
@@ -931,7 +875,7 @@ class ReadSession:
         # the next slot's pages, asked for now
         with Timer(stats, "prefetch"), clock.span("read_ahead"):
             self._read_ahead(plan, first + count)
-        if self.opts.value_prefix is not None and len(refs):
+        if self.value_prefix is not None and len(refs):
             refs = self._prefixes(refs)
         if len(refs) != ids.size:
             raise RuntimeError(f"strategy {self.cls.name} located {len(refs)} records for "
@@ -990,7 +934,8 @@ class ReadSession:
     def _prefixes(self, refs: RecordRefs) -> RecordRefs:
         """Shorten each value to the prefix ``value_prefix`` asks for (one call per record:
         records of this kind are groups of many images, read through their first page)."""
-        fn = self.opts.value_prefix
+        fn = self.value_prefix
+        assert fn is not None  # read_group calls it only then
         mv = self.db.mv
         lens = refs.val_len.copy()
         for i, (off, n) in enumerate(zip(refs.val_off.tolist(), refs.val_len.tolist(),
@@ -1002,7 +947,7 @@ class ReadSession:
     def _account(self, stats: IterationStats, refs: RecordRefs) -> None:
         stats.records = len(refs)
         stats.bytes = refs.nbytes
-        if not self.opts.accounting:
+        if not self.run_plan.accounting:
             return
         from lmdbio.lmdb.kernels import account_records
 

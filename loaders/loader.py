@@ -10,14 +10,14 @@ batches ahead. Every worker gets the same number of batches per epoch.
 :class:`Loader` composes the parts: the epoch schedule and resume state
 (:mod:`loaders.schedule`), the look-ahead that decodes the next batch on a background
 thread while the trainer works (:mod:`loaders.prefetch`), the batch assembler
-(:mod:`loaders.assemble`) and the metrics (:mod:`loaders.metrics`), with the configuration
-checked and turned into read options by :mod:`loaders.options`.
+(:mod:`loaders.assemble`) and the metrics (:mod:`loaders.metrics`), all reading the run
+plan the configuration resolves into (:meth:`lmdbio.run_plan.RunPlan.resolve`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -41,24 +41,23 @@ class Loader:
 
     def __init__(self, cfg: Any, comm: Any = None, *, slot_checksum: bool | str | None = None
                  ) -> None:
-        from lmdbio.plan.strategies import strategy_class
         from lmdbio.reader import ReadSession
+        from lmdbio.run_plan import RunPlan
         from lmdbio.topology import Topology
         from loaders.decode import make_decoder
         from loaders.transform import DataTransformer
 
         self.cfg = cfg
-        transfer = options.resolve_transfer(cfg)
         self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
                                    readers_per_node=cfg.readers.per_node,
                                    mode=options.reader_mode(cfg))
-        shared = strategy_class(cfg.readers.strategy).shared
-        self.per_worker = options.records_per_worker(cfg, self.topo, shared)
-        self.opts = options.read_options(cfg, self.per_worker, transfer, slot_checksum)
-        if cfg.dataset.layout == "pcr":
-            self._read_scan_groups(cfg.dataset.scan_groups)
-        self.session = ReadSession(cfg.dataset.path, self.topo, self.opts)
-        self.is_worker = self.topo.is_worker if shared else True
+        #: the resolved, checked settings every stage of this loader reads
+        self.run_plan = RunPlan.resolve(cfg, self.topo, purpose="train", checksum=slot_checksum)
+        #: PCR: the scan groups the readers read (None: all; see :meth:`set_scan_groups`)
+        self.scan_groups = cfg.dataset.scan_groups if cfg.dataset.layout == "pcr" else None
+        self.session = ReadSession(cfg.dataset.path, self.topo, self.run_plan,
+                                   value_prefix=self._scan_group_prefix(self.scan_groups))
+        self.is_worker = self.topo.is_worker if self.session.shared else True
         self.transform = DataTransformer.from_config(cfg.transform) \
             if cfg.dataset.layout in ("caffe-datum", "pcr") else None
         self.xp = options.worker_device(cfg, self.topo) if self.is_worker else np
@@ -81,7 +80,7 @@ class Loader:
         self.pace = Pace()
         self.assembler = BatchAssembler(
             cfg, decode, self.transform, self.xp, self.feed, self.buffers.take,
-            seed=self.opts.seed, rank=self.topo.rank, worker=self.topo.worker_rank,
+            seed=self.run_plan.seed, rank=self.topo.rank, worker=self.topo.worker_rank,
             metrics=self.metrics, pace=self.pace, stages=self.session.stages)
         self.prefetcher = Prefetcher(
             self.session, self.assembler, self.metrics, self.pace, rank=self.topo.rank,
@@ -162,16 +161,16 @@ class Loader:
         value's prefix for that fidelity."""
         from loaders.decode import make_decoder
 
-        self._read_scan_groups(k)
+        self.scan_groups = k
+        self.session.value_prefix = self._scan_group_prefix(k)
         self.assembler.decode = make_decoder(self.cfg, scan_groups=k)
 
-    def _read_scan_groups(self, k: int | None) -> None:
-        """The readers read only the prefix of each PCR value that holds scan groups 1..k."""
+    @staticmethod
+    def _scan_group_prefix(k: int | None) -> Callable[[memoryview], int] | None:
+        """The value prefix the readers read for PCR scan groups 1..k (None: all of it)."""
         from lmdbio.codecs.pcr import pcr_prefix_bytes
 
-        self.scan_groups = k
-        self.opts.value_prefix = None if k is None else (
-            lambda value: pcr_prefix_bytes(value, k))
+        return None if k is None else (lambda value: pcr_prefix_bytes(value, k))
 
     def state_dict(self) -> dict[str, Any]:
         """Where the workers are: resume with :meth:`load_state_dict` on every rank.
@@ -182,9 +181,9 @@ class Loader:
         snap = self.session.db.snapshot
         return {
             **self.schedule.state(self._stop()),
-            "seed": self.opts.seed, "shuffle": self.opts.shuffle,
-            "batch_size": self.cfg.batch.size, "last": self.opts.last,
-            "consumers": self.session.consumers, "strategy": self.opts.strategy,
+            "seed": self.run_plan.seed, "shuffle": self.run_plan.shuffle,
+            "batch_size": self.cfg.batch.size, "last": self.run_plan.last,
+            "consumers": self.session.consumers, "strategy": self.run_plan.strategy,
             "snapshot": [snap.format_version, snap.txnid, snap.root, snap.file_size],
         }
 
@@ -246,7 +245,7 @@ class Loader:
         rank reading for itself)."""
         s, slots = self.session, self.slots
         assert slots is not None  # only while an epoch is delivered
-        limit = slots.read_ahead_limit(it, self.opts.prefetch_depth if s.shared else 1)
+        limit = slots.read_ahead_limit(it, self.run_plan.prefetch_depth if s.shared else 1)
         while self._published < limit:
             s.read_group(*slots.groups[self._published])
             self._published += 1
@@ -263,7 +262,7 @@ class Loader:
             return
         s = self.session
         self.slots = None
-        self.prefetcher.drain(slots.published(self.position, self.opts.prefetch_depth,
+        self.prefetcher.drain(slots.published(self.position, self.run_plan.prefetch_depth,
                                               shared=s.shared,
                                               dedicated=self.topo.mode == "dedicated"))
         self.schedule.left(s.epoch_stop)

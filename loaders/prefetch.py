@@ -89,7 +89,7 @@ class Prefetcher:
         are checked later (the whole slot, or each fused batch its own)."""
         t0 = time.perf_counter()
         with self.session.stages.span("receive"):
-            got = self.session.receive(timeout=self.session.opts.timeout,
+            got = self.session.receive(timeout=self.session.run_plan.timeout,
                                        defer_verify=defer_verify,
                                        defer_value_check=defer_verify or defer_values)
         self.metrics.wait_seconds += time.perf_counter() - t0
@@ -301,7 +301,7 @@ class Prefetcher:
                 taken = 1
                 drop_received(got, future)
         for _ in range(max(published - self.received - taken, 0)):
-            got = self.session.receive(timeout=self.session.opts.timeout)
+            got = self.session.receive(timeout=self.session.run_plan.timeout)
             if got is not None:
                 got.release()
 

@@ -86,7 +86,7 @@ def check_symmetric_mapping(readers: list[dict], expect: str, what: object = Non
     """The readers' mappings of a run (tests/mpi/read_epochs.py's ``symmetric`` and
     ``symmetric_attempts``): ``"symmetric"``, all at one address; ``"fallback"``, every
     attempt failed on some reader and all fell back to private mappings; ``"off"``, not
-    asked for (``ReadOptions.symmetric`` false), no attempt made."""
+    asked for (``ReadTuning.symmetric`` false), no attempt made."""
     from lmdbio.io.symmap import DEFAULT_MAX_ATTEMPTS
 
     assert readers, what

@@ -31,9 +31,11 @@ from engine_helpers import check_cursor_hand_off, check_symmetric_mapping
 from mpi_harness import run_mpi
 
 from bench.lmdbgen import random_items, uneven_key_items, write_db
+from lmdbio.config import load_config
 from lmdbio.lmdb import Database
 from lmdbio.plan.strategies import STRATEGIES
-from lmdbio.reader import ReadOptions, ReadSession
+from lmdbio.reader import ReadSession
+from lmdbio.run_plan import RunPlan
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.mpiexec]
 
@@ -177,11 +179,18 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     assert sorted(consumers) == list(range(n_consumers)), (case, sorted(consumers))
     plans: dict[int, object] = {}
 
-    # the plan a reader of this session makes (ReadSession.plan_for: the session's options
-    # and the database's leaf directory), computed here without MPI
-    opts = ReadOptions(strategy=case["strategy"], batch_size=batch, last=last,
-                       shuffle=case.get("shuffle", "none"), seed=case.get("seed", 0))
-    planner = SimpleNamespace(db=db.database, cls=strategy, opts=opts, consumers=n_consumers,
+    # the plan a reader of this session makes (ReadSession.plan_for: the session's run plan
+    # and the database's leaf directory), computed here without MPI (a topology of the
+    # run's consuming ranks)
+    cfg = load_config({"dataset": {"path": str(db.path)},
+                       "batch": {"size": batch * n_consumers, "last": last},
+                       "readers": {"strategy": case["strategy"]},
+                       "shuffle": {"mode": case.get("shuffle", "none"),
+                                   "seed": case.get("seed", 0)}})
+    topo = SimpleNamespace(mode="colocated", rank=0, size=n_consumers, n_workers=n_consumers)
+    run_plan = RunPlan.resolve(cfg, topo, purpose="bench")
+    planner = SimpleNamespace(db=db.database, cls=strategy, run_plan=run_plan,
+                              consumers=n_consumers,
                               reads=True, plan_group=results[0]["plan_group"],
                               consumers_per_node=tuple(results[0]["consumers_per_node"]),
                               _unshuffled_plan=None)
@@ -365,7 +374,7 @@ def check_launch(launch: Launch, db: Generated) -> None:
 
 def check_pages(case: dict, results: list[dict]) -> None:
     # the strategies that ask for their pages turn the kernel's read-around off
-    # (ReadOptions.read_around "auto"), the others keep it; the kernel shows it in smaps
+    # (RunPlan.read_around "auto"), the others keep it; the kernel shows it in smaps
     advises = case["strategy"] in ("dm-spec", "indexed") and not case.get("direct")
     for r in (r for r in results if r["reader"]):
         assert r["read_around"] is not advises, (case, r["rank"])
@@ -545,13 +554,20 @@ def test_direct_io_nodes_read_into_their_own_caches(four_ranks: Launch,
 
 _PIN_SCRIPT = """
 import json, sys
-from lmdbio.reader import ReadOptions, ReadSession
+from lmdbio.config import load_config
+from lmdbio.reader import ReadSession
+from lmdbio.run_plan import RunPlan
 from lmdbio.topology import Topology
 from _result import emit
 
 paths = json.loads(sys.argv[1])
 with Topology.build(simulate_nodes=2) as topo:
-    session = ReadSession(paths[topo.node_index], topo, ReadOptions(strategy="dm-spec"))
+    path = paths[topo.node_index]
+    # 64 records per consumer, one batch per slot, copied records (the other cases' reads)
+    cfg = load_config({"dataset": {"path": path}, "batch": {"size": 64 * topo.n_workers},
+                       "readers": {"strategy": "dm-spec", "batches_per_slot": 1,
+                                   "transfer": "copy"}})
+    session = ReadSession(path, topo, RunPlan.resolve(cfg, topo, purpose="bench"))
     emit({"local_rank": topo.local_rank, "node": topo.node_index,
           "pinned": session.db.stat()["snapshot_pinned"]})
     session.close()

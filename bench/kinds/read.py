@@ -52,7 +52,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -66,6 +66,10 @@ from lmdbio.commands.argtypes import (
 )
 from lmdbio.plan.epoch import iteration_schedule, schedule_slots
 from lmdbio.plan.strategies import STRATEGIES
+
+if TYPE_CHECKING:
+    from lmdbio.config import JobConfig
+    from lmdbio.run_plan import ReadTuning
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -232,10 +236,39 @@ def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, A
             "bytes_per_second": total / seconds if seconds else 0.0}
 
 
+def bench_config(args: argparse.Namespace, path: str, topo: Any) -> JobConfig:
+    """The measurement's flags as a job configuration, the loader's vocabulary: the
+    records per consumer (``--batch-size``) times the consuming ranks make ``batch.size``
+    (a ``bench`` plan counts records); checked by :func:`~lmdbio.config.load_config`."""
+    from lmdbio.config import load_config
+    from lmdbio.run_plan import consuming_ranks
+
+    return load_config({
+        "dataset": {"path": path, "subdb": args.subdb},
+        "batch": {"size": args.batch_size * consuming_ranks(args.strategy, topo),
+                  "last": args.last},
+        "readers": {"strategy": args.strategy, "mode": args.mode,
+                    "prefetch_depth": args.prefetch_depth,
+                    "batches_per_slot": args.batches_per_slot, "transfer": args.transfer},
+        "shuffle": {"mode": args.shuffle, "seed": args.seed},
+        "topology": {"simulate_nodes": args.simulate_nodes},
+    })
+
+
+def bench_tuning(args: argparse.Namespace) -> ReadTuning:
+    """The measurement's flags that a job configuration does not carry."""
+    from lmdbio.run_plan import ReadTuning
+
+    return ReadTuning(timeout=args.timeout, symmetric=not args.no_symmetric,
+                      accounting=not args.no_accounting, direct_io=args.direct,
+                      prefetch_advice=not args.no_prefetch_advice)
+
+
 def run(args: argparse.Namespace) -> dict[str, Any] | None:
     from lmdbio.kernel_cache import load_cached_kernels
     from lmdbio.mpiutil import abort_on_error, sleeping_barrier, start_mpi
-    from lmdbio.reader import ReadOptions, ReadSession
+    from lmdbio.reader import ReadSession
+    from lmdbio.run_plan import RunPlan
     from lmdbio.topology import Topology
 
     MPI = start_mpi()  # mpi4py's module
@@ -248,18 +281,12 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         load_kernels = time.perf_counter() - t0
         topo = Topology.build(world, simulate_nodes=args.simulate_nodes, mode=args.mode)
         path = _node_path(args.path, topo.node_index)
-        opts = ReadOptions(strategy=args.strategy, batch_size=args.batch_size,
-                           subdb=args.subdb, last=args.last, shuffle=args.shuffle, seed=args.seed,
-                           prefetch_depth=args.prefetch_depth, timeout=args.timeout,
-                           batches_per_slot=args.batches_per_slot,
-                           symmetric=not args.no_symmetric,
-                           accounting=not args.no_accounting, direct_io=args.direct,
-                           prefetch_advice=not args.no_prefetch_advice,
-                           transfer=args.transfer)
+        run_plan = RunPlan.resolve(bench_config(args, path, topo), topo, purpose="bench",
+                                   tuning=bench_tuning(args))
         sleeping_barrier(world, args.timeout, "bench read barrier")
         t_start = time.perf_counter()
         c_start = time.process_time()
-        session = ReadSession(path, topo, opts)
+        session = ReadSession(path, topo, run_plan)
         per_epoch = session.epoch_iterations
         schedule = iteration_schedule(per_epoch, args.iters)
         # the iteration the run stops at in its last epoch, if inside it
@@ -565,7 +592,7 @@ def summarize(args: argparse.Namespace, ranks: list[dict], n_records: int, topo)
         "advice": args.advice,
         "prefetch_advice": not args.no_prefetch_advice,
         "batches_per_slot": max((r.get("batches_per_slot", 1) for r in ranks), default=1),
-        # whether the readers' mappings kept the kernel's read-around (ReadOptions'
+        # whether the readers' mappings kept the kernel's read-around (RunPlan's
         # read_around "auto": off for dm-spec and indexed; --advice sets it for every rank)
         "read_around": all(r.get("read_around", True) for r in ranks if r["reader"]),
         "accounting": not args.no_accounting,

@@ -31,8 +31,10 @@ import numpy as np
 from _result import emit
 from mpi4py import MPI
 
+from lmdbio.config import load_config
 from lmdbio.mpiutil import abort_on_error
-from lmdbio.reader import ReadOptions, ReadSession
+from lmdbio.reader import ReadSession
+from lmdbio.run_plan import ReadTuning, RunPlan, consuming_ranks
 from lmdbio.topology import Topology
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -101,15 +103,22 @@ def run_case(path: str, index: int, case: dict, topo: Topology) -> None:
 
 
 def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
-    opts = ReadOptions(strategy=case["strategy"], batch_size=case.get("batch", 4),
-                       last=case.get("last", "pad"), shuffle=case.get("shuffle", "none"),
-                       seed=case.get("seed", 0), prefetch_depth=case.get("depth", 3),
-                       timeout=case.get("timeout", 60.0),
-                       symmetric=case.get("symmetric", True),
-                       direct_io=case.get("direct", False),
-                       batches_per_slot=case.get("per_slot", 1))
+    # records per consumer (batch) over the consuming ranks, one batch per slot and copied
+    # records unless the case says otherwise, as a bench plan counts them
+    cfg = load_config({
+        "dataset": {"path": path},
+        "batch": {"size": case.get("batch", 4) * consuming_ranks(case["strategy"], topo),
+                  "last": case.get("last", "pad")},
+        "readers": {"strategy": case["strategy"], "prefetch_depth": case.get("depth", 3),
+                    "batches_per_slot": case.get("per_slot", 1), "transfer": "copy"},
+        "shuffle": {"mode": case.get("shuffle", "none"), "seed": case.get("seed", 0)},
+    })
+    tuning = ReadTuning(timeout=case.get("timeout", 60.0),
+                        symmetric=case.get("symmetric", True),
+                        direct_io=case.get("direct", False))
+    run_plan = RunPlan.resolve(cfg, topo, purpose="bench", tuning=tuning)
     fail = case.get("fail")
-    session = ReadSession(path, topo, opts)
+    session = ReadSession(path, topo, run_plan)
     plan = session.begin_epoch(0)
     sched = schedule(plan.iterations, case.get("iters", plan.iterations + 2))
     consumes = (not session.shared) or topo.is_worker
@@ -142,14 +151,14 @@ def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
         if session.reads:
             session.read_group(it, count)
         if consumes and (session.reads or not session.shared):
-            got = session.receive(timeout=opts.timeout)
+            got = session.receive(timeout=run_plan.timeout)
             assert got is not None
             take(got)
             del got  # its arrays are views into the ring
     if session.reads:
         session.stop()
     if consumes and session.shared and not session.reads:
-        while (got := session.receive(timeout=opts.timeout)) is not None:
+        while (got := session.receive(timeout=run_plan.timeout)) is not None:
             take(got)
         del got
     t = session.totals

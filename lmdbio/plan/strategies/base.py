@@ -99,7 +99,7 @@ class ReadStrategy(ABC):
     #: (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``group``), fetched with one walk
     walks_slots: ClassVar[bool] = False
     #: asks the kernel for the pages it will read before reading them (:meth:`advise_pages`):
-    #: the kernel's read-around is then off by default (``ReadOptions.read_around``)
+    #: the kernel's read-around is then off by default (``RunPlan.read_around``)
     advises: ClassVar[bool] = False
     #: readers hand a serialized cursor along the chain of readers (the DM strategies):
     #: the mapping must be symmetric (one address on every reader)
