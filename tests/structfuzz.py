@@ -77,8 +77,8 @@ def replay_hint(test: str, seed: int, case: int) -> str:
 
 # --------------------------------------------------------------------------------- buffers
 _PAGE = mmap.PAGESIZE
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _PROT_NONE = 0
 
 
@@ -91,7 +91,7 @@ def guarded(data: bytes | bytearray | memoryview) -> np.ndarray:
     pages = (len(raw) + _PAGE - 1) // _PAGE
     m = mmap.mmap(-1, (pages + 1) * _PAGE)
     addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
-    if _libc.mprotect(ctypes.c_void_p(addr + pages * _PAGE), _PAGE, _PROT_NONE) != 0:
+    if libc.mprotect(ctypes.c_void_p(addr + pages * _PAGE), _PAGE, _PROT_NONE) != 0:
         raise OSError(ctypes.get_errno(), "mprotect of the guard page failed")
     start = pages * _PAGE - len(raw)
     m[start:start + len(raw)] = raw

@@ -378,7 +378,7 @@ def test_pages_resident_sample_is_the_documented_one(ranges, touched, samples) -
         arr = np.frombuffer(region, dtype=np.uint8)
         for p in touched:
             arr[p * PAGE] = 1
-        resident = pf._libc.mincore(arr.ctypes.data, 80 * PAGE)
+        resident = pf.libc.mincore(arr.ctypes.data, 80 * PAGE)
         assert resident[sorted(touched)].all() if touched else True
         starts = [a for a, _ in ranges]
         counts = [min(n, 80 - a) for a, n in ranges]

@@ -58,16 +58,16 @@ def _cold(path: Path, db: Database) -> None:
     LMDB environment with the kernel's read-around): no test looks at them. The pin is
     waited for first: its child starts at low priority, and opening its environment after
     the drop would read (around) the file's first pages again."""
-    from lmdbio.io import _libc
+    from lmdbio.io import libc
 
     db.stat()  # waits for the pin child's answer (its environment is open by then)
 
     length = db.buf.shape[0] // pf.OS_PAGE_SIZE * pf.OS_PAGE_SIZE
-    _libc.madvise(db.buf.ctypes.data, length, pf.MADV_DONTNEED)
+    libc.madvise(db.buf.ctypes.data, length, pf.MADV_DONTNEED)
     pf.drop_cache(path / "data.mdb")
     if (_resident_db_pages(path, db) >= 16).any():
         pytest.skip(f"this file system keeps the file resident: {_resident_db_pages(path, db)}")
-    _libc.madvise(db.buf.ctypes.data, length, pf.MADV_RANDOM)
+    libc.madvise(db.buf.ctypes.data, length, pf.MADV_RANDOM)
     db.read_around = False
 
 

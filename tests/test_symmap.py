@@ -12,7 +12,7 @@ import pytest
 from mpi_harness import run_mpi
 
 from lmdbio.errors import LmdbioError
-from lmdbio.io import _libc
+from lmdbio.io import libc
 from lmdbio.io.symmap import (
     SAFE_HIGH,
     SAFE_LOW,
@@ -199,15 +199,15 @@ def test_mapping_is_unmapped_when_garbage(data_file) -> None:
     address, length = m.address, m.length
     del m
     # the range is free again: an anonymous fixed mapping there succeeds
-    got = _libc.mmap(
+    got = libc.mmap(
         address,
         length,
-        _libc.PROT_NONE,
-        _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS | _libc.MAP_FIXED_NOREPLACE,
+        libc.PROT_NONE,
+        libc.MAP_PRIVATE | libc.MAP_ANONYMOUS | libc.MAP_FIXED_NOREPLACE,
         -1,
     )
     assert got == address
-    _libc.munmap(got, length)
+    libc.munmap(got, length)
 
 
 def test_views_keep_mapping_alive(data_file) -> None:

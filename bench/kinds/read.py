@@ -184,12 +184,12 @@ def _node_path(template: str, node: int) -> str:
 def _drop_from_cache(world: Any, session: Any, topo: Any, path: str) -> None:
     """Collective: evict the database file from the page cache. The kernel keeps pages that
     some process maps, so every rank first drops its own page-table entries."""
-    from lmdbio.io import _libc
+    from lmdbio.io import libc
     from lmdbio.io.prefetch import MADV_DONTNEED, drop_cache
 
     buf = session.db.buf
     if buf.shape[0]:
-        _libc.madvise(buf.ctypes.data, buf.shape[0], MADV_DONTNEED)
+        libc.madvise(buf.ctypes.data, buf.shape[0], MADV_DONTNEED)
     world.Barrier()
     if topo.local_rank == 0:
         drop_cache(path)

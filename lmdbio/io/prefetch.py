@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from lmdbio.errors import LmdbioError
-from lmdbio.io import _libc
+from lmdbio.io import libc
 from lmdbio.io.symmap import Mapping, map_file
 
 __all__ = [
@@ -63,7 +63,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-OS_PAGE_SIZE = _libc.OS_PAGE_SIZE
+OS_PAGE_SIZE = libc.OS_PAGE_SIZE
 MADV_NORMAL: int = getattr(_mmap, "MADV_NORMAL", 0)
 MADV_RANDOM: int = getattr(_mmap, "MADV_RANDOM", 1)
 MADV_SEQUENTIAL: int = getattr(_mmap, "MADV_SEQUENTIAL", 2)
@@ -161,7 +161,7 @@ def advise(
     addr, n = _aligned(mapping, offset, length)
     if n:
         try:
-            _libc.madvise(addr, n, advice)
+            libc.madvise(addr, n, advice)
         except OSError as exc:
             raise LmdbioError(f"{mapping.path}: madvise({advice}) failed: {exc}") from exc
 
@@ -287,7 +287,7 @@ def advise_page_ranges(
     keep = first < stops
     for a, b in zip(first[keep].tolist(), stops[keep].tolist(), strict=True):
         try:
-            _libc.madvise(a, b - a, advice)
+            libc.madvise(a, b - a, advice)
         except OSError as exc:
             where = target.path if isinstance(target, Mapping) else "the database mapping"
             raise LmdbioError(f"{where}: madvise({advice}) of bytes {a - base}..{b - base} "
@@ -331,7 +331,7 @@ def pages_resident(
     stop = -(-(base + (s + c) * page_size) // OS_PAGE_SIZE)
     lo, hi = int(first.min()), int(stop.max())
     try:
-        resident = _libc.mincore(lo * OS_PAGE_SIZE, (hi - lo) * OS_PAGE_SIZE)
+        resident = libc.mincore(lo * OS_PAGE_SIZE, (hi - lo) * OS_PAGE_SIZE)
     except OSError:
         return False
     missing = np.zeros(resident.shape[0] + 1, np.int64)
@@ -467,7 +467,7 @@ def resident_pages(
             raise LmdbioError(f"{target.path}: the mapping is closed")
         start, stop = _byte_range(target.length, offset, length, target.path)
         a0 = (start // OS_PAGE_SIZE) * OS_PAGE_SIZE
-        vec = _libc.mincore(target.address + a0, stop - a0)
+        vec = libc.mincore(target.address + a0, stop - a0)
         return vec
     path = _file_path(target)
     if os.path.getsize(path) == 0:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from lmdbio.errors import LmdbioError
-from lmdbio.io import _libc
+from lmdbio.io import libc
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
@@ -83,7 +83,7 @@ class MappingInUseError(LmdbioError, BufferError):
 
 def _release(address: int, length: int) -> None:
     try:
-        _libc.munmap(address, length)
+        libc.munmap(address, length)
     except OSError as exc:  # pragma: no cover - only with a corrupted address
         log.error("munmap of %#x (+%d) failed: %s", address, length, exc)
 
@@ -261,36 +261,36 @@ def _try_fixed(fd: int, address: int, length: int, block: bool) -> tuple[int | N
         if block:
             # Test hook: occupy the target so the real call fails the way a collision does.
             try:
-                blocker = _libc.mmap(
+                blocker = libc.mmap(
                     address,
-                    _libc.OS_PAGE_SIZE,
-                    _libc.PROT_NONE,
-                    _libc.MAP_PRIVATE | _libc.MAP_ANONYMOUS | _libc.MAP_FIXED_NOREPLACE,
+                    libc.OS_PAGE_SIZE,
+                    libc.PROT_NONE,
+                    libc.MAP_PRIVATE | libc.MAP_ANONYMOUS | libc.MAP_FIXED_NOREPLACE,
                     -1,
                     0,
                 )
             except OSError:
                 blocker = None
         try:
-            got = _libc.mmap(
+            got = libc.mmap(
                 address,
                 length,
-                _libc.PROT_READ,
-                _libc.MAP_SHARED | _libc.MAP_FIXED_NOREPLACE,
+                libc.PROT_READ,
+                libc.MAP_SHARED | libc.MAP_FIXED_NOREPLACE,
                 fd,
                 0,
             )
         except OSError as exc:
             return None, f"mmap at {address:#x}: {exc.strerror}"
         if got != address:
-            _libc.munmap(got, length)  # kernel < 4.17: the flag was only a hint
+            libc.munmap(got, length)  # kernel < 4.17: the flag was only a hint
             return None, f"kernel placed the mapping at {got:#x} instead of {address:#x}"
         return got, ""
     except Exception as exc:  # anything local must turn into a vote, not skip a collective
         return None, f"{type(exc).__name__}: {exc}"
     finally:
         if blocker is not None:
-            _release(blocker, _libc.OS_PAGE_SIZE)
+            _release(blocker, libc.OS_PAGE_SIZE)
 
 
 def _fail_plan(
@@ -327,7 +327,7 @@ def map_file(
     fd, size, length = _open_checked(p, length)
     try:
         if address is None:
-            ptr = _libc.mmap(0, length, _libc.PROT_READ, _libc.MAP_SHARED, fd, 0)
+            ptr = libc.mmap(0, length, libc.PROT_READ, libc.MAP_SHARED, fd, 0)
         else:
             got, err = _try_fixed(fd, address, length, block=False)
             if got is None:
@@ -433,7 +433,7 @@ def _check_window(max_attempts: int, low: int, high: int, alignment: int) -> Non
     :func:`map_symmetric` cannot draw from (checked before any collective)."""
     if max_attempts < 1:
         raise LmdbioError(f"max_attempts must be >= 1, got {max_attempts}")
-    if alignment < _libc.OS_PAGE_SIZE or alignment % _libc.OS_PAGE_SIZE:
+    if alignment < libc.OS_PAGE_SIZE or alignment % libc.OS_PAGE_SIZE:
         raise LmdbioError(f"alignment {alignment} is not a multiple of the OS page size")
     if low % alignment or high <= low:
         raise LmdbioError(f"bad address window [{low:#x}, {high:#x}) for alignment {alignment}")
@@ -504,7 +504,7 @@ def _map_fallback(comm: Any, p: Path, fd: int, mlen: int, attempts: int,
     when any rank's mapping fails, so that none keeps a half-made result."""
     reasons = comm.gather(last_error, root=0)
     try:
-        ptr = _libc.mmap(0, mlen, _libc.PROT_READ, _libc.MAP_SHARED, fd, 0)
+        ptr = libc.mmap(0, mlen, libc.PROT_READ, libc.MAP_SHARED, fd, 0)
         fallback_error = ""
     except OSError as exc:
         ptr, fallback_error = 0, f"mmap: {exc.strerror}"

@@ -145,11 +145,11 @@ class Database:
         just their page, LMDB's ``MDB_NORDAHEAD``; ``MADV_NORMAL`` / ``MADV_SEQUENTIAL``:
         the kernel reads around them) and record whether faults now read around
         (:attr:`read_around`). Raises ``OSError`` if the kernel refuses."""
-        from lmdbio.io import _libc
+        from lmdbio.io import libc
         from lmdbio.io.prefetch import MADV_RANDOM
 
         if self.buf.shape[0]:
-            _libc.madvise(self.buf.ctypes.data, self.buf.shape[0], advice)
+            libc.madvise(self.buf.ctypes.data, self.buf.shape[0], advice)
         self.read_around = advice != MADV_RANDOM
 
     def close(self) -> None:
