@@ -3,21 +3,33 @@
 Databases: bench/read.py's generators (build/bench-data/read-{cifar,imagenet,mnist}:
 20,000 x 3,072 B, 1,600 x 150 KB, 60,000 x 784 B, py-lmdb, 1,000 records a commit).
 
-Stages (``--only fit,pages``; the fit runs first):
+Stages (``--only pages,fit``; the fit runs first):
   pages  every strategy at 1, 2, 4, 8 ranks on max(1, R/2) simulated nodes (oversubscribed
          on this host: page counts only, never speed), one batch per slot (the paper's
          regime) on cifar, and imagenet at 2 ranks: the model's pages per rank (touched,
          own, extra) against bench read's, per run and rank.
-  fit    warm runs (every page in the page cache: the file system costs nothing here) of
-         every strategy and database at 1 rank, the fit set, and at 2 ranks on 2 nodes,
-         held out: the CPU and hand-off costs fitted by non-negative
-         least squares on the 1-rank runs' loop seconds, then the model's error on the
-         2-rank runs (rank counts not in the fit). One run each (the host is shared: noisy).
+  fit    1. warm runs (every page in the page cache: the file system costs nothing here)
+         of every strategy and database at 1 rank and at 2 ranks on 2 simulated nodes
+         (never more ranks than this host's 2 cores), ``--batches-per-slot 0`` (a job's
+         default), whole epochs: a probe run of 3 epochs per configuration sets how many
+         epochs reach ``--target`` seconds of loop, then ``--repeats`` runs of every
+         configuration interleaved (A B C .. A B C ..), the load average before each
+         pass; medians kept, spreads reported.
+         2. a ping-pong between 2 ranks under mpiexec, waiting as the DM chain waits for
+         its cursor (``wait_with_timeout``, sleeps up to 0.5 ms) and with a blocking
+         ``recv``, the partner replying after 0, 1 and 5 ms of work: the hand-off latency
+         the model's ``mpi_latency_s`` takes on this host.
+         3. per split (:data:`SPLITS`), the CPU costs fitted by non-negative least squares
+         on each rank's CPU seconds of the loop (``cpu_seconds.loop``: user + system, far
+         less sensitive to other load than wall time) of the split's fit set; per run the
+         model's CPU seconds per rank against the measured ones, and its loop time (the
+         critical path of those costs with the measured hand-off latency) against the
+         measured loop, as throughput (records / loop seconds).
 
-Output: bench/results/scale/calibration.json (and one JSON per bench read run), and
-bench/results/scale/fitted-costs.yaml.
+Output: bench/results/scale/calibration.json, bench/results/scale/fitted-costs.yaml and
+one JSON per bench read run (bench/results/scale/runs/, the delivered record ids left out).
 
-Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit] [--quick]
+Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit] [--quick] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -25,25 +37,303 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
+import os
 import statistics
+import subprocess
 import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from bench import read as bench_read
-from bench.common import BENCH_DATA, RESULTS, write_json
-from lmdbio.plan.strategies import STRATEGIES as _REGISTERED
+from bench.common import BENCH_DATA, BIN, MPI_ENV, RESULTS, write_json
 from lmdbio.scale import Costs, epoch_time, trace
+from lmdbio.scale.model import actor_cpu_seconds
+from lmdbio.scale.trace import Trace
 
 STRATEGIES = bench_read.STRATEGIES
 #: the costs fitted (the file system's are 0 on a warm page cache)
 FITTED = ("cpu_walk_s", "cpu_skip_s", "cpu_locate_s", "cpu_page_s", "cpu_step_s",
-          "copy_s_per_byte", "handoff_s_per_slot")
+          "copy_s_per_byte", "consume_s_per_record", "handoff_s_per_slot")
+#: the databases the splits "databases" and "ranks+databases" fit on; the rest is held out
+FIT_DBS = ("cifar", "mnist")
+#: the fit / held-out splits: name -> (what it fits on, what it holds out). The first
+#: gives bench/results/scale/fitted-costs.yaml
+SPLITS = {
+    "ranks": ("1 rank on every database", "2 ranks on 2 nodes on every database (a rank "
+              "count not in the fit)"),
+    "databases": (f"1 and 2 ranks on {', '.join(FIT_DBS)}", "1 and 2 ranks on the other "
+                  "databases (imagenet: 150 KB records, 37 pages each)"),
+    "ranks+databases": (f"1 rank on {', '.join(FIT_DBS)}", "1 rank on the other "
+                        "databases (imagenet) and 2 ranks on 2 nodes on every database"),
+}
+#: epochs of the probe run that sets each configuration's epochs
+PROBE_EPOCHS = 3
+#: the partner's work before it replies, in the ping-pong (seconds)
+PINGPONG_DELAYS = (0.0, 1e-3, 5e-3)
 
 
-def run_bench(out: Path, ranks: int, db: Path, strategy: str, *extra: str) -> dict | None:
-    """One bench read run (bench/read.py's runner: kept in ``out``, reused if there)."""
-    args = list(extra)
-    return bench_read.bench(out, ranks, str(db), strategy, *args)
+@dataclass(frozen=True)
+class Config:
+    """One measured configuration: a database, a strategy, ranks on as many nodes."""
+
+    db: str
+    strategy: str
+    ranks: int
+
+    def role(self, split: str) -> str:
+        """``fit`` for the runs split ``split`` fits the costs on, else ``held-out``."""
+        fits = {"ranks": self.ranks == 1, "databases": self.db in FIT_DBS,
+                "ranks+databases": self.ranks == 1 and self.db in FIT_DBS}[split]
+        return "fit" if fits else "held-out"
+
+    def file(self, kind: str, epochs: int, repeat: int = 0) -> str:
+        return f"{kind}-{self.db}-{self.strategy}-r{self.ranks}-e{epochs}-{repeat}.json"
+
+
+def time_configs(quick: bool) -> list[Config]:
+    """Every database and strategy at 1 rank and 2 ranks (on 2 nodes: cores = 2)."""
+    dbs = ("cifar", "mnist") if quick else ("cifar", "mnist", "imagenet")
+    return [Config(d, s, r) for d in dbs for r in (1, 2) for s in STRATEGIES]
+
+
+def run_bench(out: Path, ranks: int, db: Path, strategy: str, *extra: str,
+              tries: int = 3) -> dict | None:
+    """One bench read run (bench/read.py's runner: kept in ``out``, reused if there),
+    kept without the delivered record ids (megabytes over many epochs). A run that fails
+    or hangs (a rank dead at import leaves ``mpiexec`` waiting) is tried again after a
+    pause, ``tries`` times in all: other work edits this checkout while it runs."""
+    got = None
+    for attempt in range(tries):
+        try:
+            got = bench_read.bench(out, ranks, str(db), strategy, *extra, timeout=180)
+        except subprocess.TimeoutExpired:
+            print(f"TIMED OUT: {out.name}", flush=True)
+        if got is not None or attempt == tries - 1:
+            break
+        time.sleep(20)
+    if got is not None and any("records" in p for p in got["per_rank"]):
+        for p in got["per_rank"]:
+            p.pop("records", None)
+            p.pop("padding", None)
+        write_json(out, got)
+    return got
+
+
+def timed_run(res: Path, dbs: dict[str, Path], cfg: Config, per_epoch: int, epochs: int,
+              kind: str, repeat: int = 0) -> dict | None:
+    """``cfg`` for ``epochs`` whole epochs of ``per_epoch`` iterations, warm."""
+    batch = bench_read.SHAPES[cfg.db][2]
+    return run_bench(res / cfg.file(kind, epochs, repeat), cfg.ranks, dbs[cfg.db],
+                     cfg.strategy, "--batch-size", str(batch), "--iters",
+                     str(per_epoch * epochs), "--simulate-nodes", str(cfg.ranks),
+                     "--batches-per-slot", "0", "--transfer", "spans")
+
+
+def epoch_traces(dbs: dict[str, Path], cfgs: list[Config]) -> dict[Config, Trace]:
+    """One traced epoch per configuration (a job's default slot size, as measured)."""
+    return {c: trace(dbs[c.db], c.strategy, c.ranks, c.ranks, bench_read.SHAPES[c.db][2])
+            for c in cfgs}
+
+
+def choose_epochs(res: Path, dbs: dict[str, Path], cfgs: list[Config],
+                  traces: dict[Config, Trace], target: float) -> dict[Config, int]:
+    """Per configuration, the whole epochs that take ``target`` seconds of loop, from a
+    probe run of :data:`PROBE_EPOCHS` epochs (its first epoch's warm-up included, so the
+    measured runs are at least about ``target``)."""
+    out = {}
+    for c in cfgs:
+        got = timed_run(res, dbs, c, traces[c].epoch_iterations, PROBE_EPOCHS, "probe")
+        if got is None:
+            continue
+        per_epoch = got["totals"]["loop_seconds"] / PROBE_EPOCHS
+        out[c] = max(1, min(400, math.ceil(target / max(per_epoch, 1e-6))))
+    return out
+
+
+def measure(res: Path, dbs: dict[str, Path], cfgs: list[Config],
+            traces: dict[Config, Trace], epochs: dict[Config, int],
+            repeats: int) -> dict[Config, list[dict]]:
+    """``repeats`` runs of every configuration, interleaved: each pass runs every
+    configuration once, so slow drifts of the host's load spread over all of them."""
+    runs: dict[Config, list[dict]] = {c: [] for c in epochs}
+    for k in range(repeats):
+        print(f"pass {k + 1}/{repeats}: load average {os.getloadavg()}", flush=True)
+        for c in epochs:
+            got = timed_run(res, dbs, c, traces[c].epoch_iterations, epochs[c], "time", k)
+            if got is not None:
+                runs[c].append(got)
+    return runs
+
+
+def pingpong_worker(out: Path, rounds: int = 200) -> None:
+    """Run under ``mpiexec -n 2``: rank 0 sends 8 + 64 bytes (a cursor's size), rank 1
+    works ``delay`` seconds (spinning) and sends them back; rank 0 writes the round trip
+    less the work, quartiles per delay and way of waiting (see :func:`latency`)."""
+    from mpi4py import MPI
+
+    from lmdbio.mpiutil import wait_with_timeout
+
+    comm = MPI.COMM_WORLD
+    me, msg = comm.Get_rank(), bytes(72)
+    result: dict[str, Any] = {}
+    for wait in ("chain", "blocking"):
+        for delay in PINGPONG_DELAYS:
+            samples = []
+            for _ in range(rounds):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                if me == 0:
+                    comm.send(msg, dest=1)
+                req = comm.irecv(source=1 - me)
+                if wait == "chain":
+                    wait_with_timeout(req, 30.0, "ping-pong", max_sleep=5e-4)
+                else:
+                    req.wait()
+                if me == 1:
+                    end = time.perf_counter() + delay
+                    while time.perf_counter() < end:
+                        pass
+                    comm.send(msg, dest=0)
+                samples.append(time.perf_counter() - t0 - delay)
+            q = np.percentile(samples, [25, 50, 75]).tolist()
+            result[f"{wait}-{delay * 1e3:g}ms"] = {"wait": wait, "partner_work_s": delay,
+                                                  "round_trip_less_work_s": q[1],
+                                                  "q25_s": q[0], "q75_s": q[2],
+                                                  "rounds": rounds}
+    if me == 0:
+        write_json(out, result)
+
+
+def latency(res: Path) -> dict:
+    """The ping-pong (:func:`pingpong_worker`) under ``mpiexec -n 2``, kept in ``res``,
+    with each case's hand-off latency: the one-way time of a message to a receiver that
+    has waited ``partner_work_s`` (its round trip less the work, less the other way's
+    one-way time, half the round trip without work)."""
+    out = res / "pingpong.json"
+    if not out.exists():
+        cmd = [str(BIN / "mpiexec"), "-n", "2", str(BIN / "python"), "-m",
+               "bench.scale_calibrate", "--pingpong-worker", str(out)]
+        subprocess.run(cmd, env=dict(os.environ, **MPI_ENV), check=True, timeout=300)
+    data = json.loads(out.read_text())
+    for case in data.values():
+        back = data[f"{case['wait']}-0ms"]["round_trip_less_work_s"] / 2
+        case["handoff_s"] = case["round_trip_less_work_s"] - back
+    data["loadavg"] = os.getloadavg()
+    return data
+
+
+def measured(runs: list[dict]) -> dict[str, Any]:
+    """The medians of a configuration's repeats and their spread ((max - min) / median):
+    loop wall seconds, each rank's loop CPU seconds, records delivered."""
+    walls = [r["totals"]["loop_seconds"] for r in runs]
+    cpus = [{p["rank"]: p["cpu_seconds"]["loop"] for p in r["per_rank"]} for r in runs]
+    ranks = sorted(cpus[0])
+    cpu = {k: statistics.median(c[k] for c in cpus) for k in ranks}
+    cpu_sums = [sum(c.values()) for c in cpus]
+    wall = statistics.median(walls)
+    waits = [max(p["seconds"]["wait_cursor"] for p in r["per_rank"]) for r in runs]
+    return {"repeats": len(runs), "loop_s": wall, "loop_all_s": walls,
+            # how much of a core each rank had over the loop: 1 = never runnable and
+            # waiting for a core; less = waiting (for a core, a cursor, a slot)
+            "core_share": statistics.median(s / len(cpus[0]) / w
+                                            for s, w in zip(cpu_sums, walls, strict=True)),
+            "cursor_wait_s": statistics.median(waits),
+            "loop_spread": (max(walls) - min(walls)) / wall,
+            "cpu_s_per_rank": [cpu[k] for k in ranks], "cpu_sum_all_s": cpu_sums,
+            "cpu_spread": (max(cpu_sums) - min(cpu_sums)) / statistics.median(cpu_sums),
+            "records": runs[0]["totals"]["records_delivered"],
+            "batches_per_slot": runs[0]["batches_per_slot"],
+            "loadavg": [r.get("loadavg") for r in runs]}
+
+
+def cpu_features(tr: Trace) -> np.ndarray:
+    """Per actor (rows), its CPU seconds with each fitted cost (columns) at 1 and the
+    others 0: the model's CPU is linear in these costs."""
+    base = Costs(mpi_latency_s=0.0)
+    return np.stack([actor_cpu_seconds(tr, base.replace(**{f: 1.0})) for f in FITTED],
+                    axis=1)
+
+
+def fit_costs(rows: list[dict], traces: dict[Config, Trace], split: str) -> Costs:
+    """Non-negative least squares of the fit set's CPU seconds per rank on the model's,
+    each run weighted by 1 / its seconds (relative errors count)."""
+    from scipy.optimize import nnls
+
+    a, b = [], []
+    for row in rows:
+        if row["config"].role(split) != "fit":
+            continue
+        feats = cpu_features(traces[row["config"]]) * row["epochs"]
+        for actor, cpu in zip(traces[row["config"]].actors, row["cpu_s_per_rank"],
+                              strict=True):
+            a.append(feats[actor.index] / cpu)
+            b.append(1.0)
+    coef, _ = nnls(np.array(a), np.array(b))
+    return Costs(mpi_latency_s=0.0).replace(**dict(zip(FITTED, map(float, coef),
+                                                       strict=True)))
+
+
+def evaluate(row: dict, tr: Trace, costs: Costs) -> dict[str, Any]:
+    """The model's CPU seconds per rank and loop seconds for ``row``'s epochs under
+    ``costs``, and the errors: CPU (summed over ranks) and throughput (records per loop
+    second; + means the model is faster than measured)."""
+    e = row["epochs"]
+    by_rank = {a.rank: v for a, v in zip(tr.actors, actor_cpu_seconds(tr, costs), strict=True)}
+    cpu = [by_rank[k] * e for k in sorted(by_rank)]
+    loop = epoch_time(tr, costs).extra["traced_seconds"] * e
+    return {"model_cpu_s_per_rank": cpu, "model_loop_s": loop,
+            "cpu_error": sum(cpu) / sum(row["cpu_s_per_rank"]) - 1,
+            "throughput_error": row["loop_s"] / loop - 1}
+
+
+def error_summary(rows: list[dict]) -> dict[str, Any]:
+    """Median and max absolute error of throughput and CPU per role, and per strategy
+    within each role."""
+    out: dict[str, Any] = {}
+    for role in ("fit", "held-out"):
+        mine = [r for r in rows if r["role"] == role]
+        groups = {"all": mine, **{s: [r for r in mine if r["strategy"] == s]
+                                  for s in STRATEGIES}}
+        out[role] = {name: {"runs": len(g), **{f"{k}_{stat}": fn(abs(r[f"{k}_error"])
+                                                                   for r in g)
+                                              for k in ("throughput", "cpu")
+                                              for stat, fn in (("median", statistics.median),
+                                                               ("max", max))}}
+                     for name, g in groups.items() if g}
+    return out
+
+
+def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace) -> dict:
+    """Measure (probe, interleaved repeats), then per split fit on its fit set and
+    evaluate every run."""
+    cfgs = time_configs(args.quick)
+    traces = epoch_traces(dbs, cfgs)
+    epochs = choose_epochs(res, dbs, cfgs, traces, args.target)
+    runs = measure(res, dbs, cfgs, traces, epochs, args.repeats)
+    pingpong = latency(res)
+    handoff = pingpong["chain-1ms"]["handoff_s"]
+    rows = [{"config": c, "db": c.db, "strategy": c.strategy, "ranks": c.ranks,
+             "nodes": c.ranks, "epochs": epochs[c],
+             "iterations": epochs[c] * traces[c].epoch_iterations,
+             "model_batches_per_slot": traces[c].batches_per_slot, **measured(got)}
+            for c, got in runs.items() if got]
+    splits = {}
+    for split, (fits, held) in SPLITS.items():
+        costs = fit_costs(rows, traces, split).replace(mpi_latency_s=handoff)
+        models = [{"db": r["db"], "strategy": r["strategy"], "ranks": r["ranks"],
+                   "role": r["config"].role(split),
+                   **evaluate(r, traces[r["config"]], costs)} for r in rows]
+        splits[split] = {"fit": fits, "held-out": held, "costs": dataclasses.asdict(costs),
+                         "models": models, "errors": error_summary(models)}
+    for r in rows:
+        r.pop("config")
+    return {"fitted": list(FITTED), "target_loop_s": args.target, "pingpong": pingpong,
+            "runs": rows, "splits": splits}
 
 
 def pages(res: Path, dbs: dict[str, Path], quick: bool) -> list[dict]:
@@ -63,114 +353,82 @@ def pages(res: Path, dbs: dict[str, Path], quick: bool) -> list[dict]:
                     continue
                 tr = trace(dbs[name], s, r, nodes, batch, iterations=iters,
                            batches_per_slot=int(slot))
-                model = {p["rank"]: p for p in tr.page_totals()}
-                for m in got["per_rank"]:
-                    if not m["reader"]:
-                        continue
-                    p = model.get(m["rank"])
-                    row = {"db": name, "strategy": s, "ranks": r, "nodes": nodes,
-                           "batches_per_slot": got["batches_per_slot"],
-                           "model_batches_per_slot": tr.batches_per_slot,
-                           "rank": m["rank"]}
-                    for k in ("pages_touched", "own_pages", "extra_pages"):
-                        row[f"measured_{k}"] = m[k]
-                        row[f"model_{k}"] = p[k] if p else None
-                    rows.append(row)
-    for row in rows:
+                rows.extend(page_rows(got, tr, name, s, r, nodes))
+    return rows
+
+
+def page_rows(got: dict, tr: Trace, name: str, s: str, r: int, nodes: int) -> list[dict]:
+    """Per reading rank of one run, its measured pages against the trace's."""
+    model = {p["rank"]: p for p in tr.page_totals()}
+    rows = []
+    for m in got["per_rank"]:
+        if not m["reader"]:
+            continue
+        p = model.get(m["rank"])
+        row = {"db": name, "strategy": s, "ranks": r, "nodes": nodes,
+               "batches_per_slot": got["batches_per_slot"],
+               "model_batches_per_slot": tr.batches_per_slot, "rank": m["rank"]}
+        for k in ("pages_touched", "own_pages", "extra_pages"):
+            row[f"measured_{k}"] = m[k]
+            row[f"model_{k}"] = p[k] if p else None
         t, mt = row["measured_pages_touched"], row["model_pages_touched"] or 0
         e, me = row["measured_extra_pages"], row["model_extra_pages"] or 0
         row["touched_error"] = abs(mt - t) / max(t, 1)
         row["extra_error"] = abs(me - e) / max(e, 1)
+        rows.append(row)
     return rows
 
 
-def _features(tr) -> list[float]:
-    """The model's seconds of ``tr`` with each fitted cost at 1 and the others 0: on one
-    rank everything is on one path, so the time is linear in the costs."""
-    base = Costs(mpi_latency_s=0.0)
-    out = []
-    for f in FITTED:
-        r = epoch_time(tr, base.replace(**{f: 1.0}))
-        out.append(r.extra["traced_seconds"])
-    return out
+def print_errors(f: dict) -> None:
+    for split, got in f["splits"].items():
+        print(f"split {split}: fit on {got['fit']}; held out {got['held-out']}")
+        for role, groups in got["errors"].items():
+            for name, g in groups.items():
+                print(f"  {role:9s} {name:13s} runs {g['runs']:2d}  throughput median "
+                      f"{g['throughput_median']:6.1%} max {g['throughput_max']:6.1%}   CPU "
+                      f"median {g['cpu_median']:6.1%} max {g['cpu_max']:6.1%}", flush=True)
 
 
-def fit(res: Path, dbs: dict[str, Path], quick: bool) -> dict:
-    import numpy as np
-    from scipy.optimize import nnls
+def write_fitted(res: Path, f: dict) -> None:
+    """The first split's fitted CPU costs, for bench/scale_project.py."""
+    import yaml
 
-    repeats = 1
-    configs = [(1, 1, "fit"), (2, 2, "held-out")]
-    runs = []
-    for name in ("cifar", "mnist", "imagenet"):
-        batch = bench_read.SHAPES[name][2]
-        for ranks, nodes, role in configs:
-            iters = {"cifar": 200, "imagenet": 100, "mnist": 200}[name] // (2 if quick else 1)
-            for s in STRATEGIES:
-                loops = []
-                for k in range(repeats):
-                    got = run_bench(res / f"fit-{name}-{s}-r{ranks}-n{nodes}-{k}.json", ranks,
-                                    dbs[name], s, "--batch-size", str(batch), "--iters",
-                                    str(iters), "--simulate-nodes", str(nodes),
-                                    "--batches-per-slot", "0", "--transfer", "spans")
-                    if got is not None:
-                        loops.append(got["totals"]["loop_seconds"])
-                        per_slot = got["batches_per_slot"]
-                if not loops:
-                    continue
-                tr = trace(dbs[name], s, ranks, nodes, batch, iterations=iters,
-                           batches_per_slot=per_slot if ranks > 1 or _REGISTERED[s].shared
-                           else 0)
-                runs.append({"db": name, "strategy": s, "ranks": ranks, "nodes": nodes,
-                             "role": role, "iterations": iters, "measured_loop_s":
-                             statistics.median(loops), "measured_all": loops,
-                             "features": _features(tr), "trace": tr})
-    train = [r for r in runs if r["role"] == "fit"]
-    a = np.array([r["features"] for r in train])
-    b = np.array([r["measured_loop_s"] for r in train])
-    # relative errors matter: weight each run by 1 / its time
-    w = 1.0 / b
-    coef, _ = nnls(a * w[:, None], b * w)
-    costs = Costs(mpi_latency_s=0.0).replace(**dict(zip(FITTED, map(float, coef),
-                                                        strict=True)))
-    for r in runs:
-        model = epoch_time(r.pop("trace"), costs).extra["traced_seconds"]
-        r["model_loop_s"] = model
-        r["error"] = (model - r["measured_loop_s"]) / r["measured_loop_s"]
-        r.pop("features")
-    held = [abs(r["error"]) for r in runs if r["role"] == "held-out"]
-    fitted = [abs(r["error"]) for r in runs if r["role"] == "fit"]
-    return {"costs": dataclasses.asdict(costs), "runs": runs,
-            "fit_error_median": statistics.median(fitted) if fitted else None,
-            "fit_error_max": max(fitted) if fitted else None,
-            "held_out_error_median": statistics.median(held) if held else None,
-            "held_out_error_max": max(held) if held else None}
+    split = next(iter(SPLITS))
+    costs = f["splits"][split]["costs"]
+    (res / "fitted-costs.yaml").write_text(yaml.safe_dump(
+        {"source": "bench/scale_calibrate.py: NNLS on the loop CPU seconds per rank of "
+                   f"warm bench read runs, {SPLITS[split][0]}, medians of up to "
+                   f"{max(r['repeats'] for r in f['runs'])} interleaved repeats",
+         # this host's, not a cluster's: kept beside the costs, not in them
+         "host_mpi_latency_s": costs["mpi_latency_s"],
+         "costs": {k: costs[k] for k in FITTED}},
+        sort_keys=False))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="pages,fit")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--target", type=float, default=1.5,
+                        help="seconds of loop each measured run should reach")
     parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--out", default=str(RESULTS / "scale"))
+    parser.add_argument("--pingpong-worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.pingpong_worker:
+        pingpong_worker(Path(args.pingpong_worker))
+        return 0
     res = Path(args.out)
-    res.mkdir(parents=True, exist_ok=True)
+    (res / "runs").mkdir(parents=True, exist_ok=True)
     dbs = {name: bench_read.generate(Path(args.data), name) for name in bench_read.SHAPES}
     out_file = res / "calibration.json"
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
     only = set(args.only.split(","))
     if "fit" in only:
-        result["fit"] = fit(res, dbs, args.quick)
-        f = result["fit"]
-        print(f"fit: median |error| {f['fit_error_median']:.1%} (max {f['fit_error_max']:.1%})"
-              f"; held out (2 ranks): median {f['held_out_error_median']:.1%} (max "
-              f"{f['held_out_error_max']:.1%})", flush=True)
-        import yaml
-
-        (res / "fitted-costs.yaml").write_text(yaml.safe_dump(
-            {"source": "bench/scale_calibrate.py: 1-rank warm bench read runs, NNLS",
-             "costs": {k: f["costs"][k] for k in FITTED}}, sort_keys=False))
+        result["fit"] = fit(res / "runs", dbs, args)
+        print_errors(result["fit"])
+        write_fitted(res, result["fit"])
         write_json(out_file, result, default=float)
     if "pages" in only:
         rows = pages(res, dbs, args.quick)

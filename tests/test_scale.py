@@ -13,6 +13,7 @@ from lmdbio.errors import ConfigError
 from lmdbio.lmdb import Database
 from lmdbio.scale import Costs, epoch_time, load_costs, trace
 from lmdbio.scale.costs import costs_from_mapping
+from lmdbio.scale.model import actor_cpu_seconds
 
 FS = Costs(fs_latency_s=5e-4, fs_node_bandwidth_bps=2e9, fs_aggregate_bandwidth_bps=2e10,
            readahead_bytes=128 << 10, cpu_walk_s=1e-7, cpu_skip_s=1e-8, cpu_page_s=1e-7,
@@ -105,6 +106,26 @@ def test_model_sanity(cifar: Path) -> None:
     assert lmm4.breakdown["io"] > 0 and lmm4.samples_per_second > 0
 
 
+def test_cpu_per_actor_is_what_the_calibration_fits_on(cifar: Path) -> None:
+    """``actor_cpu_seconds`` is linear in the CPU costs (the fit's premise); on one rank
+    with a free file system it is the whole critical path, and every delivered record
+    pays ``consume_s_per_record`` once."""
+    cpu = Costs(mpi_latency_s=0.0, cpu_walk_s=1e-7, cpu_step_s=1e-5, copy_s_per_byte=1e-10,
+                consume_s_per_record=5e-7)
+    one = trace(cifar, "lmm", 1, 1, 16, iterations=12, batches_per_slot=4)
+    got = actor_cpu_seconds(one, cpu)
+    assert got.shape == (1,)
+    assert got[0] == pytest.approx(epoch_time(one, cpu).extra["traced_seconds"])
+    halves = [actor_cpu_seconds(one, cpu.replace(**{k: getattr(cpu, k) / 2}))
+              for k in ("cpu_walk_s", "cpu_step_s", "copy_s_per_byte", "consume_s_per_record")]
+    assert sum(h[0] for h in halves) == pytest.approx(3.5 * got[0])  # 4 less half of 1
+    records = sum(s.records for s in one.steps)
+    only = actor_cpu_seconds(one, Costs(consume_s_per_record=1.0))
+    assert only[0] == pytest.approx(records)
+    two = trace(cifar, "naive-stride", 2, 2, 16, iterations=12)
+    assert actor_cpu_seconds(two, cpu).shape == (2,)
+
+
 def test_cost_files(tmp_path: Path) -> None:
     good = tmp_path / "fs.yaml"
     good.write_text("source: a note\ncosts:\n  fs_latency_s: 0.001\n  readahead_bytes: 8192\n")
@@ -162,8 +183,8 @@ def test_plan_scale_cli(cifar: Path, tmp_path: Path, capsys) -> None:
 def test_a_read_around_window_ends_at_the_files_last_page() -> None:
     """A fault near the end reads its aligned window only up to the file's last page (the
     model counted one page past it, 31.50 against 31.49 MiB read by a real 2-host run)."""
-    from lmdbio.scale.model import _Node
+    from lmdbio.scale.model import NodePageCache
 
-    node = _Node(10)  # pages 0 .. 9
+    node = NodePageCache(10)  # pages 0 .. 9
     assert node.fault(np.array([9]), 4) == (2, 1)  # the window 8 .. 11 holds pages 8, 9
     assert node.fault(np.array([1]), 4) == (4, 1)

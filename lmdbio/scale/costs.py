@@ -53,6 +53,9 @@ class Costs:
     copy_s_per_byte: float = 0.0
     #: a consumer decoding one record (0: ``bench read`` does not decode)
     decode_s_per_record: float = 0.0
+    #: a consumer taking one record, besides copying and decoding it (its reference, the
+    #: delivery's bookkeeping): what every delivered record costs however it was found
+    consume_s_per_record: float = 0.0
     #: a ring slot handed from a node's reader to one of its workers (shared memory)
     handoff_s_per_slot: float = 0.0
 

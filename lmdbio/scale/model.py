@@ -14,15 +14,15 @@ What a read costs depends on how the strategy reads:
 
 Bandwidth is shared: each reading rank gets ``min(node / readers on its node, aggregate /
 readers in the job)``. CPU is per record walked, skipped or located, per page touched, and
-per byte each consumer copies (plus a hand-off per slot from a node's reader to each of its
-workers). Actors that do not communicate run side by side: a node's time is the longer of
-its reader's path (reads, CPU, its own share of consuming when colocated) and a worker's
-(hand-offs, copies). The DM chains are simulated slot by slot: reader ``r`` starts its walk
-when the cursor from ``r - 1`` has arrived (``mpi_latency_s`` plus the bytes over
-``mpi_bandwidth_bps``) and it is free; the walk's own faults are on the chain, the rest of
-its slot (values, collection, copies) after it. dm-spec's prefetch starts as soon as the
-reader is free, before the cursor arrives; the chain then waits for it at most one
-request's latency (its pages are in flight).
+per byte each consumer copies and per record it takes (plus a hand-off per slot from a
+node's reader to each of its workers). Actors that do not communicate run side by side: a
+node's time is the longer of its reader's path (reads, CPU, its own share of consuming
+when colocated) and a worker's (hand-offs, copies). The DM chains are simulated slot by
+slot: reader ``r`` starts its walk when the cursor from ``r - 1`` has arrived
+(``mpi_latency_s`` plus the bytes over ``mpi_bandwidth_bps``) and it is free; the walk's
+own faults are on the chain, the rest of its slot (values, collection, copies) after it.
+dm-spec's prefetch starts as soon as the reader is free, before the cursor arrives; the
+chain then waits for it at most one request's latency (its pages are in flight).
 
 Limits (docs/scaling.md): no contention between ranks for cores or memory bandwidth, no
 jitter, one request latency whatever the file system's load, read-around as aligned
@@ -92,8 +92,9 @@ def _runs(pages: np.ndarray) -> np.ndarray:
     return np.diff(np.r_[0, cut, pages.size])
 
 
-class _Node:
-    """One node's page cache (cold at the epoch's start)."""
+class NodePageCache:
+    """One node's page cache (cold at the epoch's start): which pages a read finds
+    there, and what reading the others costs in pages and requests."""
 
     def __init__(self, n_pages: int) -> None:
         self.n_pages = n_pages  # the file's pages: a read-around window ends at its end
@@ -130,67 +131,109 @@ class _Node:
 
 def epoch_time(trace: Trace, costs: Costs) -> EpochResult:
     """The model's epoch for ``trace`` under ``costs`` (see the module docstring)."""
-    psize = trace.psize
-    nodes = [_Node(trace.n_pages) for _ in range(trace.nodes)]
-    window = max(1, int(costs.readahead_bytes) // psize) if trace.read_around else 1
-    max_req = max(1, int(costs.fs_max_request_bytes) // psize)
+    costs_of, fetched = step_costs(trace, costs)
+    if trace.chained and len(trace.actors) > 1:
+        end, crit = _chain(trace, costs_of)
+    else:
+        end, crit = _independent(trace, costs_of)
+    return _result(trace, costs_of, fetched, end, crit)
+
+
+def step_costs(trace: Trace, costs: Costs) -> tuple[list[StepCost], np.ndarray]:
+    """What every step of ``trace`` costs its actor, in trace order, replaying the reads
+    against one cold page cache per node; and the pages each node fetched."""
+    nodes = [NodePageCache(trace.n_pages) for _ in range(trace.nodes)]
+    window = max(1, int(costs.readahead_bytes) // trace.psize) if trace.read_around else 1
+    max_req = max(1, int(costs.fs_max_request_bytes) // trace.psize)
     readers_on = np.zeros(trace.nodes, np.int64)
     for a in trace.actors:
         readers_on[a.node] += 1
-    n_readers = len(trace.actors)
     costs_of: list[StepCost] = []
     fetched = np.zeros(trace.nodes, np.int64)
     for step in trace.steps:
         actor = trace.actors[step.actor]
-        node = nodes[actor.node]
         bw = min(costs.fs_node_bandwidth_bps / readers_on[actor.node],
-                 costs.fs_aggregate_bandwidth_bps / n_readers)
-        c = StepCost()
-        adv_pages, c.async_requests = node.ask(step.advised, max_req)
-        # the chain's own faults first (on the DM chain's critical path), then the rest
-        chain_pages, chain_reqs = (node.fault(step.chain_pages, window)
-                                   if trace.chained else (0, 0))
-        touched = np.union1d(step.tree_pages, step.value_pages)
-        rest_pages, rest_reqs = node.fault(touched, window)
-        c.sync_requests = chain_reqs + rest_reqs
-        c.fetched_pages = adv_pages + chain_pages + rest_pages
+                 costs.fs_aggregate_bandwidth_bps / len(trace.actors))
+        c = _step_io(trace, step, costs, nodes[actor.node], window, max_req, bw)
+        _step_cpu(trace, step, costs, c, actor.consumers)
         fetched[actor.node] += c.fetched_pages
-        lat = costs.fs_latency_s
-        c.io_async = np.ceil(c.async_requests / costs.fs_async_depth) * lat + \
-            adv_pages * psize / bw
-        c.chain_io = chain_reqs * lat + chain_pages * psize / bw
-        if trace.chained and step.advised.size and np.isin(step.chain_pages,
-                                                           step.advised).any():
-            # the walk's pages are in the prefetch's reads in flight: ready one latency
-            # after the reader asked for them (when it became free), not per fault
-            c.chain_ready = lat
-        c.io_sync = rest_reqs * lat + rest_pages * psize / bw
-        c.chain_cpu = step.chain_walked * costs.cpu_walk_s + \
-            step.chain_skipped * costs.cpu_skip_s
-        c.cpu = step.walked * costs.cpu_walk_s + step.skipped * costs.cpu_skip_s + \
-            step.located * costs.cpu_locate_s + touched.size * costs.cpu_page_s + \
-            costs.cpu_step_s - c.chain_cpu
-        c.message = step.messages * costs.mpi_latency_s + \
-            step.message_bytes / costs.mpi_bandwidth_bps
-        share = actor.consumers
-        c.consume = (step.bytes * costs.copy_s_per_byte
-                     + step.records * costs.decode_s_per_record) / share + \
-            (costs.handoff_s_per_slot if trace.shared else 0.0)
         costs_of.append(c)
-    if trace.chained and n_readers > 1:
-        end, crit = _chain(trace, costs_of)
-    else:
-        end, crit = _independent(trace, costs_of)
+    return costs_of, fetched
+
+
+def _step_io(trace: Trace, step: Step, costs: Costs, node: NodePageCache, window: int,
+             max_req: int, bw: float) -> StepCost:
+    """The file-system side of one step: what it asks for ahead, the chain's own faults
+    (on the DM chain's critical path), then the rest of the pages it touches."""
+    psize = trace.psize
+    c = StepCost()
+    adv_pages, c.async_requests = node.ask(step.advised, max_req)
+    chain_pages, chain_reqs = (node.fault(step.chain_pages, window)
+                               if trace.chained else (0, 0))
+    rest_pages, rest_reqs = node.fault(_touched(step), window)
+    c.sync_requests = chain_reqs + rest_reqs
+    c.fetched_pages = adv_pages + chain_pages + rest_pages
+    lat = costs.fs_latency_s
+    c.io_async = np.ceil(c.async_requests / costs.fs_async_depth) * lat + \
+        adv_pages * psize / bw
+    c.chain_io = chain_reqs * lat + chain_pages * psize / bw
+    if trace.chained and step.advised.size and np.isin(step.chain_pages,
+                                                       step.advised).any():
+        # the walk's pages are in the prefetch's reads in flight: ready one latency
+        # after the reader asked for them (when it became free), not per fault
+        c.chain_ready = lat
+    c.io_sync = rest_reqs * lat + rest_pages * psize / bw
+    return c
+
+
+def _touched(step: Step) -> np.ndarray:
+    """The distinct pages a step's walk and values touch."""
+    return np.union1d(step.tree_pages, step.value_pages)
+
+
+def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: int) -> None:
+    """The CPU side of one step, into ``c``: the chain's walk, the rest of the read (per
+    record, per page touched, per read), the cursor message, and the consuming (a copy
+    per byte, a decode and a take per record, shared among the node's ``consumers``,
+    plus the slot's hand-off on a node ring)."""
+    c.chain_cpu = step.chain_walked * costs.cpu_walk_s + \
+        step.chain_skipped * costs.cpu_skip_s
+    c.cpu = step.walked * costs.cpu_walk_s + step.skipped * costs.cpu_skip_s + \
+        step.located * costs.cpu_locate_s + _touched(step).size * costs.cpu_page_s + \
+        costs.cpu_step_s - c.chain_cpu
+    c.message = step.messages * costs.mpi_latency_s + \
+        step.message_bytes / costs.mpi_bandwidth_bps
+    c.consume = (step.bytes * costs.copy_s_per_byte
+                 + step.records * (costs.decode_s_per_record + costs.consume_s_per_record)
+                 ) / consumers + \
+        (costs.handoff_s_per_slot if trace.shared else 0.0)
+
+
+def actor_cpu_seconds(trace: Trace, costs: Costs) -> np.ndarray:
+    """Per actor (in :attr:`Trace.actors` order), the CPU seconds of its traced steps:
+    its reads' CPU and its own share of consuming, without any waiting. What a rank's
+    ``cpu_seconds.loop`` in ``bench read`` measures when every node runs one rank, and,
+    being linear in the CPU costs, what ``bench/scale_calibrate.py`` fits them on."""
+    costs_of, _ = step_costs(trace, costs)
+    out = np.zeros(len(trace.actors))
+    for step, c in zip(trace.steps, costs_of, strict=True):
+        out[step.actor] += c.cpu + c.chain_cpu + c.consume
+    return out
+
+
+def _result(trace: Trace, costs_of: list[StepCost], fetched: np.ndarray, end: float,
+            crit: dict[str, float]) -> EpochResult:
+    """The :class:`EpochResult` of the traced steps taking ``end`` seconds, scaled to one
+    epoch when fewer iterations were traced."""
     scale = trace.epoch_iterations / max(trace.iterations, 1)
     records = sum(s.records for s in trace.steps)
-    seconds = end * scale
-    totals = trace.page_totals()
     return EpochResult(
-        strategy=trace.strategy, ranks=trace.ranks, nodes=trace.nodes, seconds=float(seconds),
+        strategy=trace.strategy, ranks=trace.ranks, nodes=trace.nodes,
+        seconds=float(end * scale),
         samples_per_second=float(records / end) if end > 0 else float("inf"),
         breakdown={k: v * scale for k, v in crit.items()},
-        pages=totals,
-        node_fs_bytes=[int(f * psize * scale) for f in fetched],
+        pages=trace.page_totals(),
+        node_fs_bytes=[int(f * trace.psize * scale) for f in fetched],
         requests={"sync": int(sum(c.sync_requests for c in costs_of) * scale),
                   "async": int(sum(c.async_requests for c in costs_of) * scale)},
         speculative={"prefetched": sum(s.prefetched_pages for s in trace.steps),

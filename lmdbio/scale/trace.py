@@ -27,11 +27,14 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lmdbio.errors import ConfigError
+
+if TYPE_CHECKING:
+    from lmdbio.plan.strategies.base import ReadStrategy
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -271,8 +274,7 @@ def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *
     ``batches_per_slot`` 0 takes a job's default (:func:`default_batches_per_slot`); the
     naive strategies always read one batch at a time."""
     from lmdbio.lmdb import Database
-    from lmdbio.plan.epoch import iteration_schedule, plan_epoch, schedule_slots, scheme_iterations
-    from lmdbio.plan.strategies import IterationStats, ReaderContext, strategy_class
+    from lmdbio.plan.strategies import strategy_class
     from lmdbio.topology import simulated_node_bounds
 
     if not isinstance(ranks, int) or ranks < 1:
@@ -284,106 +286,139 @@ def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *
     if batch < 1:
         raise ConfigError(f"batch must be >= 1, got {batch}")
     cls = strategy_class(strategy)
-    bounds = simulated_node_bounds(ranks, nodes)
-    node_ranks = tuple(b - a for a, b in bounds)
     db = Database(path, subdb, pin_snapshot=False, accounting=True)
     try:
-        return _trace(db, cls, ranks, nodes, batch, bounds, node_ranks, iterations,
-                      batches_per_slot, last, iteration_schedule, schedule_slots, plan_epoch,
-                      scheme_iterations, IterationStats, ReaderContext)
+        tracer = _Tracer(db, cls, ranks, batch, simulated_node_bounds(ranks, nodes),
+                         batches_per_slot)
+        return tracer.run(nodes, iterations, last)
     finally:
         db.close()
 
 
-def _trace(db, cls, ranks, nodes, batch, bounds, node_ranks, iterations, batches_per_slot,
-           last, _schedule, _slots, plan_epoch, scheme_iterations, IterationStats,
-           ReaderContext) -> Trace:
-    n = len(db)
-    if n == 0:
-        raise ConfigError(f"{db.path}: the database holds no records")
-    shared = cls.shared
-    rec = _Recorder()
-    _instrument(db, rec)
-    traced = _traced_class(cls)
-    db.read_around = not cls.advises
-    if shared:
-        per_slot = batches_per_slot or default_batches_per_slot(db, batch, node_ranks)
-        actors = [Actor(k, a, k, b - a) for k, (a, b) in enumerate(bounds)]
-    else:
-        per_slot = 1
-        actors = [Actor(r, r, k, 1) for k, (a, b) in enumerate(bounds) for r in range(a, b)]
-    group = per_slot if shared and cls.walks_slots else 1
-    per_epoch = scheme_iterations(n, ranks, batch, last, cls.scheme)
-    schedule = _schedule(per_epoch, iterations or per_epoch)
-    stops = {schedule[-1][0]: schedule[-1][1] + 1} if schedule and \
-        schedule[-1][1] + 1 < per_epoch else {}
-    mail: dict[int, bytes] = {}
-    Session = _session_methods()
-    sims = []
-    acc = db.accounting
-    for a in actors:
-        ctx = ReaderContext(db, None, a.index, len(actors), 60.0, advise=True)
-        strat = traced(ctx)
-        strat._rec, strat._mail = rec, mail
-        acc.reset()
-        with _alone(ctx):
-            strat.setup()
-        a.setup_pages = np.flatnonzero(acc.touched)
-        sims.append(Session(strategy=strat, db=db, shared=shared,
-                            batches_per_slot=per_slot,
-                            first_consumer=bounds[a.node][0] if shared else a.rank,
-                            node_consumers=a.consumers,
-                            topo=_Shim(rank=a.rank), epoch_stop=0, plan=None))
-    steps: list[Step] = []
-    pending: list[np.ndarray] = [_EMPTY] * len(actors)
-    epoch_now = -1
-    for slot_index, (epoch, first, count) in enumerate(_slots(schedule, per_slot)):
-        if epoch != epoch_now:
-            epoch_now = epoch
-            stop = stops.get(epoch, 0)
-            plan = plan_epoch(n, ranks, batch, last, "none", 0, epoch, None,
-                              scheme=cls.scheme, group=group, node_consumers=node_ranks,
-                              split=stop)
-            for a, sim in zip(actors, sims, strict=True):
-                sim.plan = plan
-                sim.epoch_stop = stop if 0 < stop < plan.iterations else plan.iterations
-                acc.reset()
-                with _alone(sim.strategy.ctx):
-                    sim.strategy.begin_epoch(plan)
-                a.setup_pages = np.union1d(a.setup_pages, np.flatnonzero(acc.touched))
-                rec.take_advised()
-        for a, sim in zip(actors, sims, strict=True):
-            stats = IterationStats(first, batches=count)
+class _Tracer:
+    """One traced job: the database, the strategy's traced class, and one simulated
+    session per reading actor, run slot by slot in chain order."""
+
+    def __init__(self, db: Any, cls: type[ReadStrategy], ranks: int, batch: int,
+                 bounds: list[tuple[int, int]], batches_per_slot: int) -> None:
+        if len(db) == 0:
+            raise ConfigError(f"{db.path}: the database holds no records")
+        self.db, self.cls, self.ranks, self.batch, self.bounds = db, cls, ranks, batch, bounds
+        self.node_ranks = tuple(b - a for a, b in bounds)
+        self.rec = _Recorder()
+        _instrument(db, self.rec)
+        db.read_around = not cls.advises
+        if cls.shared:
+            self.per_slot = batches_per_slot or default_batches_per_slot(db, batch,
+                                                                         self.node_ranks)
+            self.actors = [Actor(k, a, k, b - a) for k, (a, b) in enumerate(bounds)]
+        else:
+            self.per_slot = 1
+            self.actors = [Actor(r, r, k, 1) for k, (a, b) in enumerate(bounds)
+                           for r in range(a, b)]
+        self.sims = self._sessions()
+        #: per actor, the pages its previous read asked for on behalf of its next one
+        self.pending: list[np.ndarray] = [_EMPTY] * len(self.actors)
+
+    def _sessions(self) -> list[Any]:
+        """One session per actor, its strategy set up alone (its setup pages kept)."""
+        from lmdbio.plan.strategies import ReaderContext
+
+        traced = _traced_class(self.cls)
+        mail: dict[int, bytes] = {}
+        session_class = _session_methods()
+        acc = self.db.accounting
+        sims = []
+        for a in self.actors:
+            ctx = ReaderContext(self.db, None, a.index, len(self.actors), 60.0, advise=True)
+            strat = traced(ctx)
+            strat._rec, strat._mail = self.rec, mail
             acc.reset()
-            w0, s0, m0, b0 = rec.walked, rec.skipped, rec.messages, rec.message_bytes
-            rec.chain = None
-            if shared:
-                ids = sim._node_share(plan, first, count)[0]
-            else:
-                ids = plan.records(first, a.rank)
-            refs = sim._fetch_group(plan, first, count, ids, stats)
-            chain, cw, cs = rec.chain if rec.chain is not None else (_EMPTY, w0, s0)
-            advised = _union([pending[a.index], rec.take_advised()])
-            # the next slot's pages, asked for now (counted for the slot they serve); what
-            # asking reads is in this read's pages, as the session accounts it
-            sim._read_ahead(plan, first + count)
-            pending[a.index] = rec.take_advised()
-            tree = np.flatnonzero(acc.touched)
-            walked, skipped = rec.walked - w0, rec.skipped - s0
-            step = Step(slot_index, epoch, first, count, a.index, records=len(refs),
-                        bytes=refs.nbytes, walked=walked, skipped=skipped,
-                        located=len(refs) if cls.shuffles else 0,
-                        tree_pages=tree, value_pages=refs.value_pages(db.psize),
-                        own_pages=refs.pages(db.psize), advised=advised,
-                        chain_pages=chain, chain_walked=cw - w0, chain_skipped=cs - s0,
-                        messages=rec.messages - m0, message_bytes=rec.message_bytes - b0,
-                        prefetched_pages=stats.prefetched_pages,
-                        missed_pages=stats.missed_pages,
-                        redundant_pages=stats.redundant_pages)
-            steps.append(step)
-    return Trace(strategy=cls.name, path=str(db.path), ranks=ranks, nodes=nodes, batch=batch,
-                 psize=db.psize, n_pages=db.file_size // db.psize, n_records=n,
-                 record_bytes=float(db.file_size) / n, batches_per_slot=per_slot,
-                 iterations=len(schedule), epoch_iterations=per_epoch, shared=shared,
-                 read_around=not cls.advises, chained=cls.chained,
-                 actors=actors, steps=steps, node_ranks=node_ranks)
+            with _alone(ctx):
+                strat.setup()
+            a.setup_pages = np.flatnonzero(acc.touched)
+            first = self.bounds[a.node][0] if self.cls.shared else a.rank
+            sims.append(session_class(strategy=strat, db=self.db, shared=self.cls.shared,
+                                      batches_per_slot=self.per_slot, first_consumer=first,
+                                      node_consumers=a.consumers, topo=_Shim(rank=a.rank),
+                                      epoch_stop=0, plan=None))
+        return sims
+
+    def run(self, nodes: int, iterations: int | None, last: str) -> Trace:
+        """Every slot of ``iterations`` iterations (None: one epoch), every actor's read
+        of it in chain order; the :class:`Trace`."""
+        from lmdbio.plan.epoch import iteration_schedule, schedule_slots, scheme_iterations
+
+        cls, db = self.cls, self.db
+        per_epoch = scheme_iterations(len(db), self.ranks, self.batch, last, cls.scheme)
+        schedule = iteration_schedule(per_epoch, iterations or per_epoch)
+        stops = {schedule[-1][0]: schedule[-1][1] + 1} if schedule and \
+            schedule[-1][1] + 1 < per_epoch else {}
+        steps: list[Step] = []
+        plan, epoch_now = None, -1
+        for slot_index, (epoch, first, count) in enumerate(schedule_slots(schedule,
+                                                                          self.per_slot)):
+            if epoch != epoch_now:
+                epoch_now = epoch
+                plan = self._begin_epoch(epoch, stops.get(epoch, 0), last)
+            steps.extend(self._read(a, sim, plan, slot_index, epoch, first, count)
+                         for a, sim in zip(self.actors, self.sims, strict=True))
+        return Trace(strategy=cls.name, path=str(db.path), ranks=self.ranks, nodes=nodes,
+                     batch=self.batch, psize=db.psize, n_pages=db.file_size // db.psize,
+                     n_records=len(db), record_bytes=float(db.file_size) / len(db),
+                     batches_per_slot=self.per_slot, iterations=len(schedule),
+                     epoch_iterations=per_epoch, shared=cls.shared,
+                     read_around=not cls.advises, chained=cls.chained,
+                     actors=self.actors, steps=steps, node_ranks=self.node_ranks)
+
+    def _begin_epoch(self, epoch: int, stop: int, last: str) -> Any:
+        """The epoch's plan (as the job plans it), begun by every actor alone; what
+        beginning reads is setup, what it asks for is dropped (not an iteration's)."""
+        from lmdbio.plan.epoch import plan_epoch
+
+        cls = self.cls
+        group = self.per_slot if cls.shared and cls.walks_slots else 1
+        plan = plan_epoch(len(self.db), self.ranks, self.batch, last, "none", 0, epoch, None,
+                          scheme=cls.scheme, group=group, node_consumers=self.node_ranks,
+                          split=stop)
+        acc = self.db.accounting
+        for a, sim in zip(self.actors, self.sims, strict=True):
+            sim.plan = plan
+            sim.epoch_stop = stop if 0 < stop < plan.iterations else plan.iterations
+            acc.reset()
+            with _alone(sim.strategy.ctx):
+                sim.strategy.begin_epoch(plan)
+            a.setup_pages = np.union1d(a.setup_pages, np.flatnonzero(acc.touched))
+            self.rec.take_advised()
+        return plan
+
+    def _read(self, a: Actor, sim: Any, plan: Any, slot_index: int, epoch: int, first: int,
+              count: int) -> Step:
+        """Actor ``a`` reads its share of one slot through the session's own methods; the
+        :class:`Step` with what it touched, asked for, walked and sent."""
+        from lmdbio.plan.strategies import IterationStats
+
+        rec, db = self.rec, self.db
+        stats = IterationStats(first, batches=count)
+        db.accounting.reset()
+        w0, s0, m0, b0 = rec.walked, rec.skipped, rec.messages, rec.message_bytes
+        rec.chain = None
+        ids = sim._node_share(plan, first, count)[0] if self.cls.shared else \
+            plan.records(first, a.rank)
+        refs = sim._fetch_group(plan, first, count, ids, stats)
+        chain, cw, cs = rec.chain if rec.chain is not None else (_EMPTY, w0, s0)
+        advised = _union([self.pending[a.index], rec.take_advised()])
+        # the next slot's pages, asked for now (counted for the slot they serve); what
+        # asking reads is in this read's pages, as the session accounts it
+        sim._read_ahead(plan, first + count)
+        self.pending[a.index] = rec.take_advised()
+        return Step(slot_index, epoch, first, count, a.index, records=len(refs),
+                    bytes=refs.nbytes, walked=rec.walked - w0, skipped=rec.skipped - s0,
+                    located=len(refs) if self.cls.shuffles else 0,
+                    tree_pages=np.flatnonzero(db.accounting.touched),
+                    value_pages=refs.value_pages(db.psize), own_pages=refs.pages(db.psize),
+                    advised=advised, chain_pages=chain, chain_walked=cw - w0,
+                    chain_skipped=cs - s0, messages=rec.messages - m0,
+                    message_bytes=rec.message_bytes - b0,
+                    prefetched_pages=stats.prefetched_pages,
+                    missed_pages=stats.missed_pages, redundant_pages=stats.redundant_pages)
