@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from lmdbio.commands.helptext import HelpFormatter, epilog, make_plain
 from lmdbio.errors import LmdbioError
+from lmdbio.mpiutil import interrupted
 
 #: sub-command name -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -87,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._module.main(args) or 0)
     except LmdbioError as exc:
-        from lmdbio.mpiutil import interrupted
-
         # a JobError carries the code every rank agreed on (and is quiet but on rank 0);
         # an error raised while a Ctrl-C unwound (a ring call finding the ring the signal
         # aborted) is the interruption
@@ -105,8 +105,6 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:
         # the reader of stdout went away (`lmdbio inspect DB | head`): stop quietly, and
         # keep the interpreter's final flush from raising again on the closed pipe
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141  # 128 + SIGPIPE, as a shell reports a program the signal ended
 

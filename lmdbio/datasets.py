@@ -29,6 +29,7 @@ import difflib
 import importlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Literal
 
@@ -57,8 +58,6 @@ class Dataset:
 
 
 def _version(package: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         return version(package)
     except PackageNotFoundError:

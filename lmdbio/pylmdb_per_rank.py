@@ -45,6 +45,10 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs.datum import decode_datum
+from lmdbio.commands.run import minor_page_faults, process_age
+from lmdbio.mpiutil import start_mpi
+
 #: caffe.proto's Datum, field for field (proto2)
 _DATUM_FIELDS = (
     ("channels", 1, "TYPE_INT32"), ("height", 2, "TYPE_INT32"), ("width", 3, "TYPE_INT32"),
@@ -109,8 +113,6 @@ def make_getitem(kind: str) -> tuple[str, Callable[[bytes], tuple[np.ndarray, in
 
         return (f"protobuf {google.protobuf.__version__} ({api_implementation.Type()})",
                 getitem)
-    from lmdbio.codecs.datum import decode_datum
-
     def getitem_py(value: bytes) -> tuple[np.ndarray, int]:
         d = decode_datum(value)
         return np.frombuffer(d.data, np.uint8).reshape(d.channels, d.height, d.width), d.label
@@ -151,11 +153,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     """
     import lmdb
 
-    from lmdbio.mpiutil import start_mpi
-
     MPI = start_mpi()  # mpi4py's module
-
-    from lmdbio.commands.run import minor_page_faults, process_age
 
     age = process_age()  # interpreter start and imports, reported as startup
     world = MPI.COMM_WORLD
@@ -185,8 +183,6 @@ def read_batches(world: Any, txn: Any, keys: list[bytes],
     batches of the sampler's records, each read record by record (``txn.get`` and
     ``getitem``), stacked, made float32 unless ``--uint8``, then ``--step-seconds`` of sleep.
     """
-    from lmdbio.commands.run import minor_page_faults
-
     rank, size = world.Get_rank(), world.Get_size()
     n = len(keys)
     bs, want = int(args.batch_size), int(args.batches)

@@ -13,14 +13,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs.ibp import IBPModel, max_packed_nbytes
+from lmdbio.codecs.ibp.transport import compress_parts, decompress_part, fit_transport_model
 from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.io.direct import NodeCache
 from lmdbio.io.gather import (
     check_value_spans,
     copy_spans_by_batch,
@@ -33,6 +38,7 @@ from lmdbio.io.symmap import map_symmetric
 from lmdbio.kernel_args import read_only
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.snapshot import resolve_file
+from lmdbio.mpiutil import agree, sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
     IterationStats,
@@ -42,6 +48,8 @@ from lmdbio.plan.strategies import (
     strategy_class,
 )
 from lmdbio.run_plan import RunPlan
+from lmdbio.shm import BatchRing, SlotCorruptError
+from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
@@ -50,6 +58,14 @@ log = logging.getLogger(__name__)
 
 #: the page bitmap of a gather that accounts no page
 _NO_PAGES = np.zeros(1, np.uint8)
+
+
+def _lmdb_kernels() -> ModuleType:
+    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that importing the reader does not
+    load numba."""
+    from lmdbio.lmdb import kernels
+
+    return kernels
 
 
 @dataclass
@@ -98,7 +114,7 @@ class Delivered:
         mapping with one compiled copy."""
         if self.key_lengths is None:
             return np.array(self.key_offsets, np.int64), np.array(self.key_data, np.uint8)
-        from lmdbio.lmdb.kernels import gather_ranges
+        gather_ranges = _lmdb_kernels().gather_ranges
 
         starts = np.ascontiguousarray(self.key_offsets, np.int64)
         lengths = np.ascontiguousarray(self.key_lengths, np.int64)
@@ -317,8 +333,6 @@ def _host_oversubscribed(topo: Topology) -> bool:
     """Whether this host runs more ranks than it has cores for this process. Then ring
     waits must not spin (a spinning rank takes the core from the peer it waits for): they
     sleep from the first poll."""
-    import os
-
     try:
         cores = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
@@ -333,8 +347,6 @@ def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.
     :meth:`Database.inline_value_limit`: that bound stands for every value and no leaf is
     read (on such a file the leaves are the whole file, which this would otherwise read at
     every start, hidden from the page accounting, which starts after the setup)."""
-    from lmdbio.mpiutil import agree
-
     limit = db.inline_value_limit()
     if comm is not None:  # the same path on every rank (node copies could differ)
         limits = comm.allgather(limit)
@@ -495,8 +507,6 @@ class ReadSession:
             self.db.pin_snapshot(txnid=snaps[0][1] if snaps else None)
         self.node_cache = None
         if run_plan.direct_io:
-            from lmdbio.io.direct import NodeCache
-
             self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
         if run_plan.accounting or run_plan.direct_io:  # direct: walks report their pages
             self.db.accounting.enable()
@@ -580,8 +590,6 @@ class ReadSession:
 
     # ----------------------------------------------------------------- setup
     def _create_ring(self) -> None:
-        from lmdbio.shm import BatchRing
-
         topo = self.topo
         node_batch = self.run_plan.batch_size * self.node_consumers
         cap = None
@@ -615,8 +623,6 @@ class ReadSession:
                 cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot
             if self.codec_model is not None:  # raw rows plus every part's frame header
-                from lmdbio.codecs.ibp import max_packed_nbytes
-
                 per_row = cap // max(node_batch, 1)
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
@@ -651,8 +657,6 @@ class ReadSession:
         """Collective over the node: its workers wait here, sleeping
         (:func:`~lmdbio.mpiutil.sleeping_barrier`), until the reader has done its part of
         the setup (mapping, strategy, ring sizing), not in the next node collective."""
-        from lmdbio.mpiutil import sleeping_barrier
-
         sleeping_barrier(self.topo.node, self.run_plan.timeout,
                          f"node {self.topo.node_index}: waiting for {what}")
 
@@ -660,8 +664,6 @@ class ReadSession:
         """Load the compiled checksum a worker verifies slots with, while the readers set
         up (the workers would otherwise wait for them in the next collective): numba's
         first call in a process costs ~0.5 s of CPU, which then no batch pays."""
-        from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
-
         if checksum_kind(self.run_plan.checksum) == CHECKSUM_XXH64:
             from lmdbio.shm.kernels import part_hash_at
 
@@ -670,10 +672,6 @@ class ReadSession:
 
     def _share_codec_model(self) -> None:
         """The reader fits the transport model; the node's workers get it (collective)."""
-        from lmdbio.codecs.ibp import IBPModel
-        from lmdbio.codecs.ibp.transport import fit_transport_model
-        from lmdbio.mpiutil import agree
-
         if not self.shared:  # RunPlan.resolve refuses it; a plan built in code may not
             raise ConfigError("codec ibp compresses node batches: it needs a node-level "
                               "strategy (lmm, dm-serial, dm-spec, indexed)")
@@ -909,8 +907,6 @@ class ReadSession:
                         w.set_records(offsets, labels, keys=(koffs, kdata))
                         w.set_parts(sizes)
                     else:
-                        from lmdbio.codecs.ibp.transport import compress_parts
-
                         raw, _ = gather_refs(self.db, refs)
                         w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
                         w.set_parts(sizes)
@@ -949,7 +945,7 @@ class ReadSession:
         stats.bytes = refs.nbytes
         if not self.run_plan.accounting:
             return
-        from lmdbio.lmdb.kernels import account_records
+        account_records = _lmdb_kernels().account_records
 
         acc = self.db.accounting
         t = self.totals
@@ -997,8 +993,6 @@ class ReadSession:
         ids = np.where(pad, -labels - 1, labels)
         payload = view.payload
         if view.encoded:
-            from lmdbio.codecs.ibp.transport import decompress_part
-
             payload = decompress_part(self.codec_model, payload, int(view.count))
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         if view.by_reference:
@@ -1033,8 +1027,6 @@ class ReadSession:
         # length it also refuses a start past the end)
         if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
                             or bool((lengths > size - starts).any())):
-            from lmdbio.shm import SlotCorruptError
-
             view.release()
             raise SlotCorruptError(f"a {what} span lies outside the {size}-byte mapping of "
                                    f"{self.db.path}", slot=view.slot, seq=view.seq,

@@ -23,14 +23,14 @@ from typing import Any
 
 import numpy as np
 
+import lmdbio
 from lmdbio.commands import progress
+from lmdbio.io.gather import gather
+from lmdbio.lmdb.snapshot import resolve_file
 
 
 def engine_scan(path: str, batch: int) -> tuple[float, int, int]:
     """Seconds, records and bytes to gather every record in batches through the engine."""
-    import lmdbio
-    from lmdbio.io.gather import gather
-
     t0 = time.perf_counter()
     with lmdbio.open(path, pin_snapshot=False) as db:
         t = db.record_table()
@@ -49,8 +49,6 @@ def engine_scan(path: str, batch: int) -> tuple[float, int, int]:
 def pylmdb_scan(path: str, batch: int) -> tuple[float, int, int]:
     """The same with py-lmdb: cursor with buffers=True, copy each value into a batch buffer."""
     import lmdb
-
-    from lmdbio.lmdb.snapshot import resolve_file
 
     t0 = time.perf_counter()
     f = resolve_file(path)
@@ -97,9 +95,6 @@ def startup_seconds(path: str, batch: int, cache_dir: str | None) -> float:
 
 def open_first_batch_seconds(path: str, batch: int) -> float:
     """Open + first batch in this process, compiled code already loaded."""
-    import lmdbio
-    from lmdbio.io.gather import gather
-
     t0 = time.perf_counter()
     with lmdbio.open(path, pin_snapshot=False) as db:
         gather(db, range(min(batch, len(db))))

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from launch.detect import LauncherInfo, detect_launcher
 from lmdbio.errors import ConfigError, LmdbioError
+from lmdbio.mpiutil import agree, start_mpi
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
@@ -145,8 +146,6 @@ def _world_comm(comm: Any) -> Any:
     Starts MPI first (:func:`lmdbio.mpiutil.start_mpi`); ``MPI.COMM_NULL`` is refused with
     :class:`~lmdbio.errors.LmdbioError`, since no rank could take part in the collectives.
     """
-    from lmdbio.mpiutil import start_mpi
-
     MPI = start_mpi()  # mpi4py's module, under its usual name
     world = MPI.COMM_WORLD if comm is None else comm
     if world == MPI.COMM_NULL:
@@ -189,8 +188,6 @@ def _split_simulated_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, i
     window), which is checked on every rank before anyone allocates one.
     """
     from mpi4py import MPI
-
-    from lmdbio.mpiutil import agree
 
     rank = world.Get_rank()
     bounds = simulated_node_bounds(world.Get_size(), simulate_nodes)

@@ -23,8 +23,10 @@ import numpy as np
 
 from lmdbio.errors import LmdbioError
 from lmdbio.stages import StageClock
+from loaders.decode import ROW_PER_RECORD_LAYOUTS, datum_spans, uniform_datums_float32
 from loaders.metrics import LoaderMetrics, Pace
 from loaders.schedule import batch_bounds
+from loaders.transform import transform_rng
 
 log = logging.getLogger("lmdbio.loader")
 
@@ -171,8 +173,6 @@ class BatchAssembler:
     def decode_whole(self, rec: SlotRecords) -> Any:
         """Every record of a slot of several batches decoded in one call, where the
         layout has one output row per record and all decode; None otherwise."""
-        from loaders.decode import ROW_PER_RECORD_LAYOUTS
-
         if self.layout not in ROW_PER_RECORD_LAYOUTS:
             return None
         ko, kd = rec.ko, rec.kd
@@ -192,8 +192,6 @@ class BatchAssembler:
         Datums whose first is raw uint8, a CPU worker); ``None`` otherwise."""
         if not self.fuses_datums:
             return None
-        from loaders.decode import datum_spans
-
         if lengths is not None:
             got.check_value_rows(0, 1)  # the first record's header, before it is parsed
         return datum_spans(payload, offsets, lengths)
@@ -234,8 +232,6 @@ class BatchAssembler:
         t = self.transform
         assert t is not None  # only called where fuses_datums: there is a transform
         if t.is_identity:  # widened only (streaming stores for large batches)
-            from loaders.decode import uniform_datums_float32
-
             return uniform_datums_float32(payload, spans, self.alloc, header_fmt=header_fmt)
         rng = self.transform_rng(iteration, epoch)
         return t.datums(payload, spans, rng, alloc=self.alloc, header_fmt=header_fmt)
@@ -298,8 +294,6 @@ class BatchAssembler:
         assert t is not None  # called only when the job has a transform
         if not (t.mirror or (t.crop_size and t.phase == "train")):
             return None
-        from loaders.transform import transform_rng
-
         return transform_rng(self.seed, epoch, iteration, self.rank)
 
     def transform_host(self, data: np.ndarray, iteration: int, epoch: int) -> np.ndarray:

@@ -28,6 +28,9 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.mpiutil import abort_on_error, start_mpi
+from loaders import open as open_loader
+
 
 def softmax_loss(logits: np.ndarray, labels: np.ndarray, mask: np.ndarray
                  ) -> tuple[float, np.ndarray]:
@@ -92,12 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     """Train on every rank of the job; world rank 0 prints (and writes) the summary."""
     args = parse_args(argv)
 
-    from lmdbio.mpiutil import start_mpi
-
     start_mpi()
-
-    from lmdbio.mpiutil import abort_on_error
-    from loaders import open as open_loader
 
     with abort_on_error(), open_loader(args.config, args.overrides) as loader:
         rank0 = loader.is_worker and loader.comm.Get_rank() == 0

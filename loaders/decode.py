@@ -8,17 +8,22 @@ decode under a ``skip``/``substitute`` policy (with ``raise`` the first failure 
 Each layout names its decoder factory in the registry :data:`lmdbio.layouts.LAYOUTS`
 (``caffe_datum_decoder`` ...); :func:`make_decoder` looks it up. A factory is called as
 ``factory(cfg, scan_groups=..., float32=..., alloc=...)`` and ignores what it does not use.
+A layout's codec is imported when its decoder is made, and the numba kernels on first use,
+so that ``import loaders`` loads neither.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from lmdbio.errors import ConfigError, RecordError
+from lmdbio.codecs.record_batch import as_spans, as_u8, key_of
+from lmdbio.errors import ConfigError, LmdbioError, RecordError
 from lmdbio.layouts import LAYOUTS, get_layout, layout_names
+from loaders.transform import RaggedImages
 
 #: layouts whose decoders give one output row per record, in record order: the loader may
 #: decode the records of several batches in one call and split the rows (PCR, IBP and TOC
@@ -30,6 +35,22 @@ Allocator = Callable[[tuple[int, ...], Any], np.ndarray]
 #: ``decode(payload, offsets, keys, lengths=None)``: ``offsets`` are the ``N + 1`` record
 #: bounds in ``payload``, or with ``lengths`` (by-reference slots) the ``N`` record starts
 Decoder = Callable[..., tuple[Any, np.ndarray, np.ndarray, list[RecordError]]]
+
+
+def _datum_kernels() -> ModuleType:
+    """:mod:`lmdbio.codecs.datum.kernels`, imported on first use so that ``import loaders``
+    does not load numba."""
+    from lmdbio.codecs.datum import kernels
+
+    return kernels
+
+
+def _loaders_kernels() -> ModuleType:
+    """:mod:`loaders.kernels`, imported on first use so that ``import loaders`` does not load
+    numba."""
+    from loaders import kernels
+
+    return kernels
 
 
 def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
@@ -130,8 +151,6 @@ def check_crop_size(cfg: Any) -> None:
     """Refuse, when the job opens, a ``transform.crop_size`` larger than the smallest image
     of a data set converted with images of several sizes (its ``lmdbio.json`` names that
     image): Caffe would stop at that image, maybe hours into the run."""
-    from lmdbio.errors import LmdbioError
-
     crop, _ = _image_rules(cfg)
     if not crop:
         return
@@ -164,9 +183,6 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
     :func:`~lmdbio.codecs.datum.decode_datum_batch`. Raw uint8 records are gathered in one
     compiled pass; encoded, float_data and damaged ones are decoded one by one."""
     from lmdbio.codecs.datum import parse_datum_headers
-    from lmdbio.codecs.record_batch import as_spans, as_u8
-    from loaders.transform import RaggedImages
-
     u8 = as_u8(payload)
     off, ln = as_spans(offsets, lengths)
     n = off.shape[0]
@@ -197,8 +213,6 @@ def _decode_misfits(u8: np.ndarray, off: np.ndarray, ln: np.ndarray, keys: Any,
     """Decode the records the compiled gather cannot take (encoded, float_data or damaged)
     one by one: ``(images, bad)`` by batch index; ``shapes`` gets the decoded images'."""
     from lmdbio.codecs.datum import decode_datum_batch
-    from lmdbio.codecs.record_batch import key_of
-
     images: dict[int, np.ndarray] = {}
     bad: dict[int, RecordError] = {}
     for i in np.flatnonzero(~fits).tolist():
@@ -216,8 +230,6 @@ def _raise_first_refused(shapes: np.ndarray, good: np.ndarray, bad: dict[int, Re
                          keys: Any, crop: int, mean_file: bool, errors: str) -> None:
     """Raise for the first record, in batch order, that Caffe would refuse (:func:`_size_rule`,
     whatever ``errors`` says) or, with ``errors="raise"``, that is damaged."""
-    from lmdbio.codecs.record_batch import key_of
-
     n = shapes.shape[0]
 
     def name(i: int) -> str:
@@ -238,7 +250,7 @@ def _pack_pixels(u8: np.ndarray, h: Any, raw: np.ndarray, images: dict[int, np.n
     """``(pixels, starts)``: every record's pixels end to end (uint8, or float32 when a
     decoded image is), the ``raw`` uint8 records gathered in one compiled pass where the
     output is uint8; records in neither ``raw`` nor ``images`` stay zero."""
-    from loaders.kernels import gather_pixels
+    gather_pixels = _loaders_kernels().gather_pixels
 
     n = out_shapes.shape[0]
     sizes = out_shapes.prod(axis=1)
@@ -303,7 +315,7 @@ def datum_spans(payload: np.ndarray, offsets: np.ndarray,
     and explains those). ``offsets`` are the ``N + 1`` record bounds in ``payload``, or with
     ``lengths`` the ``N`` record starts (records anywhere in ``payload``, e.g. spans of the
     database mapping). Only the first record is parsed here."""
-    from lmdbio.codecs.datum import kernels as k
+    k = _datum_kernels()
 
     if lengths is None:
         bounds = np.ascontiguousarray(offsets, np.int64)
@@ -345,8 +357,8 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     whose overflow page headers are still to be checked: a bad one gives ``None`` too (the
     caller's exact check then names the page).
     """
-    from lmdbio.codecs.datum import kernels as k
-    from loaders.kernels import widen_datums
+    k = _datum_kernels()
+    widen_datums = _loaders_kernels().widen_datums
 
     spans = offsets if isinstance(offsets, DatumSpans) else \
         datum_spans(payload, offsets, lengths)
@@ -472,8 +484,6 @@ def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decode
     """PCR records, a group of images each, read to ``scan_groups`` scan groups (None:
     the job's ``dataset.scan_groups``; every group where that is null too)."""
     from lmdbio.codecs.pcr import decode_pcr_value
-    from loaders.transform import RaggedImages
-
     k = scan_groups if scan_groups is not None else cfg.dataset.scan_groups
     k = 1 << 30 if k is None else k  # None: every scan group
     meta = dataset_meta(cfg)
@@ -525,8 +535,6 @@ def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decode
 
 
 def _key(keys: Any, i: int) -> bytes:
-    from lmdbio.codecs.record_batch import key_of
-
     return key_of(keys, i)
 
 

@@ -12,6 +12,8 @@ batches ahead. Every worker gets the same number of batches per epoch.
 thread while the trainer works (:mod:`loaders.prefetch`), the batch assembler
 (:mod:`loaders.assemble`) and the metrics (:mod:`loaders.metrics`), all reading the run
 plan the configuration resolves into (:meth:`lmdbio.run_plan.RunPlan.resolve`).
+The job configuration, the run plan and the read session (MPI topology, strategies) are
+imported when a loader is opened, so that ``import loaders`` stays light.
 """
 
 from __future__ import annotations
@@ -27,9 +29,12 @@ from lmdbio.stages import StageClock
 from loaders import options
 from loaders.assemble import Batch, BatchAssembler
 from loaders.buffer_pool import BufferPool
+from loaders.decode import make_decoder
+from loaders.device_feed import DeviceFeed
 from loaders.metrics import LoaderMetrics, Pace
 from loaders.prefetch import Prefetcher
 from loaders.schedule import EpochSchedule, EpochSlots, check_resumable, epoch_length
+from loaders.transform import DataTransformer
 
 #: host arrays a CPU worker keeps for reuse: the slot being delivered, the one decoded
 #: ahead, and room for a trainer that holds a batch a little longer
@@ -44,9 +49,6 @@ class Loader:
         from lmdbio.reader import ReadSession
         from lmdbio.run_plan import RunPlan
         from lmdbio.topology import Topology
-        from loaders.decode import make_decoder
-        from loaders.transform import DataTransformer
-
         self.cfg = cfg
         self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
                                    readers_per_node=cfg.readers.per_node,
@@ -64,8 +66,6 @@ class Loader:
         #: a GPU worker's pinned staging ring and copy stream (loaders.device_feed)
         self.feed: Any = None
         if self.xp is not np:
-            from loaders.device_feed import DeviceFeed
-
             self.feed = DeviceFeed(self.xp)
         #: decoded slots and transformed batches land in reused host memory (see
         #: loaders.buffer_pool: fresh arrays cost a kernel page-zeroing pass each)
@@ -159,8 +159,6 @@ class Loader:
         """PCR: read scan groups 1..k of every record from now on (None: all). Call it on
         every rank, between epochs, like :meth:`set_epoch`: readers then read only each
         value's prefix for that fidelity."""
-        from loaders.decode import make_decoder
-
         self.scan_groups = k
         self.session.value_prefix = self._scan_group_prefix(k)
         self.assembler.decode = make_decoder(self.cfg, scan_groups=k)

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
+
 
 def to_torch(array: Any) -> Any:
     """A torch tensor sharing ``array``'s memory (DLPack), for numpy and cupy arrays."""
@@ -23,8 +25,6 @@ def to_torch(array: Any) -> Any:
             return torch.from_dlpack(array)
         except (BufferError, RuntimeError, TypeError):
             pass  # read-only or non-contiguous: copy below
-    import numpy as np
-
     return torch.as_tensor(np.array(array))
 
 

@@ -39,8 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio import datasets
 from lmdbio.commands import progress
 from lmdbio.commands.argtypes import positive_int
+from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.plan.strategies import STRATEGIES
+from lmdbio.scan_compare import run as scan
 
 #: where ``make run`` (and ``lmdbio demo`` from the project root) writes the data set;
 #: configs/quickstart.yaml reads it from there
@@ -85,8 +89,6 @@ def dataset_path(workdir: str | Path) -> Path:
 def is_current(db: Path) -> bool:
     """Whether ``db`` holds the data this demo makes (not missing, not the one an earlier
     version wrote there: scikit-learn's 1,797 8x8 digits), judged by its lmdbio.json."""
-    from lmdbio.convert.writer import read_dataset_meta
-
     if not (db / "data.mdb").exists():
         return False
     try:
@@ -98,8 +100,6 @@ def is_current(db: Path) -> bool:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from lmdbio.plan.strategies import STRATEGIES
-
     parser.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
                         help="where the data set is written (default: %(default)s, which "
                         "configs/quickstart.yaml reads)")
@@ -137,9 +137,7 @@ def _shifted(images: np.ndarray, dy: int, dx: int) -> np.ndarray:
 
 def make_arrays(path: Path) -> dict[str, Any]:
     """Write the demo's digits (see the module's doc) to ``path`` (.npz: X, y)."""
-    from lmdbio.datasets import load_dataset
-
-    ds = load_dataset(SOURCE)
+    ds = datasets.load_dataset(SOURCE)
     X = np.concatenate([_shifted(ds.data, dy, dx) for dy, dx in SHIFTS])
     y = np.tile(np.asarray(ds.labels, np.int64), len(SHIFTS))
     order = np.random.default_rng(0).permutation(len(y))
@@ -267,8 +265,6 @@ def _show_inspection(db: Path) -> None:
 
 def _show_scan(db: Path) -> None:
     """Step 3: every record read by lmdbio's engine and by a py-lmdb cursor, same run."""
-    from lmdbio.scan_compare import run as scan
-
     _step("3. lmdbio bench scan: reading every record, lmdbio's engine vs a py-lmdb cursor")
     r = scan(str(db), batch=256, repeat=3)
     print(f"lmdbio engine {r['engine']['records_per_second']:,.0f} records/s, py-lmdb "

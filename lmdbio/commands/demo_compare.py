@@ -16,9 +16,15 @@ else runs.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
+
+from lmdbio import pylmdb_per_rank
+from lmdbio.cli import main as lmdbio
+from lmdbio.config import load_config
+from lmdbio.mpiutil import start_mpi
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,11 +36,6 @@ def main(argv: list[str] | None = None) -> int:
                         metavar="KEY.PATH=VALUE", help="override a configuration value")
     parser.add_argument("--repeat", type=int, default=2, help="repeats of each (default 2)")
     args = parser.parse_args(argv)
-
-    from lmdbio import pylmdb_per_rank
-    from lmdbio.cli import main as lmdbio
-    from lmdbio.config import load_config
-    from lmdbio.mpiutil import start_mpi
 
     world = start_mpi().COMM_WORLD
     cfg = load_config(args.config, args.overrides)
@@ -58,8 +59,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _read_totals(path: Path) -> dict:
-    import json
-
     for _ in range(100):  # the file system of one host: there at once, but be kind
         try:
             return json.loads(path.read_text())["totals"]

@@ -28,16 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.mpiutil import abort_on_error, start_mpi
+from loaders import open as open_loader
+from loaders.caffe_trainer import softmax_loss
+
 
 def main(argv: list[str] | None = None) -> int:
     """Train through the loader on every rank; world rank 0 reports the figures."""
     args = parse_args(argv)
 
-    from lmdbio.mpiutil import abort_on_error, start_mpi
-
     start_mpi()
-
-    from loaders import open as open_loader
 
     with abort_on_error(), open_loader(args.config, args.overrides) as loader:
         opened = time.perf_counter()
@@ -119,8 +119,6 @@ def gradients(params: list[np.ndarray], x: np.ndarray, y: np.ndarray,
               mask: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
     """``(loss, grad0, grad1)``: the masked softmax loss of the batch and its gradients
     with respect to both weight matrices (padding records have ``mask`` 0)."""
-    from loaders.caffe_trainer import softmax_loss
-
     hidden = np.maximum(x @ params[0], 0)
     loss, g = softmax_loss(hidden @ params[1], y, mask)
     g1 = hidden.T @ g

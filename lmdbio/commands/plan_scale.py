@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 
 from lmdbio.commands.argtypes import non_negative_int, output_file, positive_int
+from lmdbio.errors import ConfigError
+from lmdbio.plan.strategies import STRATEGIES
 
 #: the default cost file, next to the package in a checkout
 DEFAULT_FS = Path(__file__).resolve().parents[1] / "scale" / "lustre.yaml"
@@ -35,8 +37,6 @@ lmdbio plan-scale DB --ranks 16 --nodes 4 --fs my-filesystem.yaml"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from lmdbio.plan.strategies import STRATEGIES
-
     parser.add_argument("path", help="LMDB directory or data.mdb")
     parser.add_argument("--ranks", type=positive_int, required=True, metavar="R",
                         help="ranks of the job")
@@ -64,7 +64,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    from lmdbio.errors import ConfigError
     from lmdbio.scale.costs import Costs, load_costs
     from lmdbio.scale.project import ALL_STRATEGIES, Job, project
 

@@ -32,14 +32,20 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
+import resource
 import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import lmdbio.config
 from lmdbio.commands import progress
 from lmdbio.commands.argtypes import non_negative_float, non_negative_int, output_file
+from lmdbio.mpiutil import fail_together, quiet_cleanup_warnings
+from lmdbio.plan.epoch import job_epochs
+from lmdbio.stages import READER_STAGES, WORKER_STAGES, merged, per_sample
 
 DESCRIPTION = """\
 Run a data-loading job described by a YAML file (docs/configuration.md lists every key)
@@ -65,8 +71,6 @@ mpiexec -n 8 lmdbio run JOB.yaml --record-log logs/"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from lmdbio.config import SlotChecksum
-
     parser.add_argument("config", help="YAML job configuration")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY.PATH=VALUE",
@@ -82,8 +86,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="workers sleep S seconds per batch to simulate the trainer's "
                         "compute; the stall fraction is the share of time spent waiting for "
                         "data")
-    parser.add_argument("--slot-checksum", choices=list(typing.get_args(SlotChecksum)),
-                        default=None,
+    parser.add_argument("--slot-checksum",
+                        choices=list(typing.get_args(lmdbio.config.SlotChecksum)), default=None,
                         help="checksum of each worker's part of a node batch in shared memory "
                         "(overrides readers.checksum, default xxh64; none where the batch path "
                         "is trusted)")
@@ -103,8 +107,6 @@ def process_age() -> float | None:
     Lets the startup cost (interpreter, imports, compiled-kernel cache loads) be reported
     apart from the data path.
     """
-    import os
-
     try:
         with open("/proc/self/stat") as f:
             fields = f.read().rpartition(")")[2].split()
@@ -118,8 +120,6 @@ def process_age() -> float | None:
 
 def minor_page_faults() -> int:
     """Minor page faults of this process so far (mapping pages: a cost of fresh memory)."""
-    import resource
-
     return int(resource.getrusage(resource.RUSAGE_SELF).ru_minflt)
 
 
@@ -255,8 +255,6 @@ def stages_by_role(summaries: list[dict[str, Any]], samples: int
     """The job's CPU and idle microseconds per delivered sample, by role (``reader``: every
     rank's reader stages, dedicated or colocated; ``worker``: every worker's) and stage;
     empty when no rank timed its stages."""
-    from lmdbio.stages import READER_STAGES, WORKER_STAGES, merged, per_sample
-
     parts = [s.get("stages") or {} for s in summaries]
     out = {}
     for role, names in (("reader", READER_STAGES), ("worker", WORKER_STAGES)):
@@ -323,8 +321,6 @@ class _Bar:
 def delivery_bar(loader: Any, show: bool) -> _Bar:
     """The bar of :func:`main`'s loop: total = the job's iterations (every epoch, cut at
     ``max_iterations``) x batch size x workers; a disabled one on every other rank."""
-    from lmdbio.plan.epoch import job_epochs
-
     here = show and loader.is_worker and loader.topo.worker_rank == 0
     workers = max(int(getattr(loader.session, "consumers", 1) or 1), 1)
     total, last = None, loader.cfg.epochs
@@ -340,8 +336,6 @@ def delivery_bar(loader: Any, show: bool) -> _Bar:
 @contextlib.contextmanager
 def _quiet_on_error() -> Iterator[None]:
     """Silence lmdbio's cleanup warnings once the block raised (the error is reported)."""
-    from lmdbio.mpiutil import quiet_cleanup_warnings
-
     try:
         yield
     except BaseException:
@@ -352,7 +346,6 @@ def _quiet_on_error() -> Iterator[None]:
 def main(args: argparse.Namespace) -> int:
     """``lmdbio run``: open the loader, deliver every batch of the job (optionally logging
     them and sleeping a training step each), then rank 0 reports the job's figures."""
-    from lmdbio.mpiutil import fail_together
     from loaders import open as open_loader
 
     step = float(getattr(args, "step_seconds", 0.0) or 0.0)

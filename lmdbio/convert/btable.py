@@ -21,7 +21,7 @@ from typing import Any
 
 from lmdbio.codecs import btable
 from lmdbio.commands import progress
-from lmdbio.convert.writer import write_records
+from lmdbio.convert.writer import write_dataset_meta, write_records
 from lmdbio.errors import LmdbioError
 
 RECORD_FORMAT = "sparse-row-v1"
@@ -67,8 +67,6 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     summary = write_records(dst, records(), meta=None, total=total,
                             format_version=getattr(args, "format_version", 1),
                             overwrite=getattr(args, "overwrite", False))
-    from lmdbio.convert.writer import write_dataset_meta
-
     write_dataset_meta(dst, {**meta, "rows": counts["rows"], "nnz": counts["nnz"],
                              "records": summary["records"],
                              "format_version": getattr(args, "format_version", 1)})

@@ -42,6 +42,7 @@ import io
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -52,6 +53,14 @@ from lmdbio.convert.writer import write_dataset_meta, write_records
 from lmdbio.errors import LmdbioError
 
 _SUFFIXES = {"jpg": (".jpg", ".jpeg"), "png": (".png",)}
+
+
+def _pil_image() -> ModuleType:
+    """Pillow's ``PIL.Image``, imported on first use (Pillow is optional: the ``images``
+    extra)."""
+    from PIL import Image
+
+    return Image
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -79,7 +88,7 @@ def _to_chw(sample: Sample, arr: np.ndarray, bgr: bool) -> np.ndarray:
 
 
 def _encode_image(sample: Sample, arr: np.ndarray, fmt: str, args: argparse.Namespace) -> bytes:
-    from PIL import Image
+    Image = _pil_image()
 
     f = sample.file
     if (f is not None and f.suffix.lower() in _SUFFIXES[fmt] and not getattr(args, "resize", None)
@@ -109,7 +118,7 @@ def _encode_image(sample: Sample, arr: np.ndarray, fmt: str, args: argparse.Name
 def _has_channels(path: Any, arr: np.ndarray) -> bool:
     """Whether the image file decodes (as the Datum decoder decodes it) to the channels of
     ``arr``, the pixels read for the conversion (grey with ``--gray``, else colour)."""
-    from PIL import Image
+    Image = _pil_image()
 
     with Image.open(path) as im:
         if im.mode.startswith(("I", "F")):
@@ -121,7 +130,7 @@ def _has_channels(path: Any, arr: np.ndarray) -> bool:
 
 def _decoded_shape(image: bytes) -> tuple[int, int, int]:
     """(C, H, W) the Datum decoder (and Caffe's OpenCV) gives for an encoded image."""
-    from PIL import Image
+    Image = _pil_image()
 
     with Image.open(io.BytesIO(image)) as im:
         channels = 1 if im.mode in ("1", "L", "LA") else 3

@@ -35,6 +35,10 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs import ibp
+from lmdbio.codecs.ibp import IBPModel
+from lmdbio.codecs.ibp.packed import IBPPacked
+from lmdbio.convert.writer import read_dataset_meta, write_dataset_meta, write_records
 from lmdbio.errors import CodecError, LmdbioError
 
 RECORD_MAGIC = b"IBPR"
@@ -162,8 +166,6 @@ def decode_record(value: Any, model: Any, xp: Any = np,
                   method: str = "auto") -> tuple[Any, Any]:
     """(rows, labels) of one record, decoded on ``xp``'s device (labels as ``xp`` array or
     None). ``value`` may be bytes or a memoryview into the LMDB map (not copied)."""
-    from lmdbio.codecs.ibp.packed import IBPPacked
-
     buf = np.frombuffer(value, np.uint8)
     if buf.nbytes < RECORD_HEAD.size:
         raise CodecError(f"IBP record: {buf.nbytes} bytes is too short")
@@ -202,9 +204,6 @@ def decode_record(value: Any, model: Any, xp: Any = np,
 
 def load_model(path: str | os.PathLike) -> Any:
     """The :class:`~lmdbio.codecs.ibp.IBPModel` stored with the IBP dataset at ``path``."""
-    from lmdbio.codecs.ibp import IBPModel
-    from lmdbio.convert.writer import read_dataset_meta
-
     meta = read_dataset_meta(path)
     if meta.get("layout") != "ibp" or "ibp" not in meta:
         raise LmdbioError(f"{path}: not an IBP dataset (no ibp model in its lmdbio.json)")
@@ -233,8 +232,6 @@ def iter_records(path: str | os.PathLike) -> Iterator[tuple[bytes, bytes]]:
 
 def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
     """Fit, pack and write; return a summary (ratio counts what the records store)."""
-    from lmdbio.convert.writer import write_dataset_meta, write_records
-
     rows, labels, description = checked_rows(src, args)
     per = int(args.rows_per_record)
     if per < 1:
@@ -289,8 +286,6 @@ def checked_rows(src: str, args: argparse.Namespace
 
 def fit_model(rows: np.ndarray, args: argparse.Namespace) -> Any:
     """The IBP model of ``rows``: one fit, or ``--clusters`` of them."""
-    from lmdbio.codecs import ibp
-
     chunk = int(args.chunk_bytes)
     clusters = int(getattr(args, "clusters", 1) or 1)
     if clusters > 1:

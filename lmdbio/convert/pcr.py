@@ -40,6 +40,8 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs import pcr
+from lmdbio.codecs.pcr import progressive_tensor
+from lmdbio.convert.sources import check_image_sizes, decoded_channels
 from lmdbio.convert.writer import write_dataset_meta, write_records
 from lmdbio.errors import CodecError, LmdbioError
 
@@ -219,8 +221,6 @@ class _Shapes:
     def add(self, key: bytes, jpeg: bytes) -> None:
         from PIL import Image
 
-        from lmdbio.convert.sources import decoded_channels
-
         with Image.open(io.BytesIO(jpeg)) as im:
             h, w = int(im.height), int(im.width)
             c = {"RGB": 3, "L": 1}.get(self.mode or "", decoded_channels(im.mode))
@@ -267,8 +267,6 @@ def _resized(data: bytes | np.ndarray, size: tuple[int, int], mode: str | None,
         im.load()
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise CodecError(f"not an image Pillow can read: {exc}") from exc
-    from lmdbio.convert.sources import decoded_channels
-
     want = mode or ("L" if decoded_channels(im.mode) == 1 else "RGB")
     if im.mode != want:
         im = im.convert(want)
@@ -294,8 +292,6 @@ def convert(src: str, dst: str, args: argparse.Namespace) -> dict[str, Any]:
         order = np.random.default_rng(args.shuffle_seed).permutation(len(source.entries))
         source.entries = [source.entries[i] for i in order]
     if source.kind == "image-folder":  # every image measured before anything is written
-        from lmdbio.convert.sources import check_image_sizes
-
         check_image_sizes(srcp, [(e[0].decode(), e[1][1]) for e in source.entries],
                           resized=opts.resize is not None, keep_option="--keep-sizes",
                           keep=opts.keep,
@@ -482,8 +478,6 @@ def _write_new(dst: str, records: Iterator[tuple[bytes, bytes]], total: int,
 
 
 def _convert_tensor(src: Path, dst: str, args: argparse.Namespace, group: int) -> dict[str, Any]:
-    from lmdbio.codecs.pcr import progressive_tensor
-
     x = np.load(src, mmap_mode="r")
     if x.ndim < 1 or x.shape[0] == 0:
         raise LmdbioError(f"{src}: need a non-empty array with items on axis 0")

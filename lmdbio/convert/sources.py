@@ -18,14 +18,24 @@ import argparse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
 
+from lmdbio import datasets
 from lmdbio.errors import LmdbioError
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",
                   ".pgm", ".pnm")
+
+
+def _pil_image() -> ModuleType:
+    """Pillow's ``PIL.Image``, imported on first use (Pillow is optional: the ``images``
+    extra)."""
+    from PIL import Image
+
+    return Image
 
 
 @dataclass
@@ -77,12 +87,12 @@ def add_source_arguments(parser: argparse.ArgumentParser) -> None:
 
 def image_header(path: Path) -> tuple[int, int, str]:
     """``(height, width, mode)`` of an image file, from its header (no pixels decoded)."""
-    from PIL import Image, UnidentifiedImageError
+    Image = _pil_image()
 
     try:
         with Image.open(path) as im:
             return int(im.height), int(im.width), str(im.mode)
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (Image.UnidentifiedImageError, OSError, ValueError) as exc:
         raise LmdbioError(f"{path}: cannot read image ({exc})") from None
 
 
@@ -151,7 +161,7 @@ def check_image_sizes(root: Path, entries: list[tuple[str, Path]], *, resized: b
 
 
 def _read_image_file(path: Path, gray: bool, resize: tuple[int, int] | None) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+    Image = _pil_image()
 
     try:
         with Image.open(path) as im:
@@ -159,7 +169,7 @@ def _read_image_file(path: Path, gray: bool, resize: tuple[int, int] | None) -> 
             if resize is not None:
                 im = im.resize((resize[1], resize[0]), Image.BILINEAR)
             return np.asarray(im)
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (Image.UnidentifiedImageError, OSError, ValueError) as exc:
         raise LmdbioError(f"{path}: cannot read image ({exc})") from None
 
 
@@ -233,9 +243,7 @@ def _array_source(path: Path, args: argparse.Namespace) -> Source:
 
 
 def _dataset_source(name: str) -> Source:
-    from lmdbio.datasets import load_dataset
-
-    ds = load_dataset(name)
+    ds = datasets.load_dataset(name)
     data = ds.data
     samples = []
     for i in range(len(ds)):
@@ -249,10 +257,8 @@ def _dataset_source(name: str) -> Source:
 
 def open_source(src: str, args: argparse.Namespace) -> Source:
     """Resolve ``src`` (data set name, folder, .npy/.npz) and apply --shuffle / --limit."""
-    from lmdbio.datasets import is_dataset_name
-
     p = Path(src)
-    if is_dataset_name(src):
+    if datasets.is_dataset_name(src):
         source = _dataset_source(src)
     elif p.is_dir():
         source = _folder_source(p, args)

@@ -28,6 +28,7 @@ classes and sizes.
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import time
 from collections.abc import Iterator
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs.toc import BATCH_MAGIC, decode_batch_value, encode_batch_value
-from lmdbio.convert.writer import read_dataset_meta, write_records
+from lmdbio.convert.writer import read_dataset_meta, write_dataset_meta, write_records
 from lmdbio.errors import LmdbioError
 
 __all__ = [
@@ -157,8 +158,6 @@ def _table_meta(src: str, X: Any, y: np.ndarray | None, batch_size: int,
 def _add_sizes_meta(dst: str | os.PathLike, value_bytes: int, dense_bytes: int) -> None:
     """Add the value bytes and the ratio to dense storage to the sidecar: they are known
     only once every batch is encoded."""
-    from lmdbio.convert.writer import write_dataset_meta
-
     full = read_dataset_meta(dst)
     full["value_bytes"] = value_bytes
     full["ratio_vs_dense"] = dense_bytes / max(1, value_bytes)
@@ -292,8 +291,6 @@ def _is_number(token: str) -> bool:
 
 def _load_csv(path: Path, ext: str, label_column: Any, delimiter: str | None
               ) -> tuple[Any, np.ndarray | None, dict[str, Any]]:
-    import gzip
-
     delim = delimiter or ("\t" if ext == ".tsv" else ",")
     opener = gzip.open if path.suffix.lower() == ".gz" else open
     with opener(path, "rt") as f:

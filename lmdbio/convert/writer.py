@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from lmdbio.commands import progress
 from lmdbio.errors import LmdbioError
 
 META_FILE = "lmdbio.json"
@@ -91,8 +92,6 @@ def write_records(
     Keys need not arrive sorted, but sorted keys give the file order that readers prefer.
     ``total``: the number of records coming, for the progress bar (see the module's doc).
     """
-    from lmdbio.commands import progress
-
     if format_version not in (1, 3):
         raise LmdbioError(f"format_version must be 1 or 3, not {format_version}")
     d = prepare_destination(dst, overwrite)

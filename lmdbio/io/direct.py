@@ -56,6 +56,7 @@ import numpy as np
 
 from lmdbio.errors import LmdbioError
 from lmdbio.io.prefetch import open_direct
+from lmdbio.mpiutil import agree
 
 _ALIGN = 4096
 
@@ -95,8 +96,6 @@ class NodeCache:
 
     def __init__(self, node: Any, path: str | os.PathLike[str], psize: int) -> None:
         from mpi4py import MPI
-
-        from lmdbio.mpiutil import agree
 
         self.path = str(path)
         self.psize = int(psize)

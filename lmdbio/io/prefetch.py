@@ -32,6 +32,7 @@ import mmap as _mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
@@ -73,6 +74,14 @@ MADV_DONTNEED: int = getattr(_mmap, "MADV_DONTNEED", 4)
 PathOrMapping = Mapping | str | os.PathLike
 
 
+def _io_kernels() -> ModuleType:
+    """:mod:`lmdbio.io.kernels`, imported on first use so that ``import lmdbio`` does not load
+    numba."""
+    from lmdbio.io import kernels
+
+    return kernels
+
+
 def _as_array(target: Mapping | np.ndarray) -> np.ndarray:
     if isinstance(target, Mapping):
         return target.array
@@ -101,7 +110,7 @@ def _byte_range(total: int, offset: int, length: int | None, what: str) -> tuple
 def touch(target: Mapping | np.ndarray, offset: int = 0, length: int | None = None) -> int:
     """Fault in every OS page of ``[offset, offset+length)``; returns a checksum of the bytes
     read (one per page), meaningless except that computing it forces the reads."""
-    from lmdbio.io.kernels import touch_range
+    touch_range = _io_kernels().touch_range
 
     arr = _as_array(target)
     start, stop = _byte_range(arr.shape[0], offset, length, "touch")
@@ -128,7 +137,7 @@ def touch_page_ranges(
     All ranges are validated up front (whole-array checks) and a bad one raises
     :class:`~lmdbio.errors.LmdbioError` naming it, before anything is read.
     """
-    from lmdbio.io.kernels import touch_ranges
+    touch_ranges = _io_kernels().touch_ranges
 
     arr = _as_array(target)
     s, c = _checked_page_ranges("touch_page_ranges", arr.shape[0], starts, counts, page_size)
@@ -320,7 +329,7 @@ def pages_resident(
     s, c = _checked_page_ranges("pages_resident", arr.shape[0], starts, counts, page_size)
     base = arr.ctypes.data
     if samples is not None:
-        from lmdbio.io.kernels import sample_resident
+        sample_resident = _io_kernels().sample_resident
 
         return sample_resident(base, s, c, page_size, OS_PAGE_SIZE, max(int(samples), 1)) > 0
     keep = c > 0

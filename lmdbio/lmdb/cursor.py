@@ -13,6 +13,8 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from lmdbio.errors import LmdbFormatError, LmdbioError
 
 if TYPE_CHECKING:
@@ -223,8 +225,6 @@ class Cursor:
 
     def seek_index(self, index: int) -> bool:
         """Move to record number ``index`` in key order (uses the leaf directory)."""
-        import numpy as np
-
         n = len(self.db)
         if not 0 <= index < n:
             self.stack, self.initialized, self.eof = [], True, True
@@ -260,8 +260,6 @@ class Cursor:
 
     def index(self) -> int:
         """Record number of the cursor's position (uses the leaf directory)."""
-        import numpy as np
-
         pg, slot = self._require()
         leaves = self.db.leaves()
         where = np.flatnonzero(leaves == pg)

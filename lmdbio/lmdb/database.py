@@ -19,14 +19,18 @@ import mmap
 import os
 import weakref
 from collections.abc import Iterator
+from types import ModuleType
 from typing import Any, NoReturn
 
 import numpy as np
 
 from lmdbio.errors import LmdbFormatError, LmdbioError
+from lmdbio.io import libc
 from lmdbio.io.accounting import PageAccounting
+from lmdbio.io.prefetch import MADV_RANDOM
 from lmdbio.kernel_args import read_only
 from lmdbio.lmdb import format as fmt_mod
+from lmdbio.lmdb.cursor import Cursor
 from lmdbio.lmdb.format import MDB_DUPSORT, DbRecord, PageLayout
 from lmdbio.lmdb.pin import SnapshotPin
 from lmdbio.lmdb.records import RecordRefs, RecordTable, record_indices
@@ -37,6 +41,14 @@ from lmdbio.lmdb.snapshot import (
     resolve_file,
 )
 from lmdbio.lmdb.subdb import list_subdb_names, resolve_tree
+
+
+def _lmdb_kernels() -> ModuleType:
+    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that ``import lmdbio`` does not
+    load numba."""
+    from lmdbio.lmdb import kernels
+
+    return kernels
 
 
 class Database:
@@ -145,9 +157,6 @@ class Database:
         just their page, LMDB's ``MDB_NORDAHEAD``; ``MADV_NORMAL`` / ``MADV_SEQUENTIAL``:
         the kernel reads around them) and record whether faults now read around
         (:attr:`read_around`). Raises ``OSError`` if the kernel refuses."""
-        from lmdbio.io import libc
-        from lmdbio.io.prefetch import MADV_RANDOM
-
         if self.buf.shape[0]:
             libc.madvise(self.buf.ctypes.data, self.buf.shape[0], advice)
         self.read_around = advice != MADV_RANDOM
@@ -182,12 +191,10 @@ class Database:
     def raise_format_error(self, code: int, page: int) -> NoReturn:
         """Raise :class:`~lmdbio.errors.LmdbFormatError` for error ``code`` of a compiled
         kernel (:mod:`lmdbio.lmdb.kernels`) at page ``page`` of this file."""
-        from lmdbio.lmdb.kernels import error_message
-
-        raise LmdbFormatError(self.path, error_message(code), page=int(page))
+        raise LmdbFormatError(self.path, _lmdb_kernels().error_message(code), page=int(page))
 
     def _walk(self, db: DbRecord) -> tuple[np.ndarray, int]:
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         leaves = np.empty(self.meta.last_pg + 1, np.int64)
         code, page, nleaves, nbranches = k.walk_tree(
@@ -203,7 +210,7 @@ class Database:
         database) over its leaf pages ``leaves`` (default: all, from a walk of the tree),
         ``nrecords`` records (default: counted from the leaf headers). Reads those leaf
         pages (marked in the accounting); not cached (:meth:`record_table` caches)."""
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         if leaves is None:
             leaves, _ = self._walk(db)
@@ -254,7 +261,7 @@ class Database:
     def page_entries(self, pg: int) -> int:
         """The number of nodes on branch or leaf page ``pg`` (records on a leaf). Reads that
         page's header only, unaccounted, as :meth:`branch_children`."""
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         self.check_open()
         code, n = k.check_page(self.buf, self.fmt, int(pg), self.meta.last_pg)
@@ -265,7 +272,7 @@ class Database:
     def branch_children(self, pg: int) -> np.ndarray:
         """Child page numbers of branch page ``pg``, in key order. Reads that page only (and
         does not mark it in the accounting: callers ask about pages a walk already read)."""
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         self.check_open()
         out = np.empty(self.psize // 2, np.int64)
@@ -285,7 +292,7 @@ class Database:
         :class:`~lmdbio.errors.LmdbFormatError` for a page named twice (a cycle or a
         shared subtree: the levels could otherwise grow without bound) or a page that is
         not a branch page where the depth says one is."""
-        from lmdbio.lmdb.kernels import E_CYCLE
+        cycle_error = _lmdb_kernels().E_CYCLE
 
         self.check_open()
         record = self.db if record is None else record
@@ -302,7 +309,7 @@ class Database:
             nxt = np.concatenate(kids)
             seen += nxt.size
             if seen > self.meta.last_pg + 1 or np.unique(nxt).size != nxt.size:
-                self.raise_format_error(E_CYCLE, int(level[0]))
+                self.raise_format_error(cycle_error, int(level[0]))
             levels.append(nxt)
         return levels, parents
 
@@ -310,16 +317,15 @@ class Database:
         """``leaves`` as int64 page numbers, every one inside the snapshot and the file and
         flagged a leaf page; raises :class:`~lmdbio.errors.LmdbFormatError` naming the
         first that is not."""
-        from lmdbio.lmdb.kernels import E_PAGE_KIND, E_PAGE_RANGE
-
+        k = _lmdb_kernels()
         leaves = np.ascontiguousarray(leaves, dtype=np.int64)
         outside = np.flatnonzero((leaves < 2) | (leaves > self.meta.last_pg)
                                  | ((leaves + 1) * self.psize > self.buf.shape[0]))
         if outside.size:
-            self.raise_format_error(E_PAGE_RANGE, leaves[outside[0]])
+            self.raise_format_error(k.E_PAGE_RANGE, leaves[outside[0]])
         flags = self.buf[leaves * self.psize + self.layout.flags_off]
         if leaves.size and not (flags & 0x02).all():
-            self.raise_format_error(E_PAGE_KIND, leaves[np.flatnonzero(~flags & 0x02)[0]])
+            self.raise_format_error(k.E_PAGE_KIND, leaves[np.flatnonzero(~flags & 0x02)[0]])
         return leaves
 
     def leaf_value_runs(self, leaves: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -339,7 +345,7 @@ class Database:
         Reads branch pages and leaf headers only (no values, no overflow pages).
         """
         if self._leaf_first is None:
-            from lmdbio.lmdb import kernels as k
+            k = _lmdb_kernels()
 
             leaves = self.leaves()
             counts = np.empty(leaves.shape[0], np.int64)
@@ -427,15 +433,11 @@ class Database:
 
     def cursor(self):
         """A new :class:`lmdbio.lmdb.cursor.Cursor`, unpositioned."""
-        from lmdbio.lmdb.cursor import Cursor
-
         self.check_open()
         return Cursor(self)
 
     def cursor_from_bytes(self, data: bytes):
         """Rebuild a cursor serialized by :meth:`Cursor.to_bytes` (same snapshot only)."""
-        from lmdbio.lmdb.cursor import Cursor
-
         self.check_open()
         return Cursor.from_bytes(self, data)
 
@@ -447,7 +449,7 @@ class Database:
         how often the walk wrapped around to the first record (``wrap=True``), ``at_end`` is
         set when it stopped at the end of the tree instead.
         """
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         refs = RecordRefs.empty(n)
         got, wraps, at_end = self._advance(
@@ -462,7 +464,7 @@ class Database:
         leaf from the leaves' record counts, reading the branch and leaf pages
         :meth:`walk_collect` reads but parsing no node. Returns ``(passed, wraps,
         at_end)``, as :meth:`walk_collect` returns its ``wraps`` and ``at_end``."""
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         return self._advance(
             cursor, wrap, lambda pg, slot: k.walk_skip(
@@ -500,7 +502,7 @@ class Database:
 
     def locate(self, indices: np.ndarray) -> RecordRefs:
         """Where records ``indices`` are, through the leaf directory (one leaf read each)."""
-        from lmdbio.lmdb import kernels as k
+        k = _lmdb_kernels()
 
         idx = record_indices(indices, len(self))
         refs = RecordRefs.empty(idx.shape[0])

@@ -20,7 +20,11 @@ held.
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import importlib.util
 import os
+import selectors
+import shutil
 import signal
 import sys
 import threading
@@ -54,12 +58,8 @@ def _child_command() -> tuple[tuple[str, ...], tuple[str, ...]]:
     interpreter and py-lmdb, ~40 ms of CPU with ``site``, ~12-18 ms without (``-S``, given
     the one directory it imports py-lmdb from) on the project's machine. Where the child
     cannot start under ``SCHED_IDLE`` (:func:`_spawn`) it starts under ``nice -n 19``."""
-    import importlib.util
-
     head: tuple[str, ...] = ()
     if _IDLE_POLICY is None:
-        import shutil
-
         nice = shutil.which("nice")
         head = (nice, "-n", "19") if nice else ()
     try:
@@ -83,8 +83,6 @@ _IDLE_POLICY: int | None = getattr(os, "SCHED_IDLE", None) \
 def _inheritable_fds() -> list[int]:
     """This process's file descriptors above 2 that a spawned child would inherit (no
     close-on-exec flag): libraries such as MPI's may open some; the child gets none."""
-    import fcntl
-
     fds = []
     try:
         names = os.listdir("/proc/self/fd")
@@ -199,8 +197,6 @@ class SnapshotPin:
         if self._state is None and self._stdout is not None:
             line = ""
             try:
-                import selectors
-
                 sel = selectors.DefaultSelector()
                 sel.register(self._stdout, selectors.EVENT_READ)
                 if sel.select(timeout):

@@ -24,6 +24,16 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs.btable.rows import record_nbytes
+from lmdbio.codecs.datum import decode_datum
+from lmdbio.codecs.pcr import KIND_JPEG
+from lmdbio.codecs.pcr import MAGIC as PCR_MAGIC
+from lmdbio.codecs.tensor import MAGIC as TENSOR_MAGIC
+from lmdbio.codecs.tensor import read_tensor_header
+from lmdbio.codecs.toc import BATCH_MAGIC, split_batch_value
+from lmdbio.convert.ibp import RECORD_HEAD, RECORD_MAGIC
+from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.errors import CodecError
 from lmdbio.lmdb.database import Database
 
 #: records sampled by default to say what the records are
@@ -87,8 +97,6 @@ def inspect_database(path: str, subdb: str | bytes | None = None,
                      sample: int = SAMPLE_RECORDS) -> dict[str, Any]:
     """Everything ``lmdbio inspect`` prints, for the database at ``path``; ``records`` says
     what the records are, from ``sample`` of them (:func:`describe_records`)."""
-    from lmdbio.convert.writer import read_dataset_meta
-
     with Database(path, subdb=subdb, pin_snapshot=False) as db:
         st = db.stat()
         table = db.record_table()
@@ -172,9 +180,6 @@ def _shape_text(shapes: Counter) -> tuple[Any, str]:
 
 
 def _datum(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.codecs.datum import decode_datum
-    from lmdbio.errors import CodecError
-
     shapes: Counter = Counter()
     formats: Counter = Counter()
     labels: list[int] = []
@@ -240,9 +245,7 @@ def _encoded_shape(data: bytes | memoryview, stored: tuple[int, int, int]
 
 
 def _tensor(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.codecs.tensor import MAGIC, read_tensor_header
-
-    if not all(bytes(v[:4]) == MAGIC for v in values):
+    if not all(bytes(v[:4]) == TENSOR_MAGIC for v in values):
         return None
     shapes: Counter = Counter()
     dtypes: Counter = Counter()
@@ -264,8 +267,6 @@ def _tensor(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _toc(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.codecs.toc import BATCH_MAGIC, split_batch_value
-
     if not all(bytes(v[:4]) == BATCH_MAGIC for v in values):
         return None
     rows: list[int] = []
@@ -285,8 +286,6 @@ def _toc(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _ibp(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.convert.ibp import RECORD_HEAD, RECORD_MAGIC
-
     if not all(bytes(v[:4]) == RECORD_MAGIC for v in values):
         return None
     rows: list[int] = []
@@ -313,9 +312,7 @@ def _ibp(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _pcr(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.codecs.pcr import KIND_JPEG, MAGIC
-
-    if not all(bytes(v[:4]) == MAGIC for v in values):
+    if not all(bytes(v[:4]) == PCR_MAGIC for v in values):
         return None
     items: list[int] = []
     groups: set[int] = set()
@@ -342,8 +339,6 @@ def _pcr(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _btable_rows(values: list[memoryview]) -> dict[str, Any] | None:
-    from lmdbio.codecs.btable.rows import record_nbytes
-
     widths: set[int] = set()
     nnz: list[int] = []
     for v in values:

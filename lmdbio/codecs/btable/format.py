@@ -32,11 +32,13 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from types import ModuleType
 from typing import Any, BinaryIO
 
 import numpy as np
 
 from lmdbio.codecs.btable import rows as row_format
+from lmdbio.convert.writer import read_dataset_meta
 from lmdbio.errors import CodecError
 
 VERSION = 0
@@ -49,6 +51,14 @@ __all__ = [
     "BTableError", "BTableWriter", "export_lmdb", "info", "iter_blocks", "iter_rows", "read",
     "read_labels", "write",
 ]
+
+
+def _scipy_sparse() -> ModuleType:
+    """:mod:`scipy.sparse`, imported on first use: ``lmdbio --help`` imports this module
+    and must not load SciPy."""
+    import scipy.sparse as sp
+
+    return sp
 
 
 class BTableError(CodecError):
@@ -157,7 +167,7 @@ def read(path: str | os.PathLike) -> tuple[list[str], Any]:
     The matrix has ``len(labels)`` columns; explicit entries are exactly the stored ones (NaN
     included). Raises :class:`BTableError` on a malformed file.
     """
-    import scipy.sparse as sp
+    sp = _scipy_sparse()
 
     buf = np.fromfile(path, dtype=np.uint8)
     labels, start = _parse_header(memoryview(buf)[:8 + 2 * max(0, _label_units(buf))],
@@ -206,7 +216,7 @@ def iter_blocks(path: str | os.PathLike, chunk_bytes: int = CHUNK_BYTES) -> Iter
     Reads ``chunk_bytes`` at a time; a row longer than a chunk grows the read until it is
     complete. Memory stays at about one chunk (plus the longest row) whatever the file size.
     """
-    import scipy.sparse as sp
+    sp = _scipy_sparse()
 
     if chunk_bytes < 16:
         raise ValueError("chunk_bytes must be at least 16")
@@ -277,7 +287,7 @@ def _encode_labels(labels: Sequence[str], path: object) -> bytes:
 
 def _canonical_csr(matrix: Any, n_cols: int | None, path: object):
     """CSR with sorted unique columns and only entries != 0.0 (NaN kept, -0.0 dropped)."""
-    import scipy.sparse as sp
+    sp = _scipy_sparse()
 
     if sp.issparse(matrix):
         m = sp.csr_matrix(matrix, dtype=np.float64)
@@ -350,7 +360,7 @@ def write(path: str | os.PathLike, labels: Sequence[str], matrix: Any,
     Rows are encoded ``chunk_rows`` at a time to bound the temporary buffer. Returns
     ``{"rows", "nnz", "bytes"}``.
     """
-    import scipy.sparse as sp
+    sp = _scipy_sparse()
 
     m = matrix if sp.issparse(matrix) else np.asarray(matrix, dtype=np.float64)
     if m.ndim != 2:
@@ -369,8 +379,6 @@ def export_lmdb(src_lmdb: str | os.PathLike, dst_btable: str | os.PathLike,
                 batch: int = 4096) -> dict[str, int]:
     """Write the rows of an LMDB made by ``--layout btable`` (one sparse row record per key, in
     key order) back into a BTable file, with the labels of its ``lmdbio.json`` sidecar."""
-    from lmdbio.convert.writer import read_dataset_meta
-
     meta = read_dataset_meta(src_lmdb)
     if meta.get("layout") != "btable" or "labels" not in meta:
         raise CodecError(f"{src_lmdb}: not an LMDB of layout 'btable' (its lmdbio.json has no "

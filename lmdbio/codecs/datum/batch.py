@@ -10,6 +10,7 @@ module does not import numba.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -19,6 +20,14 @@ from lmdbio.codecs.record_batch import KeySource, as_spans, as_u8, key_of
 from lmdbio.errors import CodecError, RecordError
 
 __all__ = ["DatumBatch", "DatumHeaders", "decode_datum_batch", "parse_datum_headers"]
+
+
+def _datum_kernels() -> ModuleType:
+    """:mod:`lmdbio.codecs.datum.kernels`, imported on first use so that importing the codec
+    does not load numba."""
+    from lmdbio.codecs.datum import kernels
+
+    return kernels
 
 
 @dataclass
@@ -41,7 +50,7 @@ class DatumHeaders:
     table: np.ndarray = field(repr=False)  #: the raw (N, 13) int64 table
 
     def error_text(self, i: int) -> str:
-        from lmdbio.codecs.datum.kernels import ERROR_TEXT
+        ERROR_TEXT = _datum_kernels().ERROR_TEXT
 
         code = int(self.error[i])
         return f"{ERROR_TEXT.get(code, f'error {code}')} (at byte {int(self.error_at[i])})"
@@ -50,7 +59,7 @@ class DatumHeaders:
 def parse_datum_headers(buf: Any, offsets: Any, lengths: Any | None = None) -> DatumHeaders:
     """Parse the fields of every Datum ``buf[offsets[i] : offsets[i] + lengths[i]]`` in one
     compiled call (no pixel copy). ``lengths=None``: ``offsets`` are N+1 boundaries."""
-    from lmdbio.codecs.datum import kernels as k
+    k = _datum_kernels()
 
     u8 = as_u8(buf)
     off, ln = as_spans(offsets, lengths)
@@ -105,7 +114,7 @@ def decode_datum_batch(
             record (by batch order); ``"mask"`` zeroes bad rows and reports them in
             ``valid``/``errors`` so a skip/substitute policy can act.
     """
-    from lmdbio.codecs.datum import kernels as k
+    k = _datum_kernels()
 
     u8 = as_u8(buf)
     off, ln = as_spans(offsets, lengths)

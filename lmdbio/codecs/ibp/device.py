@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs.ibp.cuda import decode_words_cuda
 from lmdbio.codecs.ibp.model import IBPModel
 from lmdbio.codecs.ibp.packed import (
     HEAD,
@@ -34,6 +35,7 @@ from lmdbio.codecs.ibp.packed import (
     section_layout,
 )
 from lmdbio.codecs.ibp.transport import as_uint8
+from lmdbio.codecs.ibp.xpdecode import decode_words_xp
 from lmdbio.errors import CodecError
 
 #: the ``auto`` rule's threshold: send IBP frames where the sample's ratio is at least this
@@ -137,12 +139,8 @@ def decompress_pinned(model: IBPModel, buffer: Any, feed: Any, nrows: int | None
     dev, batch = to_device(packed, frame, feed)
     validate_on_device(dev, xp)
     if method == "xp":
-        from lmdbio.codecs.ibp.xpdecode import decode_words_xp
-
         words = decode_words_xp(model, dev, xp)
     else:
-        from lmdbio.codecs.ibp.cuda import decode_words_cuda
-
         words = decode_words_cuda(model, dev, xp)
     batch.release()  # the frame's readers are queued
     return model.words_as_rows(words, xp)

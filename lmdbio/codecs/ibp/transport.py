@@ -27,6 +27,7 @@ from lmdbio.codecs.ibp.packed import (
     max_frame_nbytes,
 )
 from lmdbio.errors import CodecError, ConfigError
+from lmdbio.io.gather import gather, gather_refs
 
 if TYPE_CHECKING:
     from lmdbio.lmdb import Database
@@ -73,8 +74,6 @@ def decompress_from(model: IBPModel, buffer: Any, nrows: int | None = None, xp: 
 
 def fit_transport_model(db: Database, options: dict[str, Any]) -> Any:
     """Fit the IBP model on up to ``SAMPLE_RECORDS`` records spread over the database."""
-    from lmdbio.io.gather import gather, gather_refs  # the reader's side: not on import
-
     n = len(db)
     if n == 0:
         raise ConfigError("codec ibp: the database is empty")

@@ -57,6 +57,7 @@ import struct
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -80,6 +81,14 @@ _J_TEXT = {
     6: "data ends without an EOI marker (FF D9)",
     7: "EOI before any scan",
 }
+
+
+def _pil_image() -> ModuleType:
+    """Pillow's ``PIL.Image``, imported on first use (Pillow is optional: the ``images``
+    extra)."""
+    from PIL import Image
+
+    return Image
 
 
 @functools.cache
@@ -186,7 +195,7 @@ def transcode_progressive(jpeg: bytes, tool: str = "auto") -> bytes:
 
 def encode_progressive(image: Any, quality: int = 90) -> bytes:
     """Encode pixels (a PIL image or a uint8 array HxW / HxWx3) as progressive JPEG."""
-    from PIL import Image
+    Image = _pil_image()
 
     im = image if isinstance(image, Image.Image) else Image.fromarray(np.asarray(image))
     if im.mode not in ("L", "RGB"):
@@ -201,12 +210,12 @@ def to_progressive(data: bytes, quality: int = 90, tool: str = "auto") -> tuple[
     transcoded losslessly; anything Pillow reads is encoded at ``quality``."""
     if is_jpeg(data):
         return transcode_progressive(data, tool), True
-    from PIL import Image, UnidentifiedImageError
+    Image = _pil_image()
 
     try:
         im = Image.open(io.BytesIO(data))
         im.load()
-    except (UnidentifiedImageError, OSError) as exc:
+    except (Image.UnidentifiedImageError, OSError) as exc:
         raise CodecError(f"not an image Pillow can read ({len(data)} bytes): {exc}") from exc
     return encode_progressive(im, quality), False
 
@@ -417,7 +426,7 @@ def decode_jpeg(data: bytes | memoryview, mode: str | None = None, reduce: int =
     """Decode a JPEG with Pillow to a uint8 array (HxW for grey, HxWx3 for colour; CMYK and
     others are converted to RGB). ``reduce`` in 1, 2, 4, 8 decodes at 1/reduce scale via
     libjpeg's DCT scaling (cheap at low fidelity)."""
-    from PIL import Image
+    Image = _pil_image()
 
     try:
         im = Image.open(io.BytesIO(data))

@@ -17,6 +17,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from lmdbio.errors import LmdbioError
+from lmdbio.io.prefetch import advise_page_ranges, pages_resident, readahead_limit
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import EpochPlan
 
@@ -162,14 +164,9 @@ class ReadStrategy(ABC):
         advice; counted in :attr:`resident_skips`). Advisory: if the kernel refuses (a
         buffer that is not a file mapping), a warning is logged once and the reads fault
         pages in as before. Returns whether the kernel was asked."""
-        from lmdbio.errors import LmdbioError
-        from lmdbio.io.prefetch import advise_page_ranges, pages_resident
-
         if not self.advising or not np.any(counts):
             return False
         if self._advice_limit is None:
-            from lmdbio.io.prefetch import readahead_limit
-
             self._advice_limit = readahead_limit(self.db.path)
         try:
             if pages_resident(self.db.buf, starts, counts, self.db.psize):
@@ -205,9 +202,6 @@ class ReadStrategy(ABC):
         :meth:`advise_pages` makes, asked before the runs of a slot's thousands of records
         are built for it (on a warm file, ~0.4 ms a slot of 5,120 CIFAR-like records that
         asked for nothing). False where ``mincore`` refuses, as there."""
-        from lmdbio.errors import LmdbioError
-        from lmdbio.io.prefetch import pages_resident
-
         if not pages.size:
             return False
         pick = pages[spread(pages.size, samples)]

@@ -27,10 +27,14 @@ the pages it needed then (:class:`KnownShare`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
+from lmdbio.io import prefetch
+from lmdbio.io.prefetch import merge_ranges
 from lmdbio.lmdb import RecordRefs
+from lmdbio.mpiutil import wait_with_timeout
 from lmdbio.plan.epoch import EpochPlan
 from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer
 from lmdbio.plan.strategies.indexed import shared_leaf_directory
@@ -42,6 +46,14 @@ from lmdbio.plan.strategies.spec_estimate import (
 )
 
 _TAG = 7100
+
+
+def _strategy_kernels() -> ModuleType:
+    """:mod:`lmdbio.plan.strategies.kernels`, imported on first use so that ``import lmdbio``
+    does not load numba."""
+    from lmdbio.plan.strategies import kernels
+
+    return kernels
 
 
 class DmSerial(ReadStrategy):
@@ -73,8 +85,6 @@ class DmSerial(ReadStrategy):
         no iteration of this epoch will use it (the epoch was left early, or the session
         ends mid-epoch), so that it is never taken for the cursor of a later epoch or of a
         later session on the same communicator."""
-        from lmdbio.mpiutil import wait_with_timeout
-
         r, n = self.ctx.reader_index, self.ctx.n_readers
         last = getattr(self, "_last", None)
         if r != 0 or n == 1 or last is None or last == self.iterations - 1:
@@ -94,8 +104,6 @@ class DmSerial(ReadStrategy):
         self._at = self.walk_to(self.cursor, int(first_id), 0)
 
     def _receive(self, iteration: int, stats: IterationStats) -> None:
-        from lmdbio.mpiutil import wait_with_timeout
-
         r, n = self.ctx.reader_index, self.ctx.n_readers
         if n == 1 or (r == 0 and iteration == self.first_iteration):
             return
@@ -156,8 +164,6 @@ class DmSerial(ReadStrategy):
         """Called with the cursor received, before the walk over ``ids``: nothing here."""
 
     def close(self) -> None:
-        from lmdbio.mpiutil import wait_with_timeout
-
         self._drain()
         if getattr(self, "_pending", None):
             wait_with_timeout(self._pending, self.ctx.timeout, "cursor sends")
@@ -566,8 +572,6 @@ class DmSpec(DmSerial):
               stats: IterationStats, iterations: int = 1) -> RecordRefs:
         """Prefetch the pages of ``ids`` (estimated, or known from an earlier epoch), walk
         the share, then learn from what the walk read (see :meth:`_observe`)."""
-        from lmdbio.io.prefetch import touch_page_ranges
-
         # the estimates extrapolate from the previous iterations only while the records
         # continue them (not across the wrap-around of a padded last batch, or a resume)
         if not self._continues(ids):
@@ -595,7 +599,7 @@ class DmSpec(DmSerial):
         if wait_after and (asked or not self.advising) and lengths.any():
             # (not advising any more: the kernel refused the advice just now)
             with Timer(stats, "prefetch"):
-                touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
+                prefetch.touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         if not len(refs):
             return refs
         self._observe(refs, ids, cut, starts, lengths, asked, scanned, stats)
@@ -635,8 +639,6 @@ class DmSpec(DmSerial):
         there is one, else a few large reads asked for (unless asked already) and, unless
         the wait comes after the walk (``wait_after``), every page mapped by touching.
         Returns what the advice answered (``asked``)."""
-        from lmdbio.io.prefetch import touch_page_ranges
-
         with Timer(stats, "prefetch"):
             node_cache = self.db.accounting.node_cache
             if lengths.any() and node_cache is not None:
@@ -645,7 +647,7 @@ class DmSpec(DmSerial):
                 if asked is None:
                     asked = self.advise_pages(starts, lengths)
                 if not wait_after:
-                    touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
+                    prefetch.touch_page_ranges(self.db.buf, starts, lengths, self.db.psize)
         return asked
 
     def _observe(self, refs: RecordRefs, ids: np.ndarray, cut: int, starts: np.ndarray,
@@ -659,7 +661,7 @@ class DmSpec(DmSerial):
         and branch pages the walk read (the bitmap holds just those: the session resets it
         per iteration and prefetching does not mark it); one compiled pass.
         """
-        from lmdbio.plan.strategies.kernels import observe_iteration
+        observe_iteration = _strategy_kernels().observe_iteration
 
         touched = self.db.accounting.touched
         if self._scratch is None or self._scratch.shape[0] != touched.shape[0]:
@@ -799,8 +801,6 @@ class KnownShare:
         share's size, also the leaf of the next record, which the walk moves on to."""
         if count == self.size and self._runs is not None:
             return self._runs
-        from lmdbio.io.prefetch import merge_ranges
-
         first, counts = self.refs.head(count).value_page_runs(self.psize)
         if count == self.size:
             pages = self.walked
@@ -819,8 +819,7 @@ def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarr
     """Indices of the records whose value pages are not all inside the page ranges
     ``[starts[j], starts[j] + lengths[j])`` (their union: the values a prefetch missed, or
     part of); one compiled pass (:func:`.kernels.values_outside`)."""
-    from lmdbio.io.prefetch import merge_ranges
-    from lmdbio.plan.strategies.kernels import values_outside
+    values_outside = _strategy_kernels().values_outside
 
     starts = np.asarray(starts, np.int64)
     run_starts, run_stops = merge_ranges(starts, starts + np.asarray(lengths, np.int64))

@@ -22,14 +22,16 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 
 from lmdbio.errors import LmdbFormatError, LmdbioError
 from lmdbio.io.prefetch import advise_page_ranges
 from lmdbio.lmdb import Database, RecordRefs
+from lmdbio.lmdb.format import P_LEAF
 from lmdbio.lmdb.records import LocatedRecords
-from lmdbio.mpiutil import sleeping_barrier
+from lmdbio.mpiutil import agree, sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan
 from lmdbio.plan.strategies.base import IterationStats, ReadStrategy, Timer, spread
 
@@ -40,6 +42,14 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "LMDBIO_CACHE"
 #: the folder of the cache directory that holds the leaf directories
 INDEX_FOLDER = "index"
+
+
+def _lmdb_kernels() -> ModuleType:
+    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that ``import lmdbio`` does not
+    load numba."""
+    from lmdbio.lmdb import kernels
+
+    return kernels
 
 
 def cache_root() -> Path | None:
@@ -145,9 +155,7 @@ def _spot_check(db: Database, leaves: np.ndarray, first: np.ndarray, samples: in
     """A few leaves of a loaded directory (the first, the last and some between) are leaf
     pages of this file holding the counted number of records: a sidecar that names the
     snapshot but was written for other contents (copied, edited) is caught before use."""
-    from lmdbio.lmdb import kernels as k
-    from lmdbio.lmdb.format import P_LEAF
-
+    k = _lmdb_kernels()
     if leaves.shape[0] == 0:
         return len(db) == 0
     if (np.diff(first) < 1).any() or leaves.min() < 2 or leaves.max() > db.last_pg:
@@ -221,8 +229,6 @@ def build_leaf_directory(db: Database, comm, rank: int, size: int, timeout: floa
     """Collective over ``comm``: the leaves named by rank 0's branch pages
     (:meth:`~lmdbio.lmdb.Database.tree_levels`: no leaf read), counts split by leaf
     (:func:`count_records_collectively`): every page is read by exactly one rank."""
-    from lmdbio.mpiutil import agree
-
     leaves, error = None, None
     if rank == 0:
         try:
@@ -246,9 +252,7 @@ def count_records_collectively(db: Database, leaves: np.ndarray, comm, rank: int
     ``j``'s first record, ``first[-1]`` the total. Each rank reads the headers of its
     ``1 / size`` of the leaves (marked in the accounting); an allgather assembles the
     counts. A damaged leaf raises on every rank alike, naming the page."""
-    from lmdbio.lmdb import kernels as k
-    from lmdbio.mpiutil import agree
-
+    k = _lmdb_kernels()
     lo = leaves.shape[0] * rank // size
     hi = leaves.shape[0] * (rank + 1) // size
     counts = np.empty(hi - lo, np.int64)
