@@ -44,17 +44,7 @@ def touch_ranges(
     """:func:`touch_range` over many byte ranges ``[starts[i], stops[i])`` (pre-validated)."""
     total = np.uint64(0)
     for i in range(starts.shape[0]):
-        start = starts[i]
-        stop = stops[i]
-        if stop <= start:
-            continue
-        first = start // os_page
-        last = (stop - 1) // os_page
-        for p in range(first, last + 1):
-            pos = p * os_page
-            if pos < start:
-                pos = start
-            total += np.uint64(arr[pos])
+        total += touch_range(arr, starts[i], stops[i], os_page)
     return total
 
 

@@ -79,22 +79,12 @@ def fit_transport_model(db: Database, options: dict[str, Any]) -> Any:
         raise ConfigError("codec ibp: the database is empty")
     idx = np.unique(np.linspace(0, n - 1, min(n, SAMPLE_RECORDS)).astype(np.int64))
     refs = db.locate(idx) if db.has_leaf_directory else None
-    if refs is None:
-        t = db.record_table()
-        sizes = np.unique(t.val_len)
-        if sizes.size != 1:
-            raise ConfigError(f"codec ibp compresses fixed-size records; {db.path} holds "
-                              f"values of {sizes.size} sizes ({sizes.min()}..{sizes.max()})")
-        buf, _ = gather(db, idx)
-        size = int(sizes[0])
-    else:
-        sizes = np.unique(refs.val_len)
-        if sizes.size != 1:
-            raise ConfigError(f"codec ibp compresses fixed-size records; {db.path} holds "
-                              f"values of several sizes ({sizes.min()}..{sizes.max()})")
-        buf, _ = gather_refs(db, refs)
-        size = int(sizes[0])
-    rows = buf.reshape(idx.size, size)
+    sizes = np.unique(db.record_table().val_len if refs is None else refs.val_len)
+    if sizes.size != 1:
+        raise ConfigError(f"codec ibp compresses fixed-size records; {db.path} holds "
+                          f"values of {sizes.size} sizes ({sizes.min()}..{sizes.max()})")
+    buf, _ = gather(db, idx) if refs is None else gather_refs(db, refs)
+    rows = buf.reshape(idx.size, int(sizes[0]))
     chunk = int(options.get("chunk_bytes", 4))
     return fit(rows, chunk_bytes=chunk, threshold=options.get("threshold"))
 
