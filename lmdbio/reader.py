@@ -22,10 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs.ibp import IBPModel, max_packed_nbytes
-from lmdbio.codecs.ibp.transport import compress_parts, decompress_part, fit_transport_model
 from lmdbio.errors import ConfigError, LmdbioError
-from lmdbio.io.direct import NodeCache
 from lmdbio.io.gather import (
     check_value_spans,
     copy_spans_by_batch,
@@ -507,6 +504,7 @@ class ReadSession:
             self.db.pin_snapshot(txnid=snaps[0][1] if snaps else None)
         self.node_cache = None
         if run_plan.direct_io:
+            from lmdbio.io.direct import NodeCache  # O_DIRECT runs only
             self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
         if run_plan.accounting or run_plan.direct_io:  # direct: walks report their pages
             self.db.accounting.enable()
@@ -624,6 +622,7 @@ class ReadSession:
             node_batch *= per_slot
             if self.codec_model is not None:  # raw rows plus every part's frame header
                 per_row = cap // max(node_batch, 1)
+                from lmdbio.codecs.ibp import max_packed_nbytes  # codec ibp only
                 cap = max_packed_nbytes(self.codec_model, node_batch) + \
                     self.node_consumers * 4096 + per_row
         # a reader's slot key bytes: the keys' spans (8 bytes each) when records travel by
@@ -678,12 +677,15 @@ class ReadSession:
         blob, err = None, None
         if self.topo.is_reader:
             try:
+                from lmdbio.codecs.ibp.transport import fit_transport_model
                 blob = fit_transport_model(self.db, dict(self.run_plan.codec_options)).to_bytes()
             except Exception as exc:  # agreed on below so no rank waits forever
                 err = f"{type(exc).__name__}: {exc}"
         self._wait_for_reader("the reader to fit the IBP transport model")
         agree(self.topo.node, err is None, err or "", "fitting the IBP transport model")
         blob = self.topo.node.bcast(blob, root=0)
+        from lmdbio.codecs.ibp import IBPModel
+
         self.codec_model = IBPModel.from_bytes(blob)
 
     def _max_key(self) -> int:
@@ -910,6 +912,7 @@ class ReadSession:
                         raw, _ = gather_refs(self.db, refs)
                         w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
                         w.set_parts(sizes)
+                        from lmdbio.codecs.ibp.transport import compress_parts
                         w.write_part_blobs(compress_parts(self.codec_model, raw, offsets,
                                                           sizes))
             with clock.span("publish"):
@@ -993,6 +996,7 @@ class ReadSession:
         ids = np.where(pad, -labels - 1, labels)
         payload = view.payload
         if view.encoded:
+            from lmdbio.codecs.ibp.transport import decompress_part
             payload = decompress_part(self.codec_model, payload, int(view.count))
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         if view.by_reference:

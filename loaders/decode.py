@@ -510,7 +510,7 @@ def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decode
         valid = np.ones(lab.shape[0], bool)
         if tensors:
             if images:
-                raise RecordError(_key(keys, 0), "PCR records of images and of tensors mixed")
+                raise RecordError(key_of(keys, 0), "PCR records of images and of tensors mixed")
             return np.concatenate(tensors), lab, valid, []
         chw = [im[None] if im.ndim == 2 else im.transpose(2, 0, 1) for im in images]
         if not chw:
@@ -527,15 +527,11 @@ def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decode
                              "Caffe's is_color) or --gray")
         if refused is not None:
             j, why = refused
-            raise RecordError(names[j][1], f"bad PCR image (record {_key(keys, names[j][0])!r})"
+            raise RecordError(names[j][1], f"bad PCR image (record {key_of(keys, names[j][0])!r})"
                                            f": {why}")
         return RaggedImages.from_list(chw, np.uint8), lab, valid, []
 
     return decode
-
-
-def _key(keys: Any, i: int) -> bytes:
-    return key_of(keys, i)
 
 
 def make_decoder(cfg: Any, scan_groups: int | None = None, *, float32: bool = False,

@@ -384,10 +384,10 @@ class Indexed(ReadStrategy):
         if not ids.size or not self.advising:
             return
         self._advise_leaves(ids)  # located or not, the keys are read from the leaves
-        refs = self.known(ids)
         self._ahead = (int(ids[0]), ids.size)
         if not self._overflow:
             return
+        refs = self.known(ids)
         if refs is None:
             acc = self.db.accounting
             was, acc.enabled = acc.enabled, False
