@@ -36,11 +36,14 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# The quick loop: every test that starts no mpiexec job (an unmarked one that does fails),
-# on up to 4 cores (pytest-xdist).
+# The quick loop: every test that starts no mpiexec job (an unmarked one that does fails)
+# and is not marked slow (fuzzers, long property tests, whole CLI jobs in subprocesses:
+# `make test` runs them), on up to 4 cores (pytest-xdist), by test file: a file's kernels
+# are compiled by one worker, not by each at once, in a fresh clone, and its module
+# fixtures are built once (loaded from numba's cache after the first run: 62 s then).
 unit: setup
 	LMDBIO_TESTS_WITHOUT_MPIEXEC=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider \
-		-n auto --maxprocesses 4 -m "not mpiexec" tests
+		-n auto --maxprocesses 4 --dist loadfile -m "not mpiexec and not slow" tests
 
 # The MPI jobs: tests that start mpiexec (two at a time: most of a job's time is spent
 # starting and waiting, not computing; a test file's jobs stay on one worker, since

@@ -9,7 +9,9 @@ file, a mapping or an existing :class:`JobConfig` plus ``key.path=value`` overri
 either returns a fully validated :class:`JobConfig` or raises one
 :class:`~lmdbio.errors.ConfigError` listing every problem, each with its key path
 (``batch.last``), the file and line where it is known, what is allowed, and for a misspelt
-key the closest valid one.
+key the closest valid one. A loaded :class:`JobConfig` keeps where its keys were written
+(:attr:`JobConfig.origin`), so that what is refused later, with the topology or the data set
+(:func:`setting_error`, from :meth:`lmdbio.run_plan.RunPlan.resolve`), names the same line.
 
 The schema is the single source of truth: the validator, :meth:`JobConfig.to_dict` and the
 reference in ``docs/configuration.md`` (:func:`render_reference`) are all derived from the
@@ -31,7 +33,7 @@ import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 
 from lmdbio.codecs.registry import BATCH_CODECS
 from lmdbio.errors import ConfigError
@@ -41,6 +43,7 @@ from lmdbio.plan.strategies import STRATEGIES
 __all__ = [
     "BatchConfig",
     "CodecConfig",
+    "ConfigOrigin",
     "ConfigProblem",
     "DatasetConfig",
     "JobConfig",
@@ -50,8 +53,10 @@ __all__ = [
     "TopologyConfig",
     "TransformConfig",
     "WorkersConfig",
+    "check_combinations",
     "load_config",
     "render_reference",
+    "setting_error",
 ]
 
 LastBatch = Literal["pad", "drop", "partial"]
@@ -394,8 +399,36 @@ class MetricsConfig:
 
 
 @dataclass(frozen=True)
+class ConfigOrigin:
+    """Where a configuration's keys were written: its file and the line of each key path.
+
+    Kept with the :class:`JobConfig` that :func:`load_config` returns so that a refusal made
+    after loading (the run plan's, which needs the topology) points at the line to change,
+    as the loader's own refusals do."""
+
+    #: the YAML file the configuration was read from (None: a mapping, or built in code)
+    filename: str | None = None
+    #: dotted key path (``batch.size``, ``readers``) -> line where that key was written
+    lines: Mapping[str, int] = field(default_factory=dict)
+
+    def location(self, path: str) -> str | None:
+        """``file:line`` of key path ``path``, else of the nearest section above it that
+        was written (a default has no line of its own); None where neither was."""
+        parts = path.split(".")
+        while parts:
+            line = self.lines.get(".".join(parts))
+            if line is not None:
+                return f"{self.filename or '<config>'}:{line}"
+            parts.pop()
+        return None
+
+
+@dataclass(frozen=True)
 class JobConfig:
     """A complete, validated data-loading job."""
+
+    #: where the keys were written (set by :func:`load_config`; not a setting, not compared)
+    origin: ClassVar[ConfigOrigin] = ConfigOrigin()
 
     dataset: DatasetConfig = field(
         metadata=_meta("Where the records are and how they are laid out.")
@@ -467,9 +500,9 @@ class ConfigProblem:
         return f"{where}{self.path}: {self.message}"
 
 
-def _raise_problems(problems: list[ConfigProblem], source: str | None) -> None:
-    if not problems:
-        return
+def _problems_error(problems: list[ConfigProblem], source: str | None) -> ConfigError:
+    """One :class:`ConfigError` listing ``problems`` (its ``problems`` and ``path``
+    attributes hold them and the first one's key path)."""
     head = f"invalid job configuration{f' {source}' if source else ''}"
     if len(problems) == 1:
         err = ConfigError(f"{head}: {problems[0]}")
@@ -478,7 +511,22 @@ def _raise_problems(problems: list[ConfigProblem], source: str | None) -> None:
         err = ConfigError(f"{head} ({len(problems)} problems):\n{lines}")
     err.problems = problems  # type: ignore[attr-defined]
     err.path = problems[0].path  # type: ignore[attr-defined]
-    raise err
+    return err
+
+
+def _raise_problems(problems: list[ConfigProblem], source: str | None) -> None:
+    if problems:
+        raise _problems_error(problems, source)
+
+
+def setting_error(origin: ConfigOrigin, path: str, message: str) -> ConfigError:
+    """The error refusing the value of setting ``path`` for a reason found after loading
+    (with the topology, the data set's sidecar or its size), in :func:`load_config`'s form:
+    the file and line where the key was written (its section's where it was not; from
+    ``origin``, a :attr:`JobConfig.origin`), the key path, then ``message`` (what is wrong
+    and what to set)."""
+    problem = ConfigProblem(path, message, origin.location(path))
+    return _problems_error([problem], origin.filename)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -617,89 +665,103 @@ def _type_text(tp: Any, meta: Mapping[str, Any] | None = None) -> str:
     return f"{text} or null" if optional else text
 
 
+class _Key:
+    """A key being checked: its dotted path, and the mapping and key its line is kept under
+    (``owner.lines[key]``), so that a refusal names both."""
+
+    def __init__(self, path: str, ctx: _Ctx, owner: Any, key: Any) -> None:
+        self.path, self.ctx, self.owner, self.key = path, ctx, owner, key
+
+    def refuse(self, message: str, path: str | None = None) -> tuple[bool, Any]:
+        """Record a problem with this key (or with ``path`` inside it); ``(False, None)``."""
+        self.ctx.add(path or self.path, message, self.owner, self.key)
+        return False, None
+
+
 def _coerce(
     tp: Any, value: Any, meta: Mapping[str, Any], path: str, ctx: _Ctx, owner: Any, key: Any
 ) -> tuple[bool, Any]:
     """Check ``value`` against ``tp``; return (ok, converted value)."""
+    site = _Key(path, ctx, owner, key)
     optional, inner = _is_optional(tp)
     if value is None:
         if optional:
             return True, None
-        ctx.add(path, f"must be {_type_text(tp, meta)}, not null", owner, key)
-        return False, None
+        return site.refuse(f"must be {_type_text(tp, meta)}, not null")
     allowed = _allowed(tp, meta)
     if allowed is not None:
-        if isinstance(value, str) and value in allowed:
-            return True, value
-        hint = ""
-        if isinstance(value, str):
-            close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.5)
-            if close:
-                hint = f"; did you mean {close[0]!r}?"
-        elif isinstance(value, bool):
-            hint = " (YAML reads yes/no/on/off as booleans: quote the value)"
-        ctx.add(
-            path,
-            f"{_describe(value)} is not allowed; allowed: {', '.join(allowed)}{hint}",
-            owner,
-            key,
-        )
-        return False, None
+        return _coerce_choice(value, allowed, site)
     if inner is bool:
         if isinstance(value, bool):
             return True, value
-        ctx.add(path, f"must be a boolean (true or false), not {_describe(value)}", owner, key)
-        return False, None
+        return site.refuse(f"must be a boolean (true or false), not {_describe(value)}")
+    if inner in (int, float):
+        return _coerce_number(inner, value, meta.get("minimum"), site)
+    if inner is str:
+        return _coerce_text(value, site)
+    if get_origin(inner) is tuple:
+        return _coerce_numbers(value, site)
+    raise TypeError(f"unsupported schema type {tp!r}")  # pragma: no cover - all handled above
+
+
+def _coerce_choice(value: Any, allowed: tuple[str, ...], site: _Key) -> tuple[bool, Any]:
+    """One of the names ``allowed``; a refusal suggests the closest name, or says to quote a
+    word YAML read as a boolean."""
+    if isinstance(value, str) and value in allowed:
+        return True, value
+    hint = ""
+    if isinstance(value, str):
+        close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.5)
+        if close:
+            hint = f"; did you mean {close[0]!r}?"
+    elif isinstance(value, bool):
+        hint = " (YAML reads yes/no/on/off as booleans: quote the value)"
+    return site.refuse(f"{_describe(value)} is not allowed; allowed: {', '.join(allowed)}{hint}")
+
+
+def _coerce_number(inner: type, value: Any, minimum: Any, site: _Key) -> tuple[bool, Any]:
+    """An integer (``inner`` int) or a finite number (float), at least ``minimum`` where the
+    field has one; a boolean is neither."""
     if inner is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            ctx.add(path, f"must be an integer, not {_describe(value)}", owner, key)
-            return False, None
+            return site.refuse(f"must be an integer, not {_describe(value)}")
         out: Any = int(value)
-    elif inner is float:
+    else:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            ctx.add(path, f"must be a number, not {_describe(value)}", owner, key)
-            return False, None
+            return site.refuse(f"must be a number, not {_describe(value)}")
         out = float(value)
         if not math.isfinite(out):
-            ctx.add(path, f"must be a finite number, not {value!r}", owner, key)
-            return False, None
-    elif inner is str:
-        if not isinstance(value, str):
-            ctx.add(path, f"must be a string, not {_describe(value)}", owner, key)
-            return False, None
-        if not value:
-            ctx.add(path, "must not be empty", owner, key)
-            return False, None
-        return True, value
-    elif get_origin(inner) is tuple:
-        if not isinstance(value, (list, tuple)):
-            ctx.add(
-                path,
-                f"must be a list of numbers (e.g. [104, 117, 123]), not {_describe(value)}",
-                owner,
-                key,
-            )
-            return False, None
-        items = []
-        for i, item in enumerate(value):
-            if (
-                isinstance(item, bool)
-                or not isinstance(item, (int, float))
-                or not math.isfinite(float(item))
-            ):
-                ctx.add(
-                    f"{path}[{i}]", f"must be a finite number, not {_describe(item)}", owner, key
-                )
-                return False, None
-            items.append(float(item))
-        return True, tuple(items)
-    else:  # pragma: no cover - schema types are all handled above
-        raise TypeError(f"unsupported schema type {tp!r}")
-    minimum = meta.get("minimum")
+            return site.refuse(f"must be a finite number, not {value!r}")
     if minimum is not None and out < minimum:
-        ctx.add(path, f"must be >= {minimum}, not {value!r}", owner, key)
-        return False, None
+        return site.refuse(f"must be >= {minimum}, not {value!r}")
     return True, out
+
+
+def _coerce_text(value: Any, site: _Key) -> tuple[bool, Any]:
+    """A non-empty string."""
+    if not isinstance(value, str):
+        return site.refuse(f"must be a string, not {_describe(value)}")
+    if not value:
+        return site.refuse("must not be empty")
+    return True, value
+
+
+def _coerce_numbers(value: Any, site: _Key) -> tuple[bool, Any]:
+    """A list of finite numbers, as a tuple of floats; the first bad item is named by its
+    index (``transform.mean_values[1]``)."""
+    if not isinstance(value, (list, tuple)):
+        return site.refuse(
+            f"must be a list of numbers (e.g. [104, 117, 123]), not {_describe(value)}"
+        )
+    for i, item in enumerate(value):
+        if (
+            isinstance(item, bool)
+            or not isinstance(item, (int, float))
+            or not math.isfinite(float(item))
+        ):
+            where = f"{site.path}[{i}]"
+            return site.refuse(f"must be a finite number, not {_describe(item)}", where)
+    return True, tuple(float(item) for item in value)
 
 
 def _freeze(value: Any) -> Any:
@@ -737,8 +799,24 @@ def _build(
             owner_key,
         )
         return None
-    hints = typing.get_type_hints(cls)
     flds = {f.name: f for f in dataclasses.fields(cls) if f.name != "options"}
+    keys_ok, extra = _check_keys(cls, raw, prefix, ctx, flds)
+    values_ok, values = _field_values(cls, raw, prefix, ctx, flds, owner, owner_key)
+    ok = keys_ok and values_ok
+    if cls is CodecConfig:
+        options_ok, values["options"] = _codec_options(extra, raw, prefix, ctx)
+        ok = ok and options_ok
+    if not ok:
+        return None
+    return cls(**values)
+
+
+def _check_keys(
+    cls: type, raw: Mapping[Any, Any], prefix: str, ctx: _Ctx, names: Mapping[str, Any]
+) -> tuple[bool, dict[str, Any]]:
+    """Refuse the keys of ``raw`` that are not strings or not among ``names`` (the fields of
+    ``cls``; the closest one suggested). A codec section's other keys are its options:
+    returned, with False where a key was refused."""
     ok = True
     extra: dict[str, Any] = {}
     for key in raw:
@@ -747,19 +825,35 @@ def _build(
                 _join(prefix, str(key)), f"keys must be strings, not {_describe(key)}", raw, key
             )
             ok = False
-        elif key not in flds:
+        elif key not in names:
             if cls is CodecConfig:
                 extra[key] = raw[key]
                 continue
-            close = difflib.get_close_matches(key, list(flds), n=1, cutoff=0.6)
+            close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
             hint = f"did you mean {close[0]!r}? " if close else ""
             ctx.add(
                 _join(prefix, key),
-                f"unknown key; {hint}allowed keys here: {', '.join(flds)}",
+                f"unknown key; {hint}allowed keys here: {', '.join(names)}",
                 raw,
                 key,
             )
             ok = False
+    return ok, extra
+
+
+def _field_values(
+    cls: type,
+    raw: Mapping[Any, Any],
+    prefix: str,
+    ctx: _Ctx,
+    flds: Mapping[str, dataclasses.Field],
+    owner: Any,
+    owner_key: Any,
+) -> tuple[bool, dict[str, Any]]:
+    """The checked value of each field of ``cls`` that ``raw`` sets (a section built in
+    turn); False where one is wrong or a required one is missing."""
+    hints = typing.get_type_hints(cls)
+    ok = True
     values: dict[str, Any] = {}
     for name, f in flds.items():
         path = _join(prefix, name)
@@ -772,39 +866,49 @@ def _build(
                     ctx.add(path, "required key missing", raw, None)
                 ok = False
             continue
-        value = raw[name]
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            built = _build(tp, value, path, ctx, raw, name)
-            if built is None:
-                ok = False
-            else:
-                values[name] = built
-            continue
-        good, converted = _coerce(tp, value, f.metadata, path, ctx, raw, name)
-        if not good:
+        good, value = _field_value(tp, f, raw, name, path, ctx)
+        if good:
+            values[name] = value
+        else:
             ok = False
-            continue
-        if f.metadata.get("is_path") and converted is not None:
-            converted = _resolve_path(converted, ctx.path_bases.get(path, ctx.base_dir))
-        values[name] = converted
-    if cls is CodecConfig:
-        for key, value in extra.items():
-            if not key.isidentifier():
-                ctx.add(_join(prefix, key), "codec option names must be identifiers", raw, key)
-                ok = False
-            elif not _plain_value(value):
-                ctx.add(
-                    _join(prefix, key),
-                    "codec options must be numbers, strings, booleans, "
-                    f"null or lists of those, not {_describe(value)}",
-                    raw,
-                    key,
-                )
-                ok = False
-        values["options"] = tuple(sorted((k, _freeze(v)) for k, v in extra.items()))
-    if not ok:
-        return None
-    return cls(**values)
+    return ok, values
+
+
+def _field_value(
+    tp: Any, f: dataclasses.Field, raw: Mapping[Any, Any], name: str, path: str, ctx: _Ctx
+) -> tuple[bool, Any]:
+    """``raw[name]`` checked as field ``f`` of type ``tp``: a section built, a value
+    converted (a path resolved against the folder it is relative to)."""
+    value = raw[name]
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        built = _build(tp, value, path, ctx, raw, name)
+        return built is not None, built
+    good, converted = _coerce(tp, value, f.metadata, path, ctx, raw, name)
+    if good and f.metadata.get("is_path") and converted is not None:
+        converted = _resolve_path(converted, ctx.path_bases.get(path, ctx.base_dir))
+    return good, converted
+
+
+def _codec_options(
+    extra: Mapping[str, Any], raw: Mapping[Any, Any], prefix: str, ctx: _Ctx
+) -> tuple[bool, tuple[tuple[str, Any], ...]]:
+    """A codec section's options (its keys other than ``name``): identifiers with plain
+    values, frozen and sorted; False where one is refused."""
+    ok = True
+    for key, value in extra.items():
+        if not key.isidentifier():
+            ctx.add(_join(prefix, key), "codec option names must be identifiers", raw, key)
+            ok = False
+        elif not _plain_value(value):
+            ctx.add(
+                _join(prefix, key),
+                "codec options must be numbers, strings, booleans, "
+                f"null or lists of those, not {_describe(value)}",
+                raw,
+                key,
+            )
+            ok = False
+    return ok, tuple(sorted((k, _freeze(v)) for k, v in extra.items()))
 
 
 def _plain_value(value: Any) -> bool:
@@ -815,53 +919,72 @@ def _plain_value(value: Any) -> bool:
     return False
 
 
-def _located(raw: Mapping[str, Any], section: str, key: str) -> tuple[Any, Any]:
-    """The mapping and key whose line a problem with ``section.key`` points at: the key
-    where it was written, else its section (a default has no line of its own)."""
-    sec = raw.get(section)
-    if isinstance(sec, Mapping) and key in sec:
-        return sec, key
-    return raw, section
+def _key_lines(raw: Mapping[Any, Any], prefix: str = "") -> dict[str, int]:
+    """Dotted key path -> line, for every key of ``raw`` (and of its sections) read from
+    YAML (see :class:`_LocatedDict`); a plain mapping has none."""
+    lines = getattr(raw, "lines", {})
+    out: dict[str, int] = {}
+    for key, value in raw.items():
+        if not isinstance(key, str):
+            continue
+        path = _join(prefix, key)
+        if key in lines:
+            out[path] = lines[key]
+        if isinstance(value, Mapping):
+            out.update(_key_lines(value, path))
+    return out
 
 
-def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> None:
+class _Problems(list[ConfigProblem]):
+    """Problems of one configuration, each located where its key (or section) was written."""
+
+    def __init__(self, origin: ConfigOrigin) -> None:
+        super().__init__()
+        self.origin = origin
+
+    def add(self, path: str, message: str, at: str | None = None) -> None:
+        """A problem with key ``path``, at the line of key path ``at`` (default: ``path``)."""
+        self.append(ConfigProblem(path, message, self.origin.location(at or path)))
+
+
+def check_combinations(cfg: JobConfig) -> None:
+    """Refuse the combinations of ``cfg`` that each key allows alone but not together (what
+    :func:`load_config` checks after the keys; for a :class:`JobConfig` built in code),
+    every problem at its line where ``cfg`` came from a file."""
+    _raise_problems(_combination_problems(cfg), cfg.origin.filename)
+
+
+def _combination_problems(cfg: JobConfig) -> list[ConfigProblem]:
     """Cross-field rules: combinations each key allows alone but not together."""
-
-    def where(section: str, key: str) -> tuple[Any, Any]:
-        return _located(raw, section, key)
-
-    _check_transport(cfg, raw, ctx)
+    problems = _Problems(cfg.origin)
+    _check_transport(cfg, problems)
     t = cfg.transform
     if t.mean_values and t.mean_file is not None:
-        ctx.add(
+        problems.add(
             "transform.mean_file",
             "cannot be set together with transform.mean_values "
             "(Caffe allows one or the other); remove one of them",
-            *where("transform", "mean_file"),
         )
     if cfg.shuffle.mode != "none" and not STRATEGIES[cfg.readers.strategy].shuffles:
         shuffling = " | ".join(_SHUFFLING)
-        ctx.add(
+        problems.add(
             "shuffle.mode",
             f"{cfg.shuffle.mode!r} needs readers.strategy: {shuffling} "
             f"(strategy {cfg.readers.strategy!r} reads records in file order and cannot "
             f"shuffle); set readers.strategy: {shuffling} or shuffle.mode: none",
-            *where("shuffle", "mode"),
         )
     layout = LAYOUTS[cfg.dataset.layout]
     if layout.decoder is None:
-        ctx.add(
+        problems.add(
             "dataset.layout",
             f"the loader has no decoder for {cfg.dataset.layout!r} (it is written and "
             f"benchmarked only); set dataset.layout: {' | '.join(_DECODABLE)}",
-            *where("dataset", "layout"),
         )
     if cfg.dataset.scan_groups is not None and not layout.progressive:
-        ctx.add(
+        problems.add(
             "dataset.scan_groups",
             f"only applies to dataset.layout: {' | '.join(_PROGRESSIVE)} (layout is "
             f"{cfg.dataset.layout!r}); remove it",
-            *where("dataset", "scan_groups"),
         )
     if not layout.image:
         for key, active in (
@@ -870,57 +993,53 @@ def _check_combinations(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> No
             ("mean_file", t.mean_file is not None),
         ):
             if active:
-                ctx.add(
+                problems.add(
                     f"transform.{key}",
                     f"needs image records (dataset.layout one of "
                     f"{', '.join(_IMAGES)}); layout {cfg.dataset.layout!r} holds "
                     "table rows",
-                    *where("transform", key),
                 )
     if cfg.codec.name == "none" and cfg.codec.options:
         names = ", ".join(k for k, _ in cfg.codec.options)
-        ctx.add(
+        problems.add(
             "codec",
             f"options ({names}) given but codec.name is 'none'; set codec.name "
             "or remove the options",
-            *where("codec", cfg.codec.options[0][0]),
+            at=f"codec.{cfg.codec.options[0][0]}",
         )
+    return problems
 
 
-def _check_transport(cfg: JobConfig, raw: Mapping[str, Any], ctx: _Ctx) -> None:
+def _check_transport(cfg: JobConfig, problems: _Problems) -> None:
     """Rules of how a node's ring carries records (``codec``, ``readers``) that the loader
     would otherwise refuse only when the job starts."""
     codec, strategy = cfg.codec.name, cfg.readers.strategy
     if not BATCH_CODECS[codec].transport:
-        ctx.add(
+        problems.add(
             "codec.name",
             f"{codec!r} is a storage layout, not a transport codec (transport supports "
             f"{' | '.join(_TRANSPORT)}); set dataset.layout: {codec} and codec.name: none",
-            *_located(raw, "codec", "name"),
         )
     elif codec != "none" and not STRATEGIES[strategy].shared:
-        ctx.add(
+        problems.add(
             "codec.name",
             f"{codec!r} compresses the batches of a node's ring: it needs a node-level "
             f"readers.strategy: {' | '.join(_NODE_LEVEL)} (strategy {strategy!r} has no "
             "ring); set readers.strategy: dm-spec or codec.name: none",
-            *_located(raw, "codec", "name"),
         )
     as_stored = LAYOUTS[cfg.dataset.layout].spans and codec == "none"
     if cfg.readers.transfer == "spans" and not as_stored:
-        ctx.add(
+        problems.add(
             "readers.transfer",
             f"spans hands out records as they are stored (dataset.layout "
             f"{' | '.join(_SPANS)} and codec.name none); this job has layout "
             f"{cfg.dataset.layout!r} and codec {codec!r}: set readers.transfer: copy or auto",
-            *_located(raw, "readers", "transfer"),
         )
     if cfg.readers.per_node != 1:
-        ctx.add(
+        problems.add(
             "readers.per_node",
             f"{cfg.readers.per_node} readers per node is not supported yet (one node ring "
             "has one reader); set readers.per_node: 1",
-            *_located(raw, "readers", "per_node"),
         )
 
 
@@ -988,38 +1107,59 @@ def load_config(
     kept as written); in an override against the working directory.
 
     Raises :class:`~lmdbio.errors.ConfigError` listing every problem found (its ``problems``
-    attribute holds :class:`ConfigProblem` items).
+    attribute holds :class:`ConfigProblem` items). The result's :attr:`JobConfig.origin`
+    says where its keys were written (a :class:`JobConfig` source keeps its own).
     """
-    filename: str | None = None
-    base: Path | None = Path(base_dir) if base_dir is not None else None
-    if isinstance(source, JobConfig):
-        raw: Any = source.to_dict()
-    elif isinstance(source, Mapping):
-        raw = source
-    elif isinstance(source, (str, os.PathLike)):
-        p = Path(source)
-        filename = str(p)
-        try:
-            text = p.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise ConfigError(f"{p}: config file not found") from None
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"{p}: cannot read config file ({exc})") from None
-        raw = _parse_yaml(text, filename)
-        if raw is None:
-            raw = {}
-        if base is None:
-            base = p.resolve().parent
-    else:
-        raise ConfigError(
-            f"config source must be a file path, a mapping or a JobConfig, not "
-            f"{type(source).__name__}"
-        )
+    base = Path(base_dir) if base_dir is not None else None
+    raw, origin, base = _read_source(source, base)
+    filename = origin.filename
     ctx = _Ctx(filename, base)
     if not isinstance(raw, Mapping):
         ctx.add("<top level>", f"a job config must be a mapping of sections, not {_describe(raw)}")
         _raise_problems(ctx.problems, filename)
     raw = _copy_raw(raw)
+    _apply_overrides(raw, overrides, ctx)
+    cfg = _build(JobConfig, raw, "", ctx)
+    if cfg is not None:
+        lines = {**origin.lines, **_key_lines(raw)}
+        object.__setattr__(cfg, "origin", ConfigOrigin(filename, lines))
+        ctx.problems += _combination_problems(cfg)
+    _raise_problems(ctx.problems, filename)
+    assert cfg is not None
+    return cfg
+
+
+def _read_source(
+    source: str | os.PathLike | Mapping[str, Any] | JobConfig, base: Path | None
+) -> tuple[Any, ConfigOrigin, Path | None]:
+    """``(raw mapping, origin, base folder)`` of a :func:`load_config` source: a file's
+    YAML (its folder the base, unless one is given), a mapping as it is, a
+    :class:`JobConfig` as its :meth:`~JobConfig.to_dict` (keeping where its keys were
+    written)."""
+    if isinstance(source, JobConfig):
+        return source.to_dict(), source.origin, base
+    if isinstance(source, Mapping):
+        return source, ConfigOrigin(), base
+    if not isinstance(source, (str, os.PathLike)):
+        raise ConfigError(
+            f"config source must be a file path, a mapping or a JobConfig, not "
+            f"{type(source).__name__}"
+        )
+    p = Path(source)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: config file not found") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{p}: cannot read config file ({exc})") from None
+    raw = _parse_yaml(text, str(p))
+    folder = base if base is not None else p.resolve().parent
+    return ({} if raw is None else raw), ConfigOrigin(str(p)), folder
+
+
+def _apply_overrides(raw: dict, overrides: Iterable[str], ctx: _Ctx) -> None:
+    """Apply ``key.path=value`` overrides to ``raw``; a path in one (or in a section one
+    replaces) resolves against the working directory."""
     for item in overrides:
         parts, value = _parse_override(item)
         _apply_override(raw, parts, value, item)
@@ -1028,12 +1168,6 @@ def load_config(
         if isinstance(value, Mapping):  # a whole section replaced: its paths are cwd-relative
             for k in value:
                 ctx.path_bases[f"{dotted}.{k}"] = Path.cwd()
-    cfg = _build(JobConfig, raw, "", ctx)
-    if cfg is not None:
-        _check_combinations(cfg, raw, ctx)
-    _raise_problems(ctx.problems, filename)
-    assert cfg is not None
-    return cfg
 
 
 def _to_dict(obj: Any) -> Any:
@@ -1076,7 +1210,24 @@ def _md_cell(text: str) -> str:
 def render_reference() -> str:
     """The Markdown reference of every key (type, default, allowed values, meaning), generated
     from the schema; ``docs/configuration.md`` is this text (a test keeps them equal)."""
-    lines = [
+    lines = _render_intro()
+    hints = typing.get_type_hints(JobConfig)
+    top_scalars = []
+    for f in dataclasses.fields(JobConfig):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            lines += _render_section(f.name, tp, f.metadata["doc"])
+        else:
+            top_scalars.append(f)
+    lines += _render_top_level(top_scalars, hints)
+    lines += _render_rules()
+    lines += ["## Defaults in full", "", "```yaml", *_yaml_defaults(), "```", ""]
+    return "\n".join(lines)
+
+
+def _render_intro() -> list[str]:
+    """The reference's title and how a job is read (sources, overrides, paths)."""
+    return [
         "# Job configuration reference",
         "",
         "<!-- GENERATED by lmdbio.config.render_reference(); do not edit by hand. Regenerate "
@@ -1096,24 +1247,25 @@ def render_reference() -> str:
         "against the file's folder; in an override, against the working directory.",
         "",
     ]
-    hints = typing.get_type_hints(JobConfig)
-    top_scalars = []
-    for f in dataclasses.fields(JobConfig):
-        tp = hints[f.name]
-        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-            lines += _render_section(f.name, tp, f.metadata["doc"])
-        else:
-            top_scalars.append(f)
-    lines += ["## Top-level keys", "", "| key | type | default | meaning |", "|---|---|---|---|"]
-    for f in top_scalars:
+
+
+def _render_top_level(flds: list[dataclasses.Field], hints: Mapping[str, Any]) -> list[str]:
+    """The table of the top-level keys (not sections), then their choices."""
+    lines = ["## Top-level keys", "", "| key | type | default | meaning |", "|---|---|---|---|"]
+    for f in flds:
         lines.append(
             f"| `{f.name}` | {_md_cell(_field_type_text(f, hints[f.name]))} | "
             f"{_default_text(f)} | {_md_cell(f.metadata['doc'])} |"
         )
     lines.append("")
-    for f in top_scalars:
+    for f in flds:
         lines += _render_choices(f.name, f.metadata)
-    lines += [
+    return lines
+
+
+def _render_rules() -> list[str]:
+    """The rules across keys (:func:`_combination_problems`), in words."""
+    return [
         "## Rules across keys",
         "",
         "- `transform.mean_values` and `transform.mean_file` cannot both be set.",
@@ -1137,14 +1289,7 @@ def render_reference() -> str:
         "- `transform.mean_values` holds one value or one per channel (checked against the "
         "data when the job starts).",
         "",
-        "## Defaults in full",
-        "",
-        "```yaml",
-        *_yaml_defaults(),
-        "```",
-        "",
     ]
-    return "\n".join(lines)
 
 
 def _field_type_text(f: dataclasses.Field, tp: Any) -> str:

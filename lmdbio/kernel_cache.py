@@ -13,7 +13,9 @@ Kernel modules are found by their name, not listed: every module of ``lmdbio`` a
 ``loaders`` that compiles numba kernels is a ``kernels.py`` (one per package; a test checks
 that every module importing numba is one). :data:`READ_KERNEL_MODULES`, the kernels a read
 session calls, follows by package: every kernel module of ``lmdbio`` outside
-``lmdbio.codecs`` (the record formats, decoded by the workers).
+``lmdbio.codecs`` (the record formats, decoded by the workers). Code that calls kernels
+reaches a package's kernel module through :func:`kernel_module`, imported at first use, so
+that importing lmdbio loads no numba.
 
 :func:`key_numba_cache` runs when :mod:`lmdbio` is imported, before any kernel module is
 imported (they are all inside ``lmdbio`` or ``loaders``, which imports ``lmdbio`` first).
@@ -34,12 +36,15 @@ passes on whatever the environment holds.
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import importlib
 import os
 import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from types import ModuleType
 
 #: the file name of every module that compiles numba kernels
 KERNEL_MODULE_NAME = "kernels.py"
@@ -73,6 +78,20 @@ KERNEL_MODULES: tuple[str, ...] = find_kernel_modules(SOURCE_ROOT)
 #: the modules whose kernels a read session calls (page walks, gathers, page touching,
 #: slot checksums, the dm-spec estimate, the shared building blocks), as dotted names
 READ_KERNEL_MODULES: tuple[str, ...] = read_kernel_modules(KERNEL_MODULES)
+
+
+@functools.cache
+def kernel_module(package: str) -> ModuleType:
+    """The kernel module of ``package`` (``package.kernels``, e.g. ``kernel_module(
+    "lmdbio.lmdb")`` is :mod:`lmdbio.lmdb.kernels`), imported at the first call and then
+    returned from a cache.
+
+    Why: importing a kernel module imports numba and llvmlite, which ``import lmdbio``,
+    ``import loaders`` and ``lmdbio --help`` must not pay for (a test checks). Modules
+    that call kernels fetch them through this function at the point of use instead of
+    importing the kernel module at the top; one accessor serves them all."""
+    return importlib.import_module(f"{package}.{KERNEL_MODULE_NAME.removesuffix('.py')}")
+
 
 #: the last path component of a keyed cache directory
 _KEYED = re.compile(r"lmdbio-kernels-[0-9a-f]{16}")

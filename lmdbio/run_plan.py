@@ -3,16 +3,20 @@
 A :class:`~lmdbio.config.JobConfig` says what the user asked for, with ``auto`` and ``0``
 meaning "choose"; a :class:`RunPlan` says what the job runs with. :meth:`RunPlan.resolve`
 is the one place that turns the first into the second: it re-checks the configuration's
-combinations (:func:`~lmdbio.config.load_config`), resolves the transfer, the slot checksum
-and the records each consuming rank takes per batch (which needs the topology), and refuses
-what cannot run with a :class:`~lmdbio.errors.ConfigError` naming the setting, before any
-MPI work starts. Every later stage (:class:`~lmdbio.reader.ReadSession`, the loader,
+combinations (:func:`~lmdbio.config.check_combinations`), resolves the transfer, the slot
+checksum and the records each consuming rank takes per batch (which needs the topology),
+and refuses what cannot run with a :class:`~lmdbio.errors.ConfigError` naming the setting
+and, where the configuration came from a file, the file and line it was written at
+(:func:`~lmdbio.config.setting_error`), before any MPI work starts. It computes the same on
+every rank from the same configuration and topology, with no collective, so every rank
+refuses alike. Every later stage (:class:`~lmdbio.reader.ReadSession`, the loader,
 ``lmdbio bench read``) reads the plan and nothing else.
 
-Two purposes share the vocabulary: ``"train"`` (the loader: ``batch.size`` counts images,
-page accounting off) and ``"bench"`` (``lmdbio bench read``: ``batch.size`` counts records,
-page accounting on unless the tuning turns it off). What varies during a run (PCR's value
-prefix, set by ``Loader.set_scan_groups``) is session state, not part of the plan.
+Two purposes share the vocabulary: ``"train"`` (the loader: ``batch.size`` counts the images
+of a global batch, page accounting off) and ``"bench"`` (``lmdbio bench read``: ``batch.size``
+counts the records each consuming rank takes, its ``--batch-size``; page accounting on unless
+the tuning turns it off). What varies during a run (PCR's value prefix, set by
+``Loader.set_scan_groups``) is session state, not part of the plan.
 """
 
 from __future__ import annotations
@@ -23,10 +27,17 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
-from lmdbio.config import ConfigProblem, JobConfig, load_config
+from lmdbio.config import (
+    ConfigOrigin,
+    ConfigProblem,
+    JobConfig,
+    check_combinations,
+    setting_error,
+)
 from lmdbio.errors import ConfigError
 from lmdbio.layouts import LAYOUTS
 from lmdbio.plan.strategies import strategy_class
+from lmdbio.shm.layout import CHECKSUM_NAMES, checksum_kind
 
 #: the loader's logger: the batch-split warnings are the loader's, as they always were
 log = logging.getLogger("lmdbio.loader")
@@ -36,10 +47,6 @@ Purpose = Literal["train", "bench"]
 PURPOSES: tuple[str, ...] = get_args(Purpose)
 #: the kernel read-around choices of :attr:`ReadTuning.read_around`
 READ_AROUND_MODES: tuple[str, ...] = ("auto", "on", "off")
-#: slot checksum names as a plan holds them (what :func:`~lmdbio.shm.layout.checksum_kind`
-#: reads), from the values a caller may give
-_CHECKSUM_NAMES: dict[Any, str] = {True: "xxh64", False: "none", "xxh64": "xxh64",
-                                   "crc32": "crc32", "none": "none"}
 
 
 @dataclass(frozen=True)
@@ -71,12 +78,8 @@ class RunPlan:
     after the configuration reads (no ``auto`` or ``0`` left to choose, except
     :attr:`batches_per_slot`, which the readers agree on from the file's record sizes)."""
 
-    #: ``"train"`` (the loader) or ``"bench"`` (``lmdbio bench read``)
-    purpose: Purpose
     #: the read strategy (:data:`lmdbio.plan.strategies.STRATEGIES`)
     strategy: str
-    #: the role split the topology runs in: "dedicated" or "colocated"
-    reader_mode: str
     #: records each consuming rank takes per batch (images resolved to records)
     batch_size: int
     #: the consuming ranks a batch is split over (the workers of a node-level strategy,
@@ -108,31 +111,34 @@ class RunPlan:
     direct_io: bool
     prefetch_advice: bool
     read_around: str
+    #: where the settings were written (:attr:`~lmdbio.config.JobConfig.origin`), for the
+    #: refusals a later stage makes (a batch larger than the data set) at their file:line
+    origin: ConfigOrigin
 
     @classmethod
     def resolve(cls, cfg: JobConfig, topo: Any, *, purpose: Purpose = "train",
                 checksum: bool | str | None = None, tuning: ReadTuning | None = None
                 ) -> RunPlan:
         """The plan of ``cfg`` on ``topo`` (a :class:`~lmdbio.topology.Topology`, or any
-        object with its ``mode``, ``rank``, ``size`` and ``n_workers``).
+        object with its ``rank``, ``size`` and ``n_workers``).
 
         ``purpose`` "train": ``batch.size`` counts images over the consuming ranks, each
         rank's share rounded to whole records of the layout; page accounting off.
-        ``purpose`` "bench": ``batch.size`` counts records; page accounting as
-        ``tuning.accounting``. ``checksum`` (True / "xxh64", "crc32", False / "none")
+        ``purpose`` "bench": ``batch.size`` counts the records of each consuming rank; page
+        accounting as ``tuning.accounting``. ``checksum`` (True / "xxh64", "crc32", False / "none")
         overrides ``readers.checksum``. Raises :class:`~lmdbio.errors.ConfigError` for
-        every combination the run would refuse."""
+        every combination the run would refuse, at its file and line where ``cfg`` was read
+        from a file."""
         if purpose not in PURPOSES:
             raise ConfigError(f"run plan purpose must be one of {PURPOSES}, got {purpose!r}")
         tuning = tuning if tuning is not None else ReadTuning()
-        cfg = load_config(cfg)  # the configuration's own rules, for a JobConfig built in code
+        check_combinations(cfg)  # the configuration's own rules, for a JobConfig built in code
         _check_tuning(tuning)
         consumers = consuming_ranks(cfg.readers.strategy, topo)
         per_worker = _records_per_consumer(cfg, topo, consumers, purpose)
         return cls(
-            purpose=purpose, strategy=cfg.readers.strategy, reader_mode=str(topo.mode),
-            batch_size=per_worker, consumers=consumers, last=cfg.batch.last,
-            shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
+            strategy=cfg.readers.strategy, batch_size=per_worker, consumers=consumers,
+            last=cfg.batch.last, shuffle=cfg.shuffle.mode, seed=cfg.shuffle.seed,
             block_pages=cfg.shuffle.block_pages, window_blocks=cfg.shuffle.window,
             prefetch_depth=cfg.readers.prefetch_depth,
             batches_per_slot=cfg.readers.batches_per_slot, subdb=cfg.dataset.subdb,
@@ -141,7 +147,7 @@ class RunPlan:
             transfer=resolve_transfer(cfg), timeout=tuning.timeout,
             symmetric=tuning.symmetric, accounting=purpose == "bench" and tuning.accounting,
             direct_io=tuning.direct_io, prefetch_advice=tuning.prefetch_advice,
-            read_around=tuning.read_around)
+            read_around=tuning.read_around, origin=cfg.origin)
 
 
 def consuming_ranks(strategy: str, topo: Any) -> int:
@@ -151,14 +157,14 @@ def consuming_ranks(strategy: str, topo: Any) -> int:
 
 
 def slot_checksum(value: bool | str) -> str:
-    """The slot checksum's name for a ``readers.checksum`` value or an override: True and
-    "xxh64" are XXH64, False and "none" none."""
-    try:
-        return _CHECKSUM_NAMES[value]
-    except (KeyError, TypeError):
-        raise ConfigError(_problem(
-            "readers.checksum", f"must be 'xxh64', 'crc32' or 'none' (or True / False), got "
-            f"{value!r}")) from None
+    """The slot checksum's name (:data:`~lmdbio.shm.layout.CHECKSUM_NAMES`) for a
+    ``readers.checksum`` value or an override: True is XXH64, False none."""
+    if isinstance(value, bool) or (isinstance(value, str) and value in CHECKSUM_NAMES):
+        kind = checksum_kind(value)
+        return next(name for name, named in CHECKSUM_NAMES.items() if named == kind)
+    problem = ConfigProblem("readers.checksum", "must be 'xxh64', 'crc32' or 'none' (or True / "
+                            f"False), got {value!r}")  # an override: no line of the file
+    raise ConfigError(f"invalid job configuration: {problem}")
 
 
 def resolve_transfer(cfg: JobConfig) -> str:
@@ -174,19 +180,18 @@ def resolve_transfer(cfg: JobConfig) -> str:
 
 
 def _records_per_consumer(cfg: JobConfig, topo: Any, consumers: int, purpose: str) -> int:
-    """Records in each consuming rank's batch: ``batch.size`` split over ``consumers``; for
-    training, in records of the layout (a PCR, IBP or TOC record holds several images).
-    Rank 0 warns where the split is not exact."""
+    """Records in each consuming rank's batch: for a bench, ``batch.size``; for training,
+    ``batch.size`` split over ``consumers``, in records of the layout (a PCR, IBP or TOC
+    record holds several images). Rank 0 warns where the split is not exact."""
+    if purpose == "bench":  # lmdbio bench read counts each rank's records
+        return cfg.batch.size
     if cfg.batch.size < consumers:
-        raise ConfigError(_problem(
-            "batch.size", f"{cfg.batch.size} is smaller than the number of consuming ranks "
-            f"({consumers}); every rank needs a record"))
+        raise setting_error(cfg.origin, "batch.size", f"{cfg.batch.size} is smaller than the "
+                            f"number of consuming ranks ({consumers}); every rank needs a record")
     per_worker = cfg.batch.size // consumers
     if per_worker * consumers != cfg.batch.size and topo.rank == 0:
         log.warning("batch.size %d is not a multiple of the %d consuming ranks: the global "
                     "batch is %d", cfg.batch.size, consumers, per_worker * consumers)
-    if purpose == "bench":  # lmdbio bench read counts records
-        return per_worker
     from loaders.decode import records_per_batch  # the layout's records (its sidecar)
 
     per_worker, note = records_per_batch(cfg, per_worker, consumers)
@@ -203,8 +208,3 @@ def _check_tuning(tuning: ReadTuning) -> None:
     if not tuning.timeout > 0:
         raise ConfigError(f"timeout must be positive, got {tuning.timeout!r}")
 
-
-def _problem(path: str, message: str) -> str:
-    """An error text in the configuration's own form (:class:`~lmdbio.config.ConfigProblem`:
-    the key path, then what is wrong and what is allowed)."""
-    return f"invalid job configuration: {ConfigProblem(path, message)}"

@@ -109,9 +109,12 @@ def _as_int(name: str, value: object) -> int:
 
 
 def _check_params(
-    simulate_nodes: int | None, readers_per_node: int, mode: str, world_size: int
+    simulate_nodes: int | None, readers_per_node: int, mode: str, world_size: int,
+    simulate_nodes_at: str | None = None,
 ) -> tuple[int, int, str]:
-    """Normalized ``(simulate_nodes, readers_per_node, mode)``; ConfigError when invalid."""
+    """Normalized ``(simulate_nodes, readers_per_node, mode)``; ConfigError when invalid
+    (a refused ``simulate_nodes`` at ``simulate_nodes_at``, the ``file:line`` of the job
+    configuration's ``topology.simulate_nodes``, where given)."""
     if mode not in MODES:
         raise ConfigError(f"topology mode must be one of {MODES}, got {mode!r}")
     from_env = simulate_nodes is None
@@ -130,11 +133,13 @@ def _check_params(
         if simulate_nodes:
             simulated_node_bounds(world_size, simulate_nodes)  # raises when > world size
     except ConfigError as exc:
-        if not from_env:
-            raise
-        raise ConfigError(f"{SIMULATE_NODES_ENV}={simulate_nodes} in the environment (what "
-                          f"lmdbio launch --simulate-nodes exports; topology.simulate_nodes "
-                          f"is not set): {exc}") from None
+        if from_env:
+            raise ConfigError(f"{SIMULATE_NODES_ENV}={simulate_nodes} in the environment "
+                              "(what lmdbio launch --simulate-nodes exports; "
+                              f"topology.simulate_nodes is not set): {exc}") from None
+        if simulate_nodes_at:
+            raise ConfigError(f"{simulate_nodes_at}: {exc}") from None
+        raise
     if readers_per_node < 1:
         raise ConfigError(f"readers_per_node must be >= 1, got {readers_per_node}")
     return simulate_nodes, readers_per_node, mode
@@ -154,7 +159,8 @@ def _world_comm(comm: Any) -> Any:
 
 
 def _agreed_params(
-    world: Any, simulate_nodes: int | None, readers_per_node: int, mode: str
+    world: Any, simulate_nodes: int | None, readers_per_node: int, mode: str,
+    simulate_nodes_at: str | None = None,
 ) -> tuple[int, int, str]:
     """Collective: the checked ``(simulate_nodes, readers_per_node, mode)``, equal on all ranks.
 
@@ -163,8 +169,8 @@ def _agreed_params(
     collective.
     """
     try:
-        params: tuple[int, int, str] | str = _check_params(simulate_nodes, readers_per_node,
-                                                           mode, world.Get_size())
+        params: tuple[int, int, str] | str = _check_params(
+            simulate_nodes, readers_per_node, mode, world.Get_size(), simulate_nodes_at)
     except ConfigError as exc:
         params = str(exc)
     all_params = world.allgather(params)
@@ -356,6 +362,7 @@ class Topology:
         simulate_nodes: int | None = 0,
         readers_per_node: int = 1,
         mode: str = "dedicated",
+        simulate_nodes_at: str | None = None,
     ) -> Topology:
         """Collective over ``comm`` (default ``MPI.COMM_WORLD``): split it into nodes and roles.
 
@@ -363,12 +370,14 @@ class Topology:
         of consecutive ranks; ``None`` = read ``LMDBIO_SIMULATE_NODES`` (exported by
         ``lmdbio launch --simulate-nodes``), 0 when unset. ``readers_per_node`` (>= 1) is
         clamped to the node size. Every argument must be the same on every rank; a wrong
-        value raises :class:`~lmdbio.errors.ConfigError` on every rank.
+        value raises :class:`~lmdbio.errors.ConfigError` on every rank (a ``simulate_nodes``
+        larger than the world at ``simulate_nodes_at``, where the job configuration wrote
+        ``topology.simulate_nodes``: :meth:`lmdbio.config.ConfigOrigin.location`).
         """
         world = _world_comm(comm)
         rank, size = world.Get_rank(), world.Get_size()
         simulate_nodes, readers_per_node, mode = _agreed_params(
-            world, simulate_nodes, readers_per_node, mode
+            world, simulate_nodes, readers_per_node, mode, simulate_nodes_at
         )
         node, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
         local_rank, local_size = node.Get_rank(), node.Get_size()

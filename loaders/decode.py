@@ -15,15 +15,16 @@ so that ``import loaders`` loads neither.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 from lmdbio.codecs.record_batch import as_spans, as_u8, key_of
+from lmdbio.config import setting_error
 from lmdbio.errors import ConfigError, LmdbioError, RecordError
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.layouts import LAYOUTS, get_layout, layout_names
-from loaders.transform import RaggedImages
+from loaders.transform import RaggedImages, streams
 
 #: layouts whose decoders give one output row per record, in record order: the loader may
 #: decode the records of several batches in one call and split the rows (PCR, IBP and TOC
@@ -35,22 +36,6 @@ Allocator = Callable[[tuple[int, ...], Any], np.ndarray]
 #: ``decode(payload, offsets, keys, lengths=None)``: ``offsets`` are the ``N + 1`` record
 #: bounds in ``payload``, or with ``lengths`` (by-reference slots) the ``N`` record starts
 Decoder = Callable[..., tuple[Any, np.ndarray, np.ndarray, list[RecordError]]]
-
-
-def _datum_kernels() -> ModuleType:
-    """:mod:`lmdbio.codecs.datum.kernels`, imported on first use so that ``import loaders``
-    does not load numba."""
-    from lmdbio.codecs.datum import kernels
-
-    return kernels
-
-
-def _loaders_kernels() -> ModuleType:
-    """:mod:`loaders.kernels`, imported on first use so that ``import loaders`` does not load
-    numba."""
-    from loaders import kernels
-
-    return kernels
 
 
 def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
@@ -162,10 +147,11 @@ def check_crop_size(cfg: Any) -> None:
         return
     h, w = small.get("height"), small.get("width")
     if isinstance(h, int) and isinstance(w, int) and crop > min(h, w):
-        raise ConfigError(f"transform.crop_size {crop} is larger than the smallest image of "
-                          f"{cfg.dataset.path}, {small.get('name')!r} ({h}x{w}, from its "
-                          f"lmdbio.json): Caffe would stop at it; use a crop_size of at most "
-                          f"{min(h, w)}, or convert the images to one size (--resize H W)")
+        raise setting_error(cfg.origin, "transform.crop_size", f"{crop} is larger than the "
+                            f"smallest image of {cfg.dataset.path}, {small.get('name')!r} "
+                            f"({h}x{w}, from its lmdbio.json): Caffe would stop at it; use a "
+                            f"crop_size of at most {min(h, w)}, or convert the images to one "
+                            "size (--resize H W)")
 
 
 def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, crop: int = 0,
@@ -250,7 +236,7 @@ def _pack_pixels(u8: np.ndarray, h: Any, raw: np.ndarray, images: dict[int, np.n
     """``(pixels, starts)``: every record's pixels end to end (uint8, or float32 when a
     decoded image is), the ``raw`` uint8 records gathered in one compiled pass where the
     output is uint8; records in neither ``raw`` nor ``images`` stay zero."""
-    gather_pixels = _loaders_kernels().gather_pixels
+    gather_pixels = kernel_module("loaders").gather_pixels
 
     n = out_shapes.shape[0]
     sizes = out_shapes.prod(axis=1)
@@ -315,7 +301,7 @@ def datum_spans(payload: np.ndarray, offsets: np.ndarray,
     and explains those). ``offsets`` are the ``N + 1`` record bounds in ``payload``, or with
     ``lengths`` the ``N`` record starts (records anywhere in ``payload``, e.g. spans of the
     database mapping). Only the first record is parsed here."""
-    k = _datum_kernels()
+    k = kernel_module("lmdbio.codecs.datum")
 
     if lengths is None:
         bounds = np.ascontiguousarray(offsets, np.int64)
@@ -357,8 +343,8 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     whose overflow page headers are still to be checked: a bad one gives ``None`` too (the
     caller's exact check then names the page).
     """
-    k = _datum_kernels()
-    widen_datums = _loaders_kernels().widen_datums
+    k = kernel_module("lmdbio.codecs.datum")
+    widen_datums = kernel_module("loaders").widen_datums
 
     spans = offsets if isinstance(offsets, DatumSpans) else \
         datum_spans(payload, offsets, lengths)
@@ -468,9 +454,10 @@ def records_per_batch(cfg: Any, items: int, consumers: int) -> tuple[int, str | 
     if (spec.batch_per_record and items != per) or items < per:
         need = per * consumers
         exact = "exactly" if spec.batch_per_record else "a multiple of"
-        raise ConfigError(f"batch.size {cfg.batch.size} counts {unit}: {items} per worker "
-                          f"rank ({consumers} consuming ranks), but {what}; set batch.size to "
-                          f"{exact} {need} ({per} {unit} x {consumers} ranks)")
+        raise setting_error(cfg.origin, "batch.size", f"{cfg.batch.size} counts {unit}: "
+                            f"{items} per worker rank ({consumers} consuming ranks), but "
+                            f"{what}; set batch.size to {exact} {need} ({per} {unit} x "
+                            f"{consumers} ranks)")
     records = items // per
     note = None
     if records * per != items:

@@ -50,9 +50,10 @@ class Loader:
         from lmdbio.run_plan import RunPlan
         from lmdbio.topology import Topology
         self.cfg = cfg
-        self.topo = Topology.build(comm, simulate_nodes=cfg.topology.simulate_nodes,
-                                   readers_per_node=cfg.readers.per_node,
-                                   mode=options.reader_mode(cfg))
+        self.topo = Topology.build(
+            comm, simulate_nodes=cfg.topology.simulate_nodes,
+            readers_per_node=cfg.readers.per_node, mode=options.reader_mode(cfg),
+            simulate_nodes_at=cfg.origin.location("topology.simulate_nodes"))
         #: the resolved, checked settings every stage of this loader reads
         self.run_plan = RunPlan.resolve(cfg, self.topo, purpose="train", checksum=slot_checksum)
         #: PCR: the scan groups the readers read (None: all; see :meth:`set_scan_groups`)

@@ -31,7 +31,6 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -39,6 +38,7 @@ import numpy as np
 from lmdbio.codecs.binaryproto import read_mean_file
 from lmdbio.errors import ConfigError
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 
 __all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch",
            "transform_rng"]
@@ -47,14 +47,6 @@ __all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch"
 _NO_MEAN = np.zeros((1, 1, 1), np.float32)
 
 _RNG_TAG = 0x5452414E  # "TRAN": keeps transform draws independent of other users of `seed`
-
-
-def _loaders_kernels() -> ModuleType:
-    """:mod:`loaders.kernels`, imported on first use so that ``import loaders`` does not load
-    numba."""
-    from loaders import kernels
-
-    return kernels
 
 
 def _offsets(u: np.ndarray, count: int) -> np.ndarray:
@@ -196,11 +188,9 @@ def _fused_kernels() -> tuple[Any, int, np.ndarray]:
     """The fused Datum kernels' module, the parse table's width and the empty header
     format, imported once (numba loads with the kernels: not when this module is imported)
     and then looked up per batch without an import statement."""
-    from lmdbio.codecs.datum.kernels import NCOLS
-    k = _loaders_kernels()
     from loaders.decode import NO_HEADER_CHECK
 
-    return k, NCOLS, NO_HEADER_CHECK
+    return kernel_module("loaders"), kernel_module("lmdbio.codecs.datum").NCOLS, NO_HEADER_CHECK
 
 
 class DataTransformer:
@@ -352,7 +342,7 @@ class DataTransformer:
         each datum to have it). Decisions come from ``draw`` or ``rng`` (:meth:`draw`,
         whose uniform variates give each image its offsets): the same values as the fused
         Datum path (:meth:`datums`) gives the same records."""
-        k = _loaders_kernels()
+        k = kernel_module("loaders")
 
         n = len(images)
         shapes = images.shapes
@@ -457,7 +447,7 @@ class DataTransformer:
         as :meth:`ragged` crops the decoded images. ``None`` when a record is not a raw
         uint8 Datum of the batch's channels at least ``crop_size`` in both sides (the
         general decoder then names it)."""
-        k = _loaders_kernels()
+        k = kernel_module("loaders")
 
         n = len(spans)
         none = np.zeros(n)
@@ -496,7 +486,7 @@ class DataTransformer:
 
     def _kernel_mean(self, c: int) -> tuple[int, np.ndarray, np.ndarray]:
         """The compiled kernels' mean arguments: mode, per-channel values, mean image."""
-        k = _loaders_kernels()
+        k = kernel_module("loaders")
 
         if self.mean is not None:
             return k.MEAN_FILE, np.zeros(c, np.float32), self.mean
@@ -510,7 +500,7 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
                    mean: np.ndarray | None, mean_values: np.ndarray | None,
                    out: np.ndarray | None) -> np.ndarray:
     """The fused compiled kernel (numpy inputs): same results as :func:`transform_batch`."""
-    k = _loaders_kernels()
+    k = kernel_module("loaders")
 
     n, c, height, width = batch.shape
     oh, ow = (crop_size, crop_size) if crop_size else (height, width)

@@ -13,7 +13,17 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lmdbio.config import JobConfig, load_config, render_reference
+from lmdbio.config import (
+    CodecConfig,
+    ConfigOrigin,
+    DatasetConfig,
+    JobConfig,
+    ReadersConfig,
+    check_combinations,
+    load_config,
+    render_reference,
+    setting_error,
+)
 from lmdbio.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -270,6 +280,46 @@ def test_file_errors_carry_file_and_line(tmp_path):
     assert "must be a mapping of sections" in str(_error(f))
     f.write_text("")
     assert "dataset: required section missing" in str(_error(f))
+
+
+def test_a_loaded_config_keeps_where_its_keys_were_written(tmp_path):
+    """The origin lets a refusal made after loading (the run plan's) name the line; it is
+    not a setting: equality, to_dict and a pickled copy are as without it."""
+    import pickle
+
+    f = tmp_path / "job.yaml"
+    f.write_text("dataset:\n  path: /x\nbatch:\n  size: 8\ncodec:\n  name: ibp\n"
+                 "  chunk_bytes: 4\n")
+    cfg = load_config(f)
+    assert cfg.origin.filename == str(f)
+    assert cfg.origin.location("batch.size") == f"{f}:4"
+    assert cfg.origin.location("batch.last") == f"{f}:3"  # a default: its section
+    assert cfg.origin.location("codec.chunk_bytes") == f"{f}:7"
+    assert cfg.origin.location("shuffle.mode") is None  # neither written
+    assert cfg == load_config(cfg.to_dict()) and "origin" not in cfg.to_dict()
+    assert pickle.loads(pickle.dumps(cfg)).origin == cfg.origin
+    assert load_config({"dataset": {"path": "/x"}}).origin == ConfigOrigin()
+    assert load_config(cfg, ["batch.size=16"]).origin == cfg.origin  # a JobConfig keeps its
+
+
+def test_setting_error_has_load_configs_form(tmp_path):
+    f = tmp_path / "job.yaml"
+    f.write_text("dataset:\n  path: /x\nbatch:\n  size: 8\n")
+    err = setting_error(load_config(f).origin, "batch.size", "is too small")
+    assert str(err) == f"invalid job configuration {f}: {f}:4: batch.size: is too small"
+    assert err.path == "batch.size"  # type: ignore[attr-defined]
+    assert [p.location for p in err.problems] == [f"{f}:4"]  # type: ignore[attr-defined]
+    err = setting_error(load_config(MINIMAL).origin, "batch.size", "is too small")
+    assert str(err) == "invalid job configuration: batch.size: is too small"
+
+
+def test_check_combinations_refuses_a_config_built_in_code():
+    cfg = JobConfig(dataset=DatasetConfig(path="/x"), codec=CodecConfig(name="ibp"),
+                    readers=ReadersConfig(strategy="naive-stride"))
+    with pytest.raises(ConfigError, match=r"^invalid job configuration: codec\.name: 'ibp' "
+                                          "compresses the batches of a node's ring"):
+        check_combinations(cfg)
+    check_combinations(load_config(MINIMAL))  # a valid one passes
 
 
 def test_example_configs_validate():

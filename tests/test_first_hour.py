@@ -203,6 +203,7 @@ def _usable_gpu() -> bool:
 OPEN_LOADER = "import sys, loaders\nloaders.open(sys.argv[1])\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", ["lmdbio run", "loaders.open"])
 @pytest.mark.parametrize(("case", "message"), [
     ("bad-config", "unknown key"),
@@ -325,6 +326,7 @@ def _interrupt_when_batches_flow(argv: list[str], log: Path, disposition: object
 
 # Ctrl-C in a terminal (SIGINT's default disposition), and `kill -INT` of a script's
 # background job (which inherits SIGINT ignored)
+@pytest.mark.slow
 @pytest.mark.parametrize("disposition", [signal.SIG_DFL, signal.SIG_IGN],
                          ids=["terminal", "background"])
 def test_ctrl_c_on_one_process_is_interrupted_with_exit_code_130(db: Path, tmp_path: Path,
@@ -370,6 +372,7 @@ def test_quickstart_config_reads_what_make_run_writes() -> None:
 # --------------------------------------------------------------------------- 5. smaller
 
 
+@pytest.mark.slow
 def test_a_batch_larger_than_the_data_set(db: Path, tmp_path: Path) -> None:
     """``pad``: a warning naming both numbers (once: one process here; the launch test
     above has four), and no warning about the one rank of a one-process job; ``drop``:

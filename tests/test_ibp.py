@@ -191,6 +191,7 @@ def test_ratios_match_authors_format() -> None:
         assert rows.nbytes / q.nbytes >= rows.nbytes / p.nbytes
 
 
+@pytest.mark.slow
 def test_sample_fit_close_to_full() -> None:
     """Fitting on a 10% sample stays within 1% of the full fit (on average over samples) where
     the sample has a few hundred rows or more."""

@@ -9,10 +9,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lmdbio.kernel_cache import (
     KERNEL_MODULES,
     READ_KERNEL_MODULES,
     find_kernel_modules,
+    kernel_module,
     keyed_cache_dir,
     read_kernel_modules,
     sources_digest,
@@ -94,6 +97,7 @@ def _run(tmp_path: Path, mode: str, cache: Path) -> int:
     return int(out.stdout.split()[-1])
 
 
+@pytest.mark.slow
 def test_a_caller_is_compiled_again_when_only_its_callee_changed(tmp_path):
     """numba alone loads the caller with the old callee inside (the plain cache below);
     keyed, the caller sees the new callee."""
@@ -140,3 +144,26 @@ def test_keying_after_numba_was_imported_keeps_its_settings(tmp_path):
     check, cache = out.stdout.split()
     assert check == "1"
     assert re.fullmatch(re.escape(str(tmp_path)) + r"/lmdbio-kernels-[0-9a-f]{16}", cache)
+
+
+def test_kernel_module_is_the_packages_kernels_module():
+    """``kernel_module(package)`` is ``package.kernels``, the same object every call."""
+    from lmdbio.lmdb import kernels
+
+    assert kernel_module("lmdbio.lmdb") is kernels
+    assert kernel_module("lmdbio.lmdb") is kernel_module("lmdbio.lmdb")
+
+
+LIGHT_IMPORTS = """
+import sys
+import lmdbio, lmdbio.reader, lmdbio.lmdb, lmdbio.codecs.btable.rows, loaders, loaders.decode
+print(sorted(m for m in sys.modules if m.split(".")[0] == "numba" or m.endswith(".kernels")))
+"""
+
+
+def test_importing_the_package_loads_no_kernel_module():
+    """The modules that call kernels reach them through :func:`kernel_module` at first
+    use: importing them loads neither numba nor a kernel module."""
+    out = subprocess.run([sys.executable, "-c", LIGHT_IMPORTS], cwd=REPO, capture_output=True,
+                         text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

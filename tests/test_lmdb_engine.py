@@ -117,6 +117,7 @@ def test_longest_keys(tmp_path, version):
     assert_same_as_pylmdb(tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 3])
 @pytest.mark.parametrize("commits", [1999, 2000])
 def test_many_commits_with_deletes(tmp_path, version, commits):
@@ -655,6 +656,7 @@ def _mass_delete(path, version: int) -> None:
     env.close()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("version", [1, 3])
 @pytest.mark.parametrize("history", ["churn", "mass-delete"])
 def test_free_list_and_the_trees_cover_the_file(tmp_path, version, history):

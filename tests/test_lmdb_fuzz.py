@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,6 +38,7 @@ def run_fuzzer(args: list[str], timeout: float) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
+@pytest.mark.slow
 def test_mutated_files_never_crash_or_hang():
     """The same 1,000 cases every run (the regression set), then 500 of this run's seed
     (``structfuzz.RUN_SEED``: new every run, fixed by ``LMDBIO_FUZZ_SEED`` to replay)."""

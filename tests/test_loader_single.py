@@ -135,6 +135,7 @@ def _delivered(cfg, epochs=2, stop_after=None):
         return out, loader.metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("on_error", ["skip", "substitute"])
 @pytest.mark.parametrize("transform", [{}, {"crop_size": 3, "mirror": True, "scale": 0.5}])
 @pytest.mark.parametrize("last", ["pad", "partial"])

@@ -404,7 +404,8 @@ def test_pcr_from_an_lmdb_is_checked_as_converted_and_leaves_nothing(tmp_path):
 
 def test_pcr_batch_size_counts_images(pcr_kept, caplog):
     path, _ = pcr_kept
-    with pytest.raises(ConfigError, match=r"batch.size 2 counts images.*group of 3.*multiple of 3"):
+    with pytest.raises(ConfigError,
+                       match=r"batch.size: 2 counts images.*group of 3.*multiple of 3"):
         loaders.open(_config(path, "pcr", size=2, crop_size=32))
     caplog.set_level(logging.WARNING)
     with loaders.open(_config(path, "pcr", size=7, last="partial", crop_size=32)) as loader:

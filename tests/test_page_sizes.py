@@ -413,6 +413,7 @@ def test_overflow_page_counts_match_an_independent_count(written: Written):
 FUZZ_CASES = [c for c in CASES if c.psize in (32768, 65536)]
 
 
+@pytest.mark.slow
 def test_mutated_large_page_files_never_crash_or_hang(pagesize_shim, tmp_path):
     """The fuzzer of test_lmdb_fuzz.py over 32 KiB (v1) and 64 KiB (v3) page files (with
     a named sub-database, overflow values and several leaves, as its own 4 KiB bases):

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from lmdbio.plan import job_epochs, plan_epoch
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(0, 500), consumers=st.integers(1, 9), batch=st.integers(1, 40),
        last=st.sampled_from(["pad", "drop", "partial"]),

@@ -245,6 +245,7 @@ def test_bench_scan_is_silent_in_a_pipe_or_when_quiet(db: Path, flag, capsys,
 # --------------------------------------------------------------------------- run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(24, 100), None], ids=["24x100", "unknown-size"])
 def test_run_draws_on_a_terminal_with_total_rate_and_time_left(job: Path, size) -> None:
     code, out, terminal = lmdbio_on_a_terminal("run", str(job), size=size)
@@ -263,6 +264,7 @@ def test_run_is_silent_in_a_pipe(job: Path) -> None:
     assert "[lmdbio] epoch 0 iteration 2" in done.stdout  # a log keeps its lines
 
 
+@pytest.mark.slow
 def test_run_forced_or_quiet(job: Path) -> None:
     forced = lmdbio("run", str(job), "--progress")
     assert forced.returncode == 0, forced.stderr

@@ -183,7 +183,7 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     # and the database's leaf directory), computed here without MPI (a topology of the
     # run's consuming ranks)
     cfg = load_config({"dataset": {"path": str(db.path)},
-                       "batch": {"size": batch * n_consumers, "last": last},
+                       "batch": {"size": batch, "last": last},
                        "readers": {"strategy": case["strategy"]},
                        "shuffle": {"mode": case.get("shuffle", "none"),
                                    "seed": case.get("seed", 0)}})
@@ -564,7 +564,7 @@ paths = json.loads(sys.argv[1])
 with Topology.build(simulate_nodes=2) as topo:
     path = paths[topo.node_index]
     # 64 records per consumer, one batch per slot, copied records (the other cases' reads)
-    cfg = load_config({"dataset": {"path": path}, "batch": {"size": 64 * topo.n_workers},
+    cfg = load_config({"dataset": {"path": path}, "batch": {"size": 64},
                        "readers": {"strategy": "dm-spec", "batches_per_slot": 1,
                                    "transfer": "copy"}})
     session = ReadSession(path, topo, RunPlan.resolve(cfg, topo, purpose="bench"))

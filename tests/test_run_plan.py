@@ -1,31 +1,37 @@
 """RunPlan.resolve: a job configuration and a topology resolved into one frozen run plan.
 
-No MPI: the topology is a stand-in with what the resolution reads (``mode``, ``rank``,
-``size``, ``n_workers``). Covers the values resolved from ``auto`` and aliases, the records
-per consuming rank, what differs between the ``train`` and ``bench`` purposes, and each
-refusal with its message.
+No mpiexec: the topology is a stand-in with what the resolution reads (``rank``, ``size``,
+``n_workers``), except for the two refusals made outside the plan, by the topology and by
+the session (a one-process loader, and a one-process ``lmdbio run``). Covers the values
+resolved from ``auto`` and aliases, the records per consuming rank, what differs between
+the ``train`` and ``bench`` purposes, and each refusal with its message, which names the
+key and, for a configuration read from a file, its ``file:line``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+import loaders
+from bench.lmdbgen import tiny_datum_items, write_db
 from lmdbio.config import DatasetConfig, JobConfig, ShuffleConfig, load_config
 from lmdbio.convert.writer import write_dataset_meta
 from lmdbio.errors import ConfigError
 from lmdbio.run_plan import ReadTuning, RunPlan, consuming_ranks, resolve_transfer
 
 
-def topology(size: int = 4, workers: int = 3, mode: str = "dedicated", rank: int = 0
-             ) -> SimpleNamespace:
+def topology(size: int = 4, workers: int = 3, rank: int = 0) -> SimpleNamespace:
     """A one-node topology of ``size`` ranks, ``workers`` of them consuming."""
-    return SimpleNamespace(mode=mode, rank=rank, size=size, n_workers=workers)
+    return SimpleNamespace(rank=rank, size=size, n_workers=workers)
 
 
 def job(**sections: Any) -> JobConfig:
@@ -40,8 +46,7 @@ def job(**sections: Any) -> JobConfig:
 
 def test_defaults_resolve_to_the_loaders_settings() -> None:
     plan = RunPlan.resolve(job(batch={"size": 48}), topology())
-    assert plan.purpose == "train"
-    assert (plan.strategy, plan.reader_mode) == ("dm-spec", "dedicated")
+    assert plan.strategy == "dm-spec"
     assert (plan.batch_size, plan.consumers) == (16, 3)  # 48 images over the 3 workers
     assert (plan.last, plan.shuffle, plan.seed) == ("pad", "none", 0)
     assert (plan.block_pages, plan.window_blocks, plan.prefetch_depth) == (64, 8, 4)
@@ -112,18 +117,22 @@ def test_an_inexact_split_is_rounded_down_with_a_warning(caplog: pytest.LogCaptu
     assert caplog.text == ""  # rank 0 alone warns
 
 
-def test_the_reader_mode_is_the_topologys() -> None:
-    plan = RunPlan.resolve(job(readers={"mode": "auto"}), topology(mode="colocated"))
-    assert plan.reader_mode == "colocated"
-
-
 def test_a_training_plan_counts_images_a_bench_plan_records(tmp_path: Path) -> None:
     data = tmp_path / "pcr"
     data.mkdir()
     write_dataset_meta(data, {"group_size": 4})  # four images per PCR record
     cfg = job(dataset={"path": str(data), "layout": "pcr"}, batch={"size": 48})
+    # training: 48 images over 3 workers, 4 images a record; bench: 48 records a rank
     assert RunPlan.resolve(cfg, topology(), purpose="train").batch_size == 4
-    assert RunPlan.resolve(cfg, topology(), purpose="bench").batch_size == 16
+    assert RunPlan.resolve(cfg, topology(), purpose="bench").batch_size == 48
+
+
+def test_a_bench_plan_takes_batch_size_records_on_every_consuming_rank(
+        caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="lmdbio.loader"):
+        plan = RunPlan.resolve(job(batch={"size": 2}), topology(), purpose="bench")
+    assert (plan.batch_size, plan.consumers) == (2, 3)  # no split, no refusal, no warning
+    assert caplog.text == ""
 
 
 # ------------------------------------------------------------------------- purposes
@@ -167,7 +176,7 @@ def test_a_record_larger_than_a_workers_share_is_refused(tmp_path: Path) -> None
     data.mkdir()
     write_dataset_meta(data, {"group_size": 32})
     cfg = job(dataset={"path": str(data), "layout": "pcr"}, batch={"size": 48})
-    with pytest.raises(ConfigError, match=r"batch\.size 48 counts images: 16 per worker"):
+    with pytest.raises(ConfigError, match=r"batch\.size: 48 counts images: 16 per worker"):
         RunPlan.resolve(cfg, topology())
 
 
@@ -192,3 +201,103 @@ def test_an_unknown_checksum_or_purpose_is_refused() -> None:
         RunPlan.resolve(job(), topology(), checksum="md5")
     with pytest.raises(ConfigError, match="run plan purpose must be one of"):
         RunPlan.resolve(job(), topology(), purpose="serve")
+
+
+# ------------------------------------------------------------------------- refusals at file:line
+
+def job_file(tmp_path: Path, text: str) -> tuple[JobConfig, Path]:
+    """A job configuration read from a YAML file of ``text`` (and the file)."""
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    return load_config(path), path
+
+
+def test_a_batch_smaller_than_the_consuming_ranks_names_its_file_and_line(tmp_path: Path
+                                                                          ) -> None:
+    cfg, path = job_file(tmp_path, "dataset:\n  path: /data/x\nbatch:\n  last: drop\n"
+                                   "  size: 2\n")
+    with pytest.raises(ConfigError) as info:
+        RunPlan.resolve(cfg, topology())
+    assert str(info.value) == (
+        f"invalid job configuration {path}: {path}:5: batch.size: 2 is smaller than the "
+        "number of consuming ranks (3); every rank needs a record")
+    assert info.value.path == "batch.size"  # type: ignore[attr-defined]
+    # every rank refuses alike (no rank reaches a collective the others skip)
+    for rank in (1, 2, 3):
+        with pytest.raises(ConfigError) as other:
+            RunPlan.resolve(cfg, topology(rank=rank))
+        assert str(other.value) == str(info.value)
+
+
+def test_a_refusal_of_a_default_points_at_its_section_or_at_nothing(tmp_path: Path) -> None:
+    # batch.size is not written: its section's line, then no line where neither is
+    cfg, path = job_file(tmp_path, "dataset:\n  path: /data/x\nbatch:\n  last: pad\n")
+    with pytest.raises(ConfigError, match=rf"{path}:3: batch\.size: 64 is smaller"):
+        RunPlan.resolve(cfg, topology(size=100, workers=99))
+    cfg, path = job_file(tmp_path, "dataset:\n  path: /data/x\n")
+    with pytest.raises(ConfigError, match=rf"^invalid job configuration {path}: batch\.size: "
+                                          "64 is smaller"):
+        RunPlan.resolve(cfg, topology(size=100, workers=99))
+
+
+def test_a_record_larger_than_a_workers_share_names_its_file_and_line(tmp_path: Path
+                                                                      ) -> None:
+    data = tmp_path / "pcr"
+    data.mkdir()
+    write_dataset_meta(data, {"group_size": 32})
+    cfg, path = job_file(tmp_path, f"dataset:\n  path: {data}\n  layout: pcr\n"
+                                   "batch:\n  size: 48\n")
+    with pytest.raises(ConfigError, match=rf"{path}:5: batch\.size: 48 counts images: 16 per "
+                                          r"worker rank \(3 consuming ranks\), but"):
+        RunPlan.resolve(cfg, topology())
+
+
+def test_a_crop_larger_than_the_smallest_image_names_its_file_and_line(tmp_path: Path
+                                                                       ) -> None:
+    data = tmp_path / "mixed"
+    data.mkdir()
+    write_dataset_meta(data, {"smallest_image": {"name": "a", "height": 20, "width": 30}})
+    cfg, path = job_file(tmp_path, f"dataset:\n  path: {data}\ntransform:\n  mirror: true\n"
+                                   "  crop_size: 24\nbatch:\n  size: 48\n")
+    with pytest.raises(ConfigError, match=rf"{path}:5: transform\.crop_size: 24 is larger than "
+                                          "the smallest image"):
+        RunPlan.resolve(cfg, topology())
+
+
+def test_an_override_refused_after_loading_points_at_the_key_it_replaced(tmp_path: Path
+                                                                         ) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text("dataset:\n  path: /data/x\nbatch:\n  size: 48\n")
+    cfg = load_config(path, ["batch.size=2"])
+    with pytest.raises(ConfigError, match=rf"{path}:4: batch\.size: 2 is smaller"):
+        RunPlan.resolve(cfg, topology())
+
+
+def test_a_batch_the_data_set_cannot_fill_under_drop_names_its_file_and_line(tmp_path: Path
+                                                                             ) -> None:
+    """Refused by the session from the data set's size (one process, no mpiexec), at the
+    line of the configuration the plan keeps."""
+    db = tmp_path / "db"
+    db.mkdir()
+    write_db(db, tiny_datum_items(10, seed=3))
+    job = tmp_path / "job.yaml"
+    job.write_text(f"dataset: {{path: {db}}}\nworkers: {{device: cpu}}\n"
+                   "metrics: {every: 0}\nbatch:\n  last: drop\n  size: 12\n")
+    repo = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMIX_", "LMDBIO_"))}
+    env["PYTHONPATH"] = str(repo)
+    run = subprocess.run([sys.executable, "-m", "lmdbio.cli", "run", str(job)], cwd=repo,
+                         env=env, capture_output=True, text=True, timeout=120, check=False)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert f"{job}:6: batch.size: the batch (batch.size) of 12 records is larger than the " \
+        "data set" in run.stderr, run.stderr
+
+
+def test_more_simulated_nodes_than_ranks_names_its_file_and_line(tmp_path: Path) -> None:
+    """Refused by the topology, on every rank alike (its parameters are agreed on in one
+    exchange), at the line of ``topology.simulate_nodes``; a one-process world here."""
+    job = tmp_path / "job.yaml"
+    job.write_text("dataset:\n  path: /data/x\ntopology:\n  simulate_nodes: 2\n")
+    with pytest.raises(ConfigError, match=rf"^{job}:4: topology\.simulate_nodes "
+                                          r"\(--simulate-nodes\) = 2 is more than the 1 ranks"):
+        loaders.open(job)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -34,6 +35,7 @@ def reference(val_off, val_len, leaf_pg, psize, touched, starts, lengths):
                int(ranges.size - np.isin(ranges, needed).sum()), int(ranges.size)))
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None)
 @given(st.data())
 def test_observe_iteration_matches_the_set_definition(data) -> None:

@@ -236,17 +236,15 @@ def _sequential_read(path: str, cold: bool, direct: bool = False) -> dict[str, A
             "bytes_per_second": total / seconds if seconds else 0.0}
 
 
-def bench_config(args: argparse.Namespace, path: str, topo: Any) -> JobConfig:
+def bench_config(args: argparse.Namespace, path: str) -> JobConfig:
     """The measurement's flags as a job configuration, the loader's vocabulary: the
-    records per consumer (``--batch-size``) times the consuming ranks make ``batch.size``
-    (a ``bench`` plan counts records); checked by :func:`~lmdbio.config.load_config`."""
+    records per consumer (``--batch-size``) are ``batch.size``, as a ``bench`` plan counts
+    them; checked by :func:`~lmdbio.config.load_config`."""
     from lmdbio.config import load_config
-    from lmdbio.run_plan import consuming_ranks
 
     return load_config({
         "dataset": {"path": path, "subdb": args.subdb},
-        "batch": {"size": args.batch_size * consuming_ranks(args.strategy, topo),
-                  "last": args.last},
+        "batch": {"size": args.batch_size, "last": args.last},
         "readers": {"strategy": args.strategy, "mode": args.mode,
                     "prefetch_depth": args.prefetch_depth,
                     "batches_per_slot": args.batches_per_slot, "transfer": args.transfer},
@@ -281,7 +279,7 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
         load_kernels = time.perf_counter() - t0
         topo = Topology.build(world, simulate_nodes=args.simulate_nodes, mode=args.mode)
         path = _node_path(args.path, topo.node_index)
-        run_plan = RunPlan.resolve(bench_config(args, path, topo), topo, purpose="bench",
+        run_plan = RunPlan.resolve(bench_config(args, path), topo, purpose="bench",
                                    tuning=bench_tuning(args))
         sleeping_barrier(world, args.timeout, "bench read barrier")
         t_start = time.perf_counter()

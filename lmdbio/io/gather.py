@@ -12,24 +12,16 @@ there.
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from lmdbio.errors import LmdbioError
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb.records import RecordRefs, record_indices
 
 if TYPE_CHECKING:
     from lmdbio.lmdb.database import Database
-
-
-def _lmdb_kernels() -> ModuleType:
-    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that ``import lmdbio`` does not
-    load numba."""
-    from lmdbio.lmdb import kernels
-
-    return kernels
 
 
 def gather(
@@ -45,7 +37,7 @@ def gather(
     are not touched). ``out`` may be a preallocated ``uint8`` array (e.g. a shared-memory
     slot); it must be large enough.
     """
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
 
     t = db.record_table()
     idx = record_indices(indices, len(db))
@@ -71,7 +63,7 @@ def gather_refs(db: Database, refs: RecordRefs, out: np.ndarray | None = None
                 ) -> tuple[np.ndarray, np.ndarray]:
     """Copy the values ``refs`` point at back to back into one buffer (see :func:`gather`);
     with a node O_DIRECT cache, from the cache, after reading the pages it lacks."""
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
 
     every = np.arange(len(refs), dtype=np.int64)
     acc = db.accounting
@@ -98,7 +90,7 @@ def gather_refs(db: Database, refs: RecordRefs, out: np.ndarray | None = None
 def gather_keys(db: Database, refs: RecordRefs) -> tuple[np.ndarray, np.ndarray]:
     """The keys of ``refs`` packed as ``(offsets, bytes)`` (the slot format); key pages are
     leaf pages, already accounted by the walk or locate that found the records."""
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
 
     out = np.empty(int(refs.key_len.sum()), np.uint8)
     offsets = np.empty(len(refs) + 1, np.int64)
@@ -116,7 +108,7 @@ def gather_batch(db: Database, refs: RecordRefs, payload: np.ndarray, offsets: n
 
     Not for node O_DIRECT caches (use :func:`gather_refs`, which loads the pages first).
     """
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
 
     acc = db.accounting
     if acc.node_cache is not None:
@@ -148,7 +140,7 @@ def check_value_spans(db: Database, starts: np.ndarray, lengths: np.ndarray) -> 
     cache line and page with the value's first bytes, which the consumer reads next, while
     the reader would read every value's page for this check alone (measured in
     docs/reading.md, tenth session)."""
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
 
     code, page = k.check_value_spans(db.buf, db.fmt, starts, lengths)
     if code:
@@ -165,7 +157,7 @@ def copy_spans_by_batch(db: Database, starts: np.ndarray, lengths: np.ndarray, b
     too small for one batch (nothing is checked or copied past the span that did not fit;
     call again with a larger ``out``). Raises :class:`~lmdbio.errors.LmdbFormatError`
     naming the page of a bad header."""
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
 
     if batch < 1:
         raise LmdbioError(f"copy_spans_by_batch: batch must be at least 1, got {batch}")

@@ -32,13 +32,13 @@ import mmap as _mmap
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from lmdbio.errors import LmdbioError
 from lmdbio.io import libc
 from lmdbio.io.symmap import Mapping, map_file
+from lmdbio.kernel_cache import kernel_module
 
 __all__ = [
     "MADV_DONTNEED",
@@ -74,14 +74,6 @@ MADV_DONTNEED: int = getattr(_mmap, "MADV_DONTNEED", 4)
 PathOrMapping = Mapping | str | os.PathLike
 
 
-def _io_kernels() -> ModuleType:
-    """:mod:`lmdbio.io.kernels`, imported on first use so that ``import lmdbio`` does not load
-    numba."""
-    from lmdbio.io import kernels
-
-    return kernels
-
-
 def _as_array(target: Mapping | np.ndarray) -> np.ndarray:
     if isinstance(target, Mapping):
         return target.array
@@ -110,7 +102,7 @@ def _byte_range(total: int, offset: int, length: int | None, what: str) -> tuple
 def touch(target: Mapping | np.ndarray, offset: int = 0, length: int | None = None) -> int:
     """Fault in every OS page of ``[offset, offset+length)``; returns a checksum of the bytes
     read (one per page), meaningless except that computing it forces the reads."""
-    touch_range = _io_kernels().touch_range
+    touch_range = kernel_module("lmdbio.io").touch_range
 
     arr = _as_array(target)
     start, stop = _byte_range(arr.shape[0], offset, length, "touch")
@@ -137,7 +129,7 @@ def touch_page_ranges(
     All ranges are validated up front (whole-array checks) and a bad one raises
     :class:`~lmdbio.errors.LmdbioError` naming it, before anything is read.
     """
-    touch_ranges = _io_kernels().touch_ranges
+    touch_ranges = kernel_module("lmdbio.io").touch_ranges
 
     arr = _as_array(target)
     s, c = _checked_page_ranges("touch_page_ranges", arr.shape[0], starts, counts, page_size)
@@ -329,7 +321,7 @@ def pages_resident(
     s, c = _checked_page_ranges("pages_resident", arr.shape[0], starts, counts, page_size)
     base = arr.ctypes.data
     if samples is not None:
-        sample_resident = _io_kernels().sample_resident
+        sample_resident = kernel_module("lmdbio.io").sample_resident
 
         return sample_resident(base, s, c, page_size, OS_PAGE_SIZE, max(int(samples), 1)) > 0
     keep = c > 0

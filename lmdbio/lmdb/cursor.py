@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lmdbio.errors import LmdbFormatError, LmdbioError
+from lmdbio.kernel_cache import kernel_module
 
 if TYPE_CHECKING:
     from lmdbio.lmdb.database import Database
@@ -27,12 +28,6 @@ _MAGIC = b"LMCR"
 _F_INIT = 1
 _F_EOF = 2
 _F_ADDR = 4
-
-
-def _kernels():
-    from lmdbio.lmdb import kernels
-
-    return kernels
 
 
 class Cursor:
@@ -57,7 +52,8 @@ class Cursor:
 
     # ----------------------------------------------------------------- pages
     def _nkeys(self, pg: int) -> int:
-        code, n = _kernels().check_page(self.db.buf, self.db.fmt, pg, self.db.meta.last_pg)
+        k = kernel_module("lmdbio.lmdb")
+        code, n = k.check_page(self.db.buf, self.db.fmt, pg, self.db.meta.last_pg)
         if code:
             self.db.raise_format_error(code, pg)
         if self.db.accounting.enabled:
@@ -65,22 +61,24 @@ class Cursor:
         return int(n)
 
     def _child(self, pg: int, i: int) -> int:
-        child = _kernels().branch_child(self.db.buf, self.db.fmt, pg * self.db.psize, i)
+        k = kernel_module("lmdbio.lmdb")
+        child = k.branch_child(self.db.buf, self.db.fmt, pg * self.db.psize, i)
         if child < 0:
-            self.db.raise_format_error(_kernels().E_NODE, pg)
+            self.db.raise_format_error(k.E_NODE, pg)
         return int(child)
 
     def _node_key(self, pg: int, i: int) -> bytes:
-        node = _kernels().node_offset(self.db.buf, self.db.fmt, pg * self.db.psize, i)
+        k = kernel_module("lmdbio.lmdb")
+        node = k.node_offset(self.db.buf, self.db.fmt, pg * self.db.psize, i)
         if node < 0:
-            self.db.raise_format_error(_kernels().E_NODE, pg)
+            self.db.raise_format_error(k.E_NODE, pg)
         ksize = int(self.db.buf[node + 6]) | (int(self.db.buf[node + 7]) << 8)
         if node + 8 + ksize > (pg + 1) * self.db.psize:
-            self.db.raise_format_error(_kernels().E_NODE, pg)
+            self.db.raise_format_error(k.E_NODE, pg)
         return bytes(self.db.mv[node + 8:node + 8 + ksize])
 
     def _leaf(self, pg: int, i: int) -> tuple[int, int, int, int]:
-        code, ko, kl, vo, vl, _, _ = _kernels().leaf_node(
+        code, ko, kl, vo, vl, _, _ = kernel_module("lmdbio.lmdb").leaf_node(
             self.db.buf, self.db.fmt, pg * self.db.psize, i, self.db.meta.last_pg, False)
         if code:
             self.db.raise_format_error(code, pg)

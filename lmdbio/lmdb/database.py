@@ -19,7 +19,6 @@ import mmap
 import os
 import weakref
 from collections.abc import Iterator
-from types import ModuleType
 from typing import Any, NoReturn
 
 import numpy as np
@@ -29,6 +28,7 @@ from lmdbio.io import libc
 from lmdbio.io.accounting import PageAccounting
 from lmdbio.io.prefetch import MADV_RANDOM
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import format as fmt_mod
 from lmdbio.lmdb.cursor import Cursor
 from lmdbio.lmdb.format import MDB_DUPSORT, DbRecord, PageLayout
@@ -41,14 +41,6 @@ from lmdbio.lmdb.snapshot import (
     resolve_file,
 )
 from lmdbio.lmdb.subdb import list_subdb_names, resolve_tree
-
-
-def _lmdb_kernels() -> ModuleType:
-    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that ``import lmdbio`` does not
-    load numba."""
-    from lmdbio.lmdb import kernels
-
-    return kernels
 
 
 class Database:
@@ -191,10 +183,11 @@ class Database:
     def raise_format_error(self, code: int, page: int) -> NoReturn:
         """Raise :class:`~lmdbio.errors.LmdbFormatError` for error ``code`` of a compiled
         kernel (:mod:`lmdbio.lmdb.kernels`) at page ``page`` of this file."""
-        raise LmdbFormatError(self.path, _lmdb_kernels().error_message(code), page=int(page))
+        message = kernel_module("lmdbio.lmdb").error_message(code)
+        raise LmdbFormatError(self.path, message, page=int(page))
 
     def _walk(self, db: DbRecord) -> tuple[np.ndarray, int]:
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         leaves = np.empty(self.meta.last_pg + 1, np.int64)
         code, page, nleaves, nbranches = k.walk_tree(
@@ -210,7 +203,7 @@ class Database:
         database) over its leaf pages ``leaves`` (default: all, from a walk of the tree),
         ``nrecords`` records (default: counted from the leaf headers). Reads those leaf
         pages (marked in the accounting); not cached (:meth:`record_table` caches)."""
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         if leaves is None:
             leaves, _ = self._walk(db)
@@ -261,7 +254,7 @@ class Database:
     def page_entries(self, pg: int) -> int:
         """The number of nodes on branch or leaf page ``pg`` (records on a leaf). Reads that
         page's header only, unaccounted, as :meth:`branch_children`."""
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         self.check_open()
         code, n = k.check_page(self.buf, self.fmt, int(pg), self.meta.last_pg)
@@ -272,7 +265,7 @@ class Database:
     def branch_children(self, pg: int) -> np.ndarray:
         """Child page numbers of branch page ``pg``, in key order. Reads that page only (and
         does not mark it in the accounting: callers ask about pages a walk already read)."""
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         self.check_open()
         out = np.empty(self.psize // 2, np.int64)
@@ -292,7 +285,7 @@ class Database:
         :class:`~lmdbio.errors.LmdbFormatError` for a page named twice (a cycle or a
         shared subtree: the levels could otherwise grow without bound) or a page that is
         not a branch page where the depth says one is."""
-        cycle_error = _lmdb_kernels().E_CYCLE
+        cycle_error = kernel_module("lmdbio.lmdb").E_CYCLE
 
         self.check_open()
         record = self.db if record is None else record
@@ -317,7 +310,7 @@ class Database:
         """``leaves`` as int64 page numbers, every one inside the snapshot and the file and
         flagged a leaf page; raises :class:`~lmdbio.errors.LmdbFormatError` naming the
         first that is not."""
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
         leaves = np.ascontiguousarray(leaves, dtype=np.int64)
         outside = np.flatnonzero((leaves < 2) | (leaves > self.meta.last_pg)
                                  | ((leaves + 1) * self.psize > self.buf.shape[0]))
@@ -345,7 +338,7 @@ class Database:
         Reads branch pages and leaf headers only (no values, no overflow pages).
         """
         if self._leaf_first is None:
-            k = _lmdb_kernels()
+            k = kernel_module("lmdbio.lmdb")
 
             leaves = self.leaves()
             counts = np.empty(leaves.shape[0], np.int64)
@@ -449,7 +442,7 @@ class Database:
         how often the walk wrapped around to the first record (``wrap=True``), ``at_end`` is
         set when it stopped at the end of the tree instead.
         """
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         refs = RecordRefs.empty(n)
         got, wraps, at_end = self._advance(
@@ -464,7 +457,7 @@ class Database:
         leaf from the leaves' record counts, reading the branch and leaf pages
         :meth:`walk_collect` reads but parsing no node. Returns ``(passed, wraps,
         at_end)``, as :meth:`walk_collect` returns its ``wraps`` and ``at_end``."""
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         return self._advance(
             cursor, wrap, lambda pg, slot: k.walk_skip(
@@ -502,7 +495,7 @@ class Database:
 
     def locate(self, indices: np.ndarray) -> RecordRefs:
         """Where records ``indices`` are, through the leaf directory (one leaf read each)."""
-        k = _lmdb_kernels()
+        k = kernel_module("lmdbio.lmdb")
 
         idx = record_indices(indices, len(self))
         refs = RecordRefs.empty(idx.shape[0])

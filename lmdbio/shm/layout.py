@@ -67,6 +67,7 @@ from lmdbio.shm.errors import RingError
 __all__ = [
     "CHECKSUM_CRC32",
     "CHECKSUM_KINDS",
+    "CHECKSUM_NAMES",
     "CHECKSUM_NONE",
     "CHECKSUM_XXH64",
     "FLAG_KEY_SPANS",
@@ -121,9 +122,10 @@ MODE_FLAGS = FLAG_PART_ENCODED | FLAG_SPANS | FLAG_KEY_SPANS
 CHECKSUM_NONE = 0
 CHECKSUM_CRC32 = 1
 CHECKSUM_XXH64 = 2
-_CHECKSUM_NAMES = {"none": CHECKSUM_NONE, "crc32": CHECKSUM_CRC32, "xxh64": CHECKSUM_XXH64}
+#: the slot checksums by name (``readers.checksum``) and the kind a slot header names
+CHECKSUM_NAMES = {"none": CHECKSUM_NONE, "crc32": CHECKSUM_CRC32, "xxh64": CHECKSUM_XXH64}
 #: every checksum kind a slot header may name
-CHECKSUM_KINDS = frozenset(_CHECKSUM_NAMES.values())
+CHECKSUM_KINDS = frozenset(CHECKSUM_NAMES.values())
 
 HEADER_DTYPE = np.dtype(
     [
@@ -392,8 +394,8 @@ def checksum_kind(value: bool | str | int | None) -> int:
     if value is False or value is None:
         return CHECKSUM_NONE
     if isinstance(value, str):
-        if value.lower() in _CHECKSUM_NAMES:
-            return _CHECKSUM_NAMES[value.lower()]
+        if value.lower() in CHECKSUM_NAMES:
+            return CHECKSUM_NAMES[value.lower()]
     elif isinstance(value, int) and value in CHECKSUM_KINDS:
         return value
     raise ConfigError(f"batch ring: checksum must be True, False, 'xxh64', 'crc32' or 'none', "

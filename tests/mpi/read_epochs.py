@@ -34,7 +34,7 @@ from mpi4py import MPI
 from lmdbio.config import load_config
 from lmdbio.mpiutil import abort_on_error
 from lmdbio.reader import ReadSession
-from lmdbio.run_plan import ReadTuning, RunPlan, consuming_ranks
+from lmdbio.run_plan import ReadTuning, RunPlan
 from lmdbio.topology import Topology
 
 logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -103,12 +103,11 @@ def run_case(path: str, index: int, case: dict, topo: Topology) -> None:
 
 
 def _run_case(path: str, index: int, case: dict, topo: Topology) -> None:
-    # records per consumer (batch) over the consuming ranks, one batch per slot and copied
-    # records unless the case says otherwise, as a bench plan counts them
+    # records per consumer (batch), one batch per slot and copied records unless the case
+    # says otherwise, as a bench plan counts them
     cfg = load_config({
         "dataset": {"path": path},
-        "batch": {"size": case.get("batch", 4) * consuming_ranks(case["strategy"], topo),
-                  "last": case.get("last", "pad")},
+        "batch": {"size": case.get("batch", 4), "last": case.get("last", "pad")},
         "readers": {"strategy": case["strategy"], "prefetch_depth": case.get("depth", 3),
                     "batches_per_slot": case.get("per_slot", 1), "transfer": "copy"},
         "shuffle": {"mode": case.get("shuffle", "none"), "seed": case.get("seed", 0)},

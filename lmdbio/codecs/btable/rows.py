@@ -29,13 +29,13 @@ naming the file, the row and the offset.
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import numpy as np
 
 from lmdbio.errors import CodecError
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 
 # ---- status codes shared by the kernels and their callers -------------------------------------
 OK = 0
@@ -65,16 +65,6 @@ def record_nbytes(nnz: np.ndarray | int) -> np.ndarray | int:
     return 8 + 8 * ((nnz + 1) // 2) + 8 * nnz
 
 
-@functools.cache
-def _kernels() -> dict[str, Any]:
-    """The compiled kernels, imported on first use: importing this module does not import
-    numba."""
-    from lmdbio.codecs.btable import kernels as k
-
-    return {"scan": k.scan, "decode": k.decode, "encode": k.encode,
-            "encode_records": k.encode_records, "decode_records": k.decode_records}
-
-
 # ---- BTable body ---------------------------------------------------------------------------------
 def scan_btable_rows(buf: np.ndarray, start: int,
                      final: bool) -> tuple[int, int, int, int, int, int]:
@@ -84,8 +74,8 @@ def scan_btable_rows(buf: np.ndarray, start: int,
     the last complete row. With ``final=False`` a row cut by the end of ``buf`` is not an error
     (more data will follow: streaming reads), with ``final=True`` it is ``E_TRUNCATED``.
     """
-    st, rows, nnz, end, off, bad = _kernels()["scan"](read_only(buf), np.int64(start),
-                                                      bool(final))
+    scan = kernel_module("lmdbio.codecs.btable").scan
+    st, rows, nnz, end, off, bad = scan(read_only(buf), np.int64(start), bool(final))
     return int(st), int(rows), int(nnz), int(end), int(off), int(bad)
 
 
@@ -99,8 +89,9 @@ def decode_btable_rows(
     indptr = np.empty(n_rows + 1, np.int64)
     indices = np.empty(nnz, np.int32)
     bits = np.empty(nnz, np.uint64)
-    st, row, off, bad = _kernels()["decode"](read_only(buf), np.int64(start), np.int64(n_rows),
-                                             np.int64(n_cols), indptr, indices, bits)
+    decode = kernel_module("lmdbio.codecs.btable").decode
+    st, row, off, bad = decode(read_only(buf), np.int64(start), np.int64(n_rows),
+                               np.int64(n_cols), indptr, indices, bits)
     return int(st), int(row), int(off), int(bad), indptr, indices, bits.view(np.float64)
 
 
@@ -113,8 +104,8 @@ def encode_btable_rows(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray
         indptr = indptr - indptr[0]
     out = np.empty(4 * n_rows + 12 * nnz, np.uint8)
     bits = np.ascontiguousarray(data, dtype=np.float64).view(np.uint64)
-    end = _kernels()["encode"](indptr, np.ascontiguousarray(indices, dtype=np.int32), bits,
-                               out, np.int64(0))
+    encode = kernel_module("lmdbio.codecs.btable").encode
+    end = encode(indptr, np.ascontiguousarray(indices, dtype=np.int32), bits, out, np.int64(0))
     assert end == out.shape[0]
     return out
 
@@ -136,8 +127,9 @@ def encode_row_records(
     np.cumsum(record_nbytes(nnz), out=offsets[1:])
     out = np.empty(int(offsets[-1]), np.uint8)
     bits = np.ascontiguousarray(data, dtype=np.float64).view(np.uint64)
-    _kernels()["encode_records"](indptr, np.ascontiguousarray(indices, dtype=np.int32), bits,
-                                 np.int64(n_cols), out, offsets[:-1])
+    encode_records = kernel_module("lmdbio.codecs.btable").encode_records
+    encode_records(indptr, np.ascontiguousarray(indices, dtype=np.int32), bits,
+                   np.int64(n_cols), out, offsets[:-1])
     return out, offsets
 
 
@@ -163,7 +155,7 @@ def decode_row_records(
     if n and (int(offsets.min()) < 0 or int(lengths.min()) < 0
               or bool((lengths > size - offsets).any())):
         raise CodecError("row records: an offset/length points outside the buffer")
-    k = _kernels()["decode_records"]
+    k = kernel_module("lmdbio.codecs.btable").decode_records
     indptr = np.empty(n + 1, np.int64)
     empty_i = np.empty(0, np.int32)
     empty_b = np.empty(0, np.uint64)

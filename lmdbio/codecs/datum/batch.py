@@ -10,7 +10,6 @@ module does not import numba.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any, Literal
 
 import numpy as np
@@ -18,16 +17,9 @@ import numpy as np
 from lmdbio.codecs.datum.format import ChannelOrder, decode_image
 from lmdbio.codecs.record_batch import KeySource, as_spans, as_u8, key_of
 from lmdbio.errors import CodecError, RecordError
+from lmdbio.kernel_cache import kernel_module
 
 __all__ = ["DatumBatch", "DatumHeaders", "decode_datum_batch", "parse_datum_headers"]
-
-
-def _datum_kernels() -> ModuleType:
-    """:mod:`lmdbio.codecs.datum.kernels`, imported on first use so that importing the codec
-    does not load numba."""
-    from lmdbio.codecs.datum import kernels
-
-    return kernels
 
 
 @dataclass
@@ -50,7 +42,7 @@ class DatumHeaders:
     table: np.ndarray = field(repr=False)  #: the raw (N, 13) int64 table
 
     def error_text(self, i: int) -> str:
-        ERROR_TEXT = _datum_kernels().ERROR_TEXT
+        ERROR_TEXT = kernel_module("lmdbio.codecs.datum").ERROR_TEXT
 
         code = int(self.error[i])
         return f"{ERROR_TEXT.get(code, f'error {code}')} (at byte {int(self.error_at[i])})"
@@ -59,7 +51,7 @@ class DatumHeaders:
 def parse_datum_headers(buf: Any, offsets: Any, lengths: Any | None = None) -> DatumHeaders:
     """Parse the fields of every Datum ``buf[offsets[i] : offsets[i] + lengths[i]]`` in one
     compiled call (no pixel copy). ``lengths=None``: ``offsets`` are N+1 boundaries."""
-    k = _datum_kernels()
+    k = kernel_module("lmdbio.codecs.datum")
 
     u8 = as_u8(buf)
     off, ln = as_spans(offsets, lengths)
@@ -114,7 +106,7 @@ def decode_datum_batch(
             record (by batch order); ``"mask"`` zeroes bad rows and reports them in
             ``valid``/``errors`` so a skip/substitute policy can act.
     """
-    k = _datum_kernels()
+    k = kernel_module("lmdbio.codecs.datum")
 
     u8 = as_u8(buf)
     off, ln = as_spans(offsets, lengths)

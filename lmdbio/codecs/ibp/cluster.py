@@ -11,7 +11,6 @@ row; :func:`cluster_report` counts both in the net saving, as the paper's Figure
 
 from __future__ import annotations
 
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -27,19 +26,12 @@ from lmdbio.codecs.ibp.model import (
     search_mask,
 )
 from lmdbio.errors import CodecError
-
-
-def _ibp_kernels() -> ModuleType:
-    """:mod:`lmdbio.codecs.ibp.kernels`, imported on first use so that importing the codec does
-    not load numba."""
-    from lmdbio.codecs.ibp import kernels
-
-    return kernels
+from lmdbio.kernel_cache import kernel_module
 
 
 def _majority(words: np.ndarray, labels: np.ndarray, k: int, width: int) -> tuple[np.ndarray,
                                                                                   np.ndarray]:
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     n = words.shape[1]
     counts = np.zeros((k, width, n), np.int64)
@@ -55,7 +47,7 @@ def _majority(words: np.ndarray, labels: np.ndarray, k: int, width: int) -> tupl
 def hamming_kmeans(words: np.ndarray, k: int, *, iters: int = 10,
                    seed: int = 0) -> np.ndarray:
     """Cluster labels (int64) of the rows of ``words`` (N x n chunk words)."""
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     nrows = words.shape[0]
     width = words.dtype.itemsize * 8

@@ -30,13 +30,13 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from lmdbio.errors import CodecError
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 
 if TYPE_CHECKING:
     from lmdbio.codecs.ibp.packed import IBPPacked
@@ -54,14 +54,6 @@ _MAX_CLUSTERS = 65535
 # model header: magic, version, chunk_bytes, search code, ndim, nchunks, nclusters, row_bytes,
 # threshold, dtype string length
 _MODEL_HEAD = struct.Struct("<4sBBBBIIQdH")
-
-
-def _ibp_kernels() -> ModuleType:
-    """:mod:`lmdbio.codecs.ibp.kernels`, imported on first use so that importing the codec does
-    not load numba."""
-    from lmdbio.codecs.ibp import kernels
-
-    return kernels
 
 
 def _words_dtype(chunk_bytes: int) -> np.dtype:
@@ -409,7 +401,7 @@ def rows_to_words(rows: Any, chunk_bytes: int) -> tuple[np.ndarray, np.dtype, tu
 
 def bit_counts(words: np.ndarray, chunk_bytes: int) -> np.ndarray:
     """(n, W) counts of rows with bit b of chunk j set (``words``: N x n chunk words)."""
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     words = np.ascontiguousarray(words)
     counts = np.zeros((1, 8 * chunk_bytes, words.shape[1]), np.int64)
@@ -433,7 +425,7 @@ def row_plan(words: np.ndarray, masks64: np.ndarray, bitvals64: np.ndarray, pcs:
     """Per row, ``(stored words, saving in bits, cluster id)`` under the masks
     ``masks64``/``bitvals64``: each row takes the cluster that stores it in the fewest words
     (compiled: :func:`lmdbio.codecs.ibp.kernels.plan_rows`)."""
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     nrows = words.shape[0]
     rw = np.empty(nrows, np.int64)
@@ -449,7 +441,7 @@ def _column_candidate(words: np.ndarray, select: np.ndarray, width: int,
     """Per column, the nested-prefix mask that saves most bits on the selected rows; with
     ``z`` > 0 the match rate of each prefix is its Wilson lower bound (smaller masks where the
     evidence for a bigger one is thin)."""
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     sel_words = words[select] if not select.all() else words
     nsel = sel_words.shape[0]

@@ -34,7 +34,6 @@ from __future__ import annotations
 import struct
 import zlib
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,6 +41,7 @@ import numpy as np
 from lmdbio.codecs.ibp.model import IBPModel, row_plan
 from lmdbio.errors import CodecError
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 
 FRAME_MAGIC = b"IBPP"
 FRAME_VERSION = 1
@@ -49,14 +49,6 @@ FLAG_CRC = 1
 LAYOUTS = ("inplace", "condensed")
 HEAD = struct.Struct("<4sBBBBQIHBB8sQQII")
 assert HEAD.size == 56
-
-
-def _ibp_kernels() -> ModuleType:
-    """:mod:`lmdbio.codecs.ibp.kernels`, imported on first use so that importing the codec does
-    not load numba."""
-    from lmdbio.codecs.ibp import kernels
-
-    return kernels
 
 
 def length_bytes(nchunks: int) -> int:
@@ -355,7 +347,7 @@ def _plan_model(model: IBPModel, words: np.ndarray) -> tuple[np.ndarray, np.ndar
 
 def _encode(model: IBPModel, words: np.ndarray, rw: np.ndarray, cid: np.ndarray,
             row_off: np.ndarray, out_words: np.ndarray) -> None:
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     kernels.encode_rows(read_only(words), model.masks64, model.bitvals64, model.frees64,
                         model.pcs64, cid, rw, row_off, model.meta_words, model.width, out_words)
@@ -462,7 +454,7 @@ def check_compatible(model: IBPModel, packed: IBPPacked) -> None:
 
 def raise_decode_error(code: int, row: int) -> None:
     """Turn a kernel's error code into a :class:`CodecError`."""
-    ERRORS = _ibp_kernels().ERRORS
+    ERRORS = kernel_module("lmdbio.codecs.ibp").ERRORS
 
     raise CodecError(f"IBP payload: row {row}: {ERRORS.get(code, f'error {code}')}")
 
@@ -476,7 +468,7 @@ def decode_words_cpu(model: IBPModel, packed: IBPPacked, parallel: bool = False,
                      out: np.ndarray | None = None) -> np.ndarray:
     """Decode to (N, n) chunk words with the fast numba kernel (which validates every row),
     into ``out`` when given (an (N, n) array of the words dtype)."""
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     if out is None:
         out = np.empty((packed.nrows, model.nchunks), model.words_dtype)
@@ -508,7 +500,7 @@ def decode_words_cpu(model: IBPModel, packed: IBPPacked, parallel: bool = False,
 
 def decode_words_mirror(model: IBPModel, packed: IBPPacked, addr0: int = 0) -> np.ndarray:
     """Decode with the CPU model of the CUDA kernel (``addr0``: device address mod 128)."""
-    kernels = _ibp_kernels()
+    kernels = kernel_module("lmdbio.codecs.ibp")
 
     packed.validate_rows()
     out = np.empty((packed.nrows, model.nchunks), model.words_dtype)

@@ -27,12 +27,12 @@ the pages it needed then (:class:`KnownShare`).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import ModuleType
 
 import numpy as np
 
 from lmdbio.io import prefetch
 from lmdbio.io.prefetch import merge_ranges
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import RecordRefs
 from lmdbio.mpiutil import wait_with_timeout
 from lmdbio.plan.epoch import EpochPlan
@@ -46,14 +46,6 @@ from lmdbio.plan.strategies.spec_estimate import (
 )
 
 _TAG = 7100
-
-
-def _strategy_kernels() -> ModuleType:
-    """:mod:`lmdbio.plan.strategies.kernels`, imported on first use so that ``import lmdbio``
-    does not load numba."""
-    from lmdbio.plan.strategies import kernels
-
-    return kernels
 
 
 class DmSerial(ReadStrategy):
@@ -661,7 +653,7 @@ class DmSpec(DmSerial):
         and branch pages the walk read (the bitmap holds just those: the session resets it
         per iteration and prefetching does not mark it); one compiled pass.
         """
-        observe_iteration = _strategy_kernels().observe_iteration
+        observe_iteration = kernel_module("lmdbio.plan.strategies").observe_iteration
 
         touched = self.db.accounting.touched
         if self._scratch is None or self._scratch.shape[0] != touched.shape[0]:
@@ -819,7 +811,7 @@ def _outside(refs: RecordRefs, psize: int, starts: np.ndarray, lengths: np.ndarr
     """Indices of the records whose value pages are not all inside the page ranges
     ``[starts[j], starts[j] + lengths[j])`` (their union: the values a prefetch missed, or
     part of); one compiled pass (:func:`.kernels.values_outside`)."""
-    values_outside = _strategy_kernels().values_outside
+    values_outside = kernel_module("lmdbio.plan.strategies").values_outside
 
     starts = np.asarray(starts, np.int64)
     run_starts, run_stops = merge_ranges(starts, starts + np.asarray(lengths, np.int64))

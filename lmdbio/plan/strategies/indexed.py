@@ -22,12 +22,12 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
 import numpy as np
 
 from lmdbio.errors import LmdbFormatError, LmdbioError
 from lmdbio.io.prefetch import advise_page_ranges
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.format import P_LEAF
 from lmdbio.lmdb.records import LocatedRecords
@@ -42,14 +42,6 @@ log = logging.getLogger(__name__)
 CACHE_ENV = "LMDBIO_CACHE"
 #: the folder of the cache directory that holds the leaf directories
 INDEX_FOLDER = "index"
-
-
-def _lmdb_kernels() -> ModuleType:
-    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that ``import lmdbio`` does not
-    load numba."""
-    from lmdbio.lmdb import kernels
-
-    return kernels
 
 
 def cache_root() -> Path | None:
@@ -155,7 +147,7 @@ def _spot_check(db: Database, leaves: np.ndarray, first: np.ndarray, samples: in
     """A few leaves of a loaded directory (the first, the last and some between) are leaf
     pages of this file holding the counted number of records: a sidecar that names the
     snapshot but was written for other contents (copied, edited) is caught before use."""
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
     if leaves.shape[0] == 0:
         return len(db) == 0
     if (np.diff(first) < 1).any() or leaves.min() < 2 or leaves.max() > db.last_pg:
@@ -252,7 +244,7 @@ def count_records_collectively(db: Database, leaves: np.ndarray, comm, rank: int
     ``j``'s first record, ``first[-1]`` the total. Each rank reads the headers of its
     ``1 / size`` of the leaves (marked in the accounting); an allgather assembles the
     counts. A damaged leaf raises on every rank alike, naming the page."""
-    k = _lmdb_kernels()
+    k = kernel_module("lmdbio.lmdb")
     lo = leaves.shape[0] * rank // size
     hi = leaves.shape[0] * (rank + 1) // size
     counts = np.empty(hi - lo, np.int64)
