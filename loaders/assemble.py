@@ -37,9 +37,11 @@ class Batch:
 
     ``data`` is ``(N, C, h, w)`` float32 for Caffe Datums (after Caffe's transform),
     ``(N, *shape)`` for tensor records, a :class:`~lmdbio.codecs.toc.TocMatrix` for TOC;
-    numpy on CPU hosts, cupy on GPU workers. ``keys`` are the LMDB keys (traceability),
-    ``ids`` the records' positions in key order, ``padding`` flags records repeated to fill
-    the epoch's last batch (policy ``pad``).
+    numpy on CPU hosts, cupy on GPU workers. ``keys`` are the LMDB keys (traceability):
+    key ``i`` is ``key_data[key_offsets[i]:key_offsets[i + 1]]`` (``key_data`` may be the
+    packed keys of the whole slot the batch came in, shared by its batches: views, not a
+    copy per batch). ``ids`` are the records' positions in key order, ``padding`` flags
+    records repeated to fill the epoch's last batch (policy ``pad``).
     """
 
     data: Any
@@ -65,8 +67,9 @@ class Batch:
 class SlotRecords:
     """A received slot's records as the assembler reads them: ``payload`` and
     ``offsets`` (record starts in the payload; with ``lengths``, spans of the database
-    mapping), the packed keys ``ko``/``kd`` (copies: the slot may be released before a
-    batch is used) and, for fused Datums, their parsed spans."""
+    mapping), the packed keys ``ko``/``kd``, the record ids and padding flags (copies: the
+    slot may be released before a batch is used; each batch takes views of them) and, for
+    fused Datums, their parsed spans."""
 
     got: Any
     payload: np.ndarray
@@ -75,6 +78,8 @@ class SlotRecords:
     ko: np.ndarray
     kd: np.ndarray
     fused: Any
+    ids: np.ndarray
+    padding: np.ndarray
 
 
 def keep_records(keep: np.ndarray, ko: np.ndarray, kd: np.ndarray
@@ -136,7 +141,8 @@ class BatchAssembler:
             raise LmdbioError(f"internal: slot of epoch {got.epoch} iteration {got.iteration} "
                               f"({count} batches) where iteration {first} was expected")
         ko, kd = got.packed_keys()  # copies: the slot is released before the batch is used
-        rec = SlotRecords(got, payload, offsets, lengths, ko, kd, fused)
+        rec = SlotRecords(got, payload, offsets, lengths, ko, kd, fused, got.ids.copy(),
+                          got.padding.copy())
         n = offsets.shape[0] - (1 if lengths is None else 0)
         bounds = batch_bounds(plan.sizes, self.worker, first, count, n)
         if rec.fused is not None:  # each batch assembled when asked for, or just ahead of it
@@ -212,12 +218,18 @@ class BatchAssembler:
                 fmt = rec.got.header_format()
                 part = self.assemble_datums(rec.payload, rec.fused.rows(a, b), iteration,
                                             epoch, fmt)
-                if part is None and fmt is not None:
-                    rec.got.check_value_rows(a, b)
                 self.pace.assembled(time.perf_counter() - t0)
-                # None: a record of another kind or shape, or a bad one: the general path
-                return self.finish_batch(rec, iteration, a, b, part, epoch,
-                                         transformed=part is not None)
+                if part is None:  # a record of another kind or shape, or a bad one
+                    if fmt is not None:
+                        rec.got.check_value_rows(a, b)
+                    return self.finish_batch(rec, iteration, a, b, None, epoch)
+                # transformed, on the host (fused batches are CPU batches): what
+                # finish_batch would do to it is only to wrap it, done here without its
+                # general-path Python (a batch's Python runs against caches the kernel
+                # has just swept: one process, CIFAR-like, ~13 us a batch)
+                return (Batch(part[0], part[1], rec.ids[a:b], rec.padding[a:b], epoch,
+                              iteration, rec.ko[a:b + 1], rec.kd),
+                        rec.got.value_bytes(a, b))
         except LmdbioError as exc:
             return exc
         finally:
@@ -237,14 +249,12 @@ class BatchAssembler:
         return t.datums(payload, spans, rng, alloc=self.alloc, header_fmt=header_fmt)
 
     def finish_batch(self, rec: SlotRecords, iteration: int, a: int, b: int,
-                     decoded: tuple[Any, Any] | None, epoch: int, *,
-                     transformed: bool = False) -> tuple[Batch, int]:
+                     decoded: tuple[Any, Any] | None, epoch: int) -> tuple[Batch, int]:
         """Batch ``iteration`` of ``epoch`` from records ``a .. b - 1`` of the slot:
         decoded here unless ``decoded`` holds its rows already; then the ``on_error``
-        policy and the transform (unless ``transformed``); on the worker's device last."""
+        policy and the transform; on the worker's device last."""
         got, payload, offsets, lengths = rec.got, rec.payload, rec.offsets, rec.lengths
-        ko = rec.ko[a:b + 1] - rec.ko[a]
-        kd = rec.kd[rec.ko[a]:rec.ko[b]]
+        ko, kd = rec.ko[a:b + 1], rec.kd  # views: bounds of this batch's keys in the slot's
         if lengths is None:
             lo, hi = int(offsets[a]), int(offsets[b])
             nbytes = hi - lo
@@ -254,7 +264,7 @@ class BatchAssembler:
         def key(i: int) -> bytes:
             return bytes(kd[ko[i]:ko[i + 1]])
 
-        ids, padding = got.ids[a:b].copy(), got.padding[a:b].copy()
+        ids, padding = rec.ids[a:b], rec.padding[a:b]
         if decoded is not None:
             data, labels = decoded
         else:
@@ -271,13 +281,12 @@ class BatchAssembler:
                     data, labels, ids, padding = (data[keep], labels[keep], ids[keep],
                                                   padding[keep])
                     ko, kd = keep_records(keep, ko, kd)
-        data, labels = self.place(data, labels, iteration, epoch, transformed)
+        data, labels = self.place(data, labels, iteration, epoch)
         return Batch(data, labels, ids, padding, epoch, iteration, ko, kd), nbytes
 
-    def place(self, data: Any, labels: Any, iteration: int, epoch: int,
-              transformed: bool) -> tuple[Any, Any]:
-        """A decoded batch transformed (unless it is already) and on the worker's device."""
-        if self.transform is not None and not isinstance(data, list) and not transformed:
+    def place(self, data: Any, labels: Any, iteration: int, epoch: int) -> tuple[Any, Any]:
+        """A decoded batch transformed and on the worker's device."""
+        if self.transform is not None and not isinstance(data, list):
             if self.xp is not np and isinstance(data, np.ndarray):
                 data, labels = self.transform_on_device(data, labels, iteration, epoch)
             else:

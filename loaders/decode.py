@@ -261,10 +261,6 @@ def _pack_pixels(u8: np.ndarray, h: Any, raw: np.ndarray, images: dict[int, np.n
 #: (records copied into a slot, or spans whose headers were checked already)
 NO_HEADER_CHECK = np.zeros(0, np.int64)
 
-#: float32 batches at least this large are written with streaming (non-temporal) stores:
-#: larger than a core's L2 cache, and with several workers per host larger than their share
-#: of the last-level cache, so ordinary stores would only evict (``bench/widen.py``)
-STREAMING_MIN_BYTES = 8 << 20
 
 
 class DatumSpans:
@@ -353,7 +349,7 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     n = len(spans)
     out = alloc((n, *spans.shape), np.float32)
     labels = np.empty(n, np.int64)
-    streaming = out.nbytes >= STREAMING_MIN_BYTES
+    streaming = streams(out)
     table = np.empty((n, k.NCOLS), np.int64)
     if widen_datums(payload, spans.starts, spans.lengths, spans.shape_array(),
                     out.reshape(n, -1), labels, table,

@@ -173,13 +173,19 @@ class TransformDraw:
     w_u: np.ndarray | None = None
 
 
+#: float32 batches at least this large are written with streaming (non-temporal) stores:
+#: larger than a core's L2 cache, and with several workers per host larger than their share
+#: of the last-level cache, so ordinary stores would only evict (``bench/widen.py``). Smaller
+#: ones stay with ordinary stores: one process, CIFAR-like batches of 64 (786 KB), streaming
+#: them took 3.9 against 3.0 us of CPU a sample (alternate epochs, 2-core VM)
+STREAMING_MIN_BYTES = 8 << 20
+
+
 def streams(out: np.ndarray) -> bool:
     """Whether the kernels write the float32 batch ``out`` with streaming (non-temporal)
-    stores: a batch too large to stay in the cache (:data:`loaders.decode.
-    STREAMING_MIN_BYTES`), which ordinary stores would first read line by line (read for
-    ownership). The values are the same either way."""
-    from loaders.decode import STREAMING_MIN_BYTES
-
+    stores: a batch too large to stay in the cache (:data:`STREAMING_MIN_BYTES`), which
+    ordinary stores would first read line by line (read for ownership). The values are the
+    same either way."""
     return out.nbytes >= STREAMING_MIN_BYTES
 
 
@@ -430,7 +436,7 @@ class DataTransformer:
         table = np.empty((n, ncols), np.int64)
         fmt = no_check if header_fmt is None else header_fmt
         if k.transform_datums(read_only(buf), spans.starts, spans.lengths, dims, draw.h_off,
-                              draw.w_off, draw.mirror, mode, mean, read_only(mv), self.scale,
+                              draw.w_off, draw.mirror, mode, mean, mv, self.scale,
                               out, labels, table, fmt, streams(out)) >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
@@ -478,7 +484,9 @@ class DataTransformer:
             if not (self.mirror or (self.crop_size and self.phase == "train")):
                 d = self.draw(n, image[1], image[2], None)
                 fixed = TransformDraw(d.h_off, d.w_off, np.ascontiguousarray(d.mirror, np.bool_))
-            args = ((n, c, oh, ow), np.asarray(image, np.int64), mode, mv, mean, fixed)
+            # the mean values read-only once here, not a view per batch (kernel_args)
+            args = ((n, c, oh, ow), np.asarray(image, np.int64), mode, read_only(mv), mean,
+                    fixed)
             if len(self._datum_cache) > 64:  # batch sizes and shapes seen: a handful
                 self._datum_cache.clear()
             self._datum_cache[key] = args

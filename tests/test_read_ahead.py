@@ -15,6 +15,7 @@ from lmdbio.io.gather import gather_refs
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import plan_epoch
 from lmdbio.plan.strategies import DmSpec, Indexed, IterationStats, ReaderContext
+from lmdbio.plan.strategies.base import WARM_TRUST_MAX, WarmFile
 
 BATCH = 32
 
@@ -505,3 +506,53 @@ def test_dm_spec_builds_the_directory_when_one_leaf_lost_a_record(tmp_path,
     got = _epoch_pages(db, s, 64)
     assert s._leaf_first is not None
     assert got == [(0, 0)] * len(got), got
+
+
+def test_warm_file_trust_doubles_up_to_its_cap_and_a_cold_sample_ends_it() -> None:
+    """Samples that find the file warm earn calls answered without sampling: 1, 2, 4, ...
+    up to WARM_TRUST_MAX; a cold one ends the trust at once."""
+    w = WarmFile()
+    assert not w.trusted()  # nothing sampled yet: sample
+
+    def credits() -> int:
+        n = 0
+        while w.trusted():
+            n += 1
+        return n
+
+    earned = []
+    for _ in range(6):
+        w.sampled(True)
+        earned.append(credits())
+    assert earned == [1, 2, 4, 8, 8, 8] and WARM_TRUST_MAX == 8
+    w.sampled(True)
+    w.sampled(False)  # evicted: sampled again at the very next call
+    assert credits() == 0
+    w.sampled(True)
+    assert credits() == 1  # and the trust is earned again from the start
+
+
+def test_indexed_samples_a_warm_file_less_often_as_it_stays_warm(
+        cifar_like, open_strategy, monkeypatch) -> None:
+    """On a warm file, the slots after the first few skip the residency samples (counted
+    as resident skips); a sample that finds a page missing brings sampling back."""
+    db, s = open_strategy(Indexed, cifar_like)
+    db.advise_access(pf.MADV_RANDOM)
+    gather_refs(db, db.locate(np.arange(len(db))))  # every page read: the file is warm
+    sampled: list[bool] = []
+    real = s.cached_sample
+
+    def counting(pages: np.ndarray, samples: int = 16) -> bool:
+        sampled.append(True)
+        return real(pages, samples)
+
+    monkeypatch.setattr(s, "cached_sample", counting)
+    monkeypatch.setattr(s, "advise_pages", lambda a, b: True)
+    plan = plan_epoch(len(db), 1, BATCH)
+    iterations = min(plan.iterations, 12)
+    for it in range(iterations):
+        s.fetch(plan, it, plan.records(it, 0), IterationStats(it))
+        s.read_ahead(plan, it + 1, plan.records((it + 1) % plan.iterations, 0))
+    asks = 2 + 2 * iterations  # leaves and values of the first slot, then of each next
+    assert s.resident_skips == asks  # every one answered "warm", sampled or trusted
+    assert 0 < len(sampled) < asks // 2

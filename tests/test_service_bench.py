@@ -86,8 +86,9 @@ def test_float32_batches_equal_with_streaming_and_ordinary_stores(monkeypatch,
     """Both store kinds the decoder picks between (by batch size) give the reference
     pixels, also for rows whose length is no multiple of a cache line."""
     import loaders.decode as dec
+    import loaders.transform
 
-    monkeypatch.setattr(dec, "STREAMING_MIN_BYTES", streaming_from)
+    monkeypatch.setattr(loaders.transform, "STREAMING_MIN_BYTES", streaming_from)
     for shape in [(3, 32, 32), (3, 17, 13), (1, 1, 1)]:
         buf, bounds, _ = _batch([(shape, i) for i in range(7)], seed=sum(shape))
         got = dec.uniform_datums_float32(buf, bounds, lambda s, d: np.full(s, np.nan, d))

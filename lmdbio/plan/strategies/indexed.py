@@ -358,7 +358,7 @@ class Indexed(ReadStrategy):
         read), merged into runs; only without read-around, where faults read single
         pages (with it, faults read around them: advising leaf pages then costs more than
         it saves, docs/reading.md)."""
-        if self.db.read_around or not self.advising or not ids.size:
+        if self.db.read_around or not self.advising or not ids.size or self.trusts_warm():
             return
         leaves, first = self.db.leaves(), self.db.leaf_directory()
         some = ids[spread(ids.size, 16)]
