@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lmdbio.codecs.record_batch import pack_values
@@ -197,6 +197,7 @@ def test_fuzz_decode_is_correct_or_a_clear_error(rec, op, pos, byte):
 @given(st.lists(st.tuples(st.sampled_from(["truncate", "flip", "insert", "delete", "keep"]),
                           st.integers(0, 10_000), st.integers(0, 255)), min_size=1, max_size=6),
        st.integers(0, 2**32 - 1))
+@example([("flip", 2023, 0)], 0)  # the label flag flipped: a record without a label
 def test_fuzz_batch_decoder(ops, seed):
     rng = np.random.default_rng(seed)
     arrays = [rng.standard_normal((2, 3)).astype(np.float32) for _ in ops]
@@ -208,7 +209,10 @@ def test_fuzz_batch_decoder(ops, seed):
         if b.valid[i]:
             arr, lab = decode_tensor(v)
             np.testing.assert_array_equal(b.data[i], arr)
-            assert b.labels[i] == lab
+            # a batch's labels are int64: 0 for a record without one (a mutated flag can
+            # drop it), and every valid record is labelled as the batch says
+            assert b.labels[i] == (0 if lab is None else lab)
+            assert b.has_labels == (lab is not None)
         else:
             assert (b.data[i] == 0).all()
 
