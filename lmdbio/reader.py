@@ -17,11 +17,11 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
+from lmdbio.config import setting_error
 from lmdbio.errors import ConfigError, LmdbioError
 from lmdbio.io.gather import (
     check_value_spans,
@@ -33,6 +33,7 @@ from lmdbio.io.gather import (
 from lmdbio.io.prefetch import MADV_RANDOM, advise_page_ranges
 from lmdbio.io.symmap import map_symmetric
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.snapshot import resolve_file
 from lmdbio.mpiutil import agree, sleeping_barrier
@@ -55,14 +56,6 @@ log = logging.getLogger(__name__)
 
 #: the page bitmap of a gather that accounts no page
 _NO_PAGES = np.zeros(1, np.uint8)
-
-
-def _lmdb_kernels() -> ModuleType:
-    """:mod:`lmdbio.lmdb.kernels`, imported on first use so that importing the reader does not
-    load numba."""
-    from lmdbio.lmdb import kernels
-
-    return kernels
 
 
 @dataclass
@@ -111,7 +104,7 @@ class Delivered:
         mapping with one compiled copy."""
         if self.key_lengths is None:
             return np.array(self.key_offsets, np.int64), np.array(self.key_data, np.uint8)
-        gather_ranges = _lmdb_kernels().gather_ranges
+        gather_ranges = kernel_module("lmdbio.lmdb").gather_ranges
 
         starts = np.ascontiguousarray(self.key_offsets, np.int64)
         lengths = np.ascontiguousarray(self.key_lengths, np.int64)
@@ -478,9 +471,33 @@ class ReadSession:
         t0 = time.perf_counter()
         self.db, self.mapping, self.totals = _open_database(
             path, topo, cls.chained, run_plan)
-        # one exchange over the world: every rank's node and consumer rank (the node-level
-        # strategies' layout), the pin choice of simulated nodes (one per file and host)
-        # and the snapshot every reading rank opened, which must be one
+        self._agree_on_layout(path)
+        self.node_cache = None
+        if run_plan.direct_io:
+            from lmdbio.io.direct import NodeCache  # O_DIRECT runs only
+            self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
+        if run_plan.accounting or run_plan.direct_io:  # direct: walks report their pages
+            self.db.accounting.enable()
+        self.strategy: ReadStrategy = self._open_strategy()
+        self._set_up_transport()
+        self._set_read_around()
+        self.totals.setup_seconds = time.perf_counter() - t0
+        if self.db.accounting.enabled and self.run_plan.accounting:
+            self.totals.add_setup(self.db.accounting.touched)
+        self.db.accounting.reset()
+        self.epoch = -1
+        self.epoch_stop = 0  # set by begin_epoch
+        self.plan: EpochPlan | None = None
+        self._unshuffled_plan: EpochPlan | None = None
+
+    def _agree_on_layout(self, path: str) -> None:
+        """One exchange over the world: every rank's node and consumer rank (the
+        node-level strategies' layout), the pin choice of simulated nodes (one per file and
+        host) and the snapshot every reading rank opened, which must be one; then this
+        rank's consumers, the batch checked against the file, the snapshot pinned where
+        this rank pins it. Collective over the world (for a node-level strategy or
+        simulated nodes)."""
+        topo = self.topo
         pinner = pinning_local_rank(topo, self.shared)
         pin_key = _pin_key(topo, path, pinner)
         exchange = self.shared or topo.simulated
@@ -488,12 +505,11 @@ class ReadSession:
         snap = _snapshot_key(self.db) if self.reads else None
         seen = topo.world.allgather((topo.node_index, wr, pin_key, snap)) if exchange else []
         _check_one_snapshot(self.db, seen)
+        self.consumers = self.run_plan.consumers  # a node ring's workers, else every rank
         if self.shared:
-            self.consumers = topo.n_workers
             self.first_consumer, self.node_consumers, self.consumers_per_node = \
                 node_consumers(seen, topo.node_index)
         else:
-            self.consumers = topo.size
             self.first_consumer, self.node_consumers = topo.rank, 1
             self.consumers_per_node = (1,) * topo.size
         self._check_batch_fits()
@@ -502,12 +518,12 @@ class ReadSession:
             # one, if a writer committed in between: the pin then says it is not held)
             snaps = [s[-1] for s in seen if s[-1] is not None]
             self.db.pin_snapshot(txnid=snaps[0][1] if snaps else None)
-        self.node_cache = None
-        if run_plan.direct_io:
-            from lmdbio.io.direct import NodeCache  # O_DIRECT runs only
-            self.node_cache = NodeCache(topo.node, self.db.path, self.db.psize)
-        if run_plan.accounting or run_plan.direct_io:  # direct: walks report their pages
-            self.db.accounting.enable()
+
+    def _open_strategy(self) -> ReadStrategy:
+        """The plan's read strategy over this rank's database (its readers' communicator
+        for a node-level one), set up where this rank reads (collective over the
+        readers)."""
+        topo, run_plan = self.topo, self.run_plan
         if self.shared:
             comm = topo.readers if topo.is_reader else None
             ctx = ReaderContext(self.db, comm, topo.reader_rank, topo.n_readers,
@@ -515,9 +531,15 @@ class ReadSession:
         else:
             ctx = ReaderContext(self.db, None, topo.rank, topo.size, run_plan.timeout,
                                 advise=run_plan.prefetch_advice)
-        self.strategy: ReadStrategy = cls(ctx)
+        strategy = self.cls(ctx)
         if self.reads:
-            self.strategy.setup()
+            strategy.setup()
+        return strategy
+
+    def _set_up_transport(self) -> None:
+        """How records travel from the readers: the IBP codec model shared, the node's
+        ring created (a worker first warms its mapping), the O_DIRECT node cache attached
+        and cleared. Collective over each node."""
         self.ring = None
         self.batches_per_slot = 1  # a node ring may carry several (see _create_ring)
         self.codec_model = None
@@ -531,15 +553,6 @@ class ReadSession:
             if self.reads:
                 self.db.accounting.node_cache = self.node_cache
             self.node_cache.clear()  # every node starts cold (collective over the node)
-        self._set_read_around()
-        self.totals.setup_seconds = time.perf_counter() - t0
-        if self.db.accounting.enabled and self.run_plan.accounting:
-            self.totals.add_setup(self.db.accounting.touched)
-        self.db.accounting.reset()
-        self.epoch = -1
-        self.epoch_stop = 0  # set by begin_epoch
-        self.plan: EpochPlan | None = None
-        self._unshuffled_plan: EpochPlan | None = None
 
     def _check_batch_fits(self) -> None:
         """A global batch larger than the data set: under ``drop`` no batch would ever be
@@ -554,9 +567,9 @@ class ReadSession:
         what = (f"the batch (batch.size) of {total} records{split} is larger than the data "
                 f"set: {self.db.path} holds {n} records")
         if self.epoch_iterations == 0:
-            raise ConfigError(f"{what}; with batch.last: drop every record would be dropped "
-                              "and no batch delivered: make batch.size at most "
-                              f"{n} or use batch.last: pad or partial")
+            raise setting_error(self.run_plan.origin, "batch.size", f"{what}; with batch.last: "
+                                "drop every record would be dropped and no batch delivered: "
+                                f"make batch.size at most {n} or use batch.last: pad or partial")
         if self.topo.rank == 0:
             if self.run_plan.last == "pad":
                 log.warning("%s: every epoch is one batch of %d records padded with %d "
@@ -773,7 +786,7 @@ class ReadSession:
         """Reader side of one iteration: locate, gather into a slot (or privately), publish."""
         return self.read_group(iteration, 1)
 
-    def _node_share(self, plan: EpochPlan, first: int, count: int
+    def node_share(self, plan: EpochPlan, first: int, count: int
                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Records, padding flags and per-worker counts of iterations ``first .. first +
         count - 1`` for this node's workers, worker after worker (each worker's records in
@@ -785,7 +798,7 @@ class ReadSession:
         ids, pad = plan.slot_records(first, count, c0, nc, worker_major=True)
         return ids, pad, plan.sizes[first:first + count, c0:c0 + nc].sum(axis=0)
 
-    def _fetch_group(self, plan: EpochPlan, first: int, count: int, ids: np.ndarray,
+    def fetch_group(self, plan: EpochPlan, first: int, count: int, ids: np.ndarray,
                      stats: IterationStats) -> RecordRefs:
         """Where the records of a slot are. A random-access strategy locates them in one
         call; so does a walking one when the slot is one slot group of the plan (the node's
@@ -796,7 +809,7 @@ class ReadSession:
             return self.strategy.fetch(plan, first, ids, stats)
         c0, nc = self.first_consumer, self.node_consumers
         if plan.contiguous_slot(first, count):
-            refs = self.strategy.fetch(plan, first, self._slot_run(plan, first, count), stats,
+            refs = self.strategy.fetch(plan, first, self.slot_run(plan, first, count), stats,
                                        iterations=count)
         else:
             acc = self.db.accounting
@@ -823,7 +836,7 @@ class ReadSession:
         order = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
         return refs.take(order)
 
-    def _slot_run(self, plan: EpochPlan, first: int, count: int) -> np.ndarray:
+    def slot_run(self, plan: EpochPlan, first: int, count: int) -> np.ndarray:
         """This node's records of iterations ``first .. first + count - 1``, iteration
         after iteration (one run of the order when the plan's slot group holds them)."""
         c0, nc = self.first_consumer, self.node_consumers
@@ -831,7 +844,7 @@ class ReadSession:
             return plan.group_records(first, c0, nc)
         return plan.slot_records(first, count, c0, nc)[0]
 
-    def _read_ahead(self, plan: EpochPlan, iteration: int) -> None:
+    def read_ahead(self, plan: EpochPlan, iteration: int) -> None:
         """Tell the strategy the records this reader fetches next, from ``iteration`` on
         (the whole next slot for a random-access strategy and for a walking one that
         fetches it in one call, else its first iteration), so that it can ask for their
@@ -844,11 +857,11 @@ class ReadSession:
             return
         count = slot_length(iteration, plan.iterations, self.batches_per_slot)
         if self.strategy.shuffles:  # random access locates the whole slot in one call
-            ids = self._node_share(plan, iteration, count)[0]
+            ids = self.node_share(plan, iteration, count)[0]
         else:
             if not plan.contiguous_slot(iteration, count):
                 count = 1
-            ids = self._slot_run(plan, iteration, count)
+            ids = self.slot_run(plan, iteration, count)
         self.strategy.read_ahead(plan, iteration, ids)
 
     def read_group(self, first: int, count: int) -> IterationStats:
@@ -859,76 +872,94 @@ class ReadSession:
         if count != 1 and not self.shared:
             raise LmdbioError("several iterations per read need a node ring (a node-level "
                               "strategy)")
-        iteration = first
-        stats = IterationStats(iteration, batches=count)
-        acc = self.db.accounting
-        acc.reset()
-        clock = self.stages
-        with clock.span("locate"):
-            if self.shared:
-                ids, pad, sizes = self._node_share(plan, first, count)
-            else:
-                ids = plan.records(iteration, self.topo.rank)
-                sizes = np.array([ids.size])
-                pad = plan.padding(iteration, self.topo.rank)
-            refs = self._fetch_group(plan, first, count, ids, stats)
-        # the next slot's pages, asked for now
-        with Timer(stats, "prefetch"), clock.span("read_ahead"):
-            self._read_ahead(plan, first + count)
-        if self.value_prefix is not None and len(refs):
-            refs = self._prefixes(refs)
-        if len(refs) != ids.size:
-            raise RuntimeError(f"strategy {self.cls.name} located {len(refs)} records for "
-                               f"{ids.size} ids in iteration {iteration}")
+        stats = IterationStats(first, batches=count)
+        self.db.accounting.reset()
+        ids, pad, sizes, refs = self.locate_group(plan, first, count, stats)
         if self.shared:
-            assert self.ring is not None
-            with clock.span("slot_wait"):
-                w = self.ring.acquire_slot(self.epoch, iteration)
-            with Timer(stats, "copy"), clock.span("slot_fill"):
-                labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
-                if self.by_reference:
-                    # records and keys stay in the file: their spans and labels go in the slot
-                    # their pages counted, not read: each consumer checks the overflow
-                    # headers of its spans (ReadSession.receive), where it reads the values
-                    self.db.accounting.mark_values(refs, self.db.psize)
-                    w.set_spans(refs.val_off, refs.val_len, labels,
-                                key_spans=(refs.key_off, refs.key_len))
-                    w.set_parts(sizes)
-                elif self.codec_model is None and self.db.accounting.node_cache is None:
-                    # values, keys and both offset tables straight into the slot, one pass
-                    n = len(refs)
-                    nbytes, kbytes = gather_batch(self.db, refs, *w.record_buffers(n))
-                    w.records_written(n, labels, nbytes, kbytes)
-                    w.set_parts(sizes)
-                else:
-                    offsets = np.zeros(len(refs) + 1, np.int64)
-                    np.cumsum(refs.val_len, out=offsets[1:])
-                    koffs, kdata = gather_keys(self.db, refs)
-                    if self.codec_model is None:  # values through the node's O_DIRECT cache
-                        gather_refs(self.db, refs, out=w.payload(refs.nbytes))
-                        w.set_records(offsets, labels, keys=(koffs, kdata))
-                        w.set_parts(sizes)
-                    else:
-                        raw, _ = gather_refs(self.db, refs)
-                        w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
-                        w.set_parts(sizes)
-                        from lmdbio.codecs.ibp.transport import compress_parts
-                        w.write_part_blobs(compress_parts(self.codec_model, raw, offsets,
-                                                          sizes))
-            with clock.span("publish"):
-                w.publish(codec="ibp" if self.codec_model is not None else "none",
-                          flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
-            self.last_private = None
+            self._publish_group(first, count, ids, pad, sizes, refs, stats)
         else:
-            with Timer(stats, "copy"), clock.span("slot_fill"):
+            with Timer(stats, "copy"), self.stages.span("slot_fill"):
                 buf, offsets = gather_refs(self.db, refs)
                 koffs, kdata = gather_keys(self.db, refs)
-            self.last_private = Delivered(self.epoch, iteration, ids, pad, buf, offsets,
+            self.last_private = Delivered(self.epoch, first, ids, pad, buf, offsets,
                                           koffs, kdata)
         self._account(stats, refs)
         for hook in self.on_read_group:
             hook(first, count)
         return stats
+
+    def locate_group(self, plan: EpochPlan, first: int, count: int, stats: IterationStats
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, RecordRefs]:
+        """The records this reader delivers for iterations ``first .. first + count - 1``:
+        ids, padding flags, records per consuming worker and where they are (with PCR's
+        value prefix applied); then asks for the next slot's pages."""
+        clock = self.stages
+        with clock.span("locate"):
+            if self.shared:
+                ids, pad, sizes = self.node_share(plan, first, count)
+            else:
+                ids = plan.records(first, self.topo.rank)
+                sizes = np.array([ids.size])
+                pad = plan.padding(first, self.topo.rank)
+            refs = self.fetch_group(plan, first, count, ids, stats)
+        # the next slot's pages, asked for now
+        with Timer(stats, "prefetch"), clock.span("read_ahead"):
+            self.read_ahead(plan, first + count)
+        if self.value_prefix is not None and len(refs):
+            refs = self._prefixes(refs)
+        if len(refs) != ids.size:
+            raise RuntimeError(f"strategy {self.cls.name} located {len(refs)} records for "
+                               f"{ids.size} ids in iteration {first}")
+        return ids, pad, sizes, refs
+
+    def _publish_group(self, first: int, count: int, ids: np.ndarray, pad: np.ndarray,
+                       sizes: np.ndarray, refs: RecordRefs, stats: IterationStats) -> None:
+        """Fill a ring slot with the located records of iterations ``first .. first +
+        count - 1`` (waiting for a free one) and publish it to the node's workers."""
+        assert self.ring is not None
+        clock = self.stages
+        with clock.span("slot_wait"):
+            w = self.ring.acquire_slot(self.epoch, first)
+        with Timer(stats, "copy"), clock.span("slot_fill"):
+            labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
+            self._fill_slot(w, refs, labels, sizes)
+        with clock.span("publish"):
+            w.publish(codec="ibp" if self.codec_model is not None else "none",
+                      flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
+        self.last_private = None
+
+    def _fill_slot(self, w: Any, refs: RecordRefs, labels: np.ndarray,
+                   sizes: np.ndarray) -> None:
+        """The slot's records as the run plan transfers them: spans of the file, values
+        and keys gathered into the slot in one pass, through the node's O_DIRECT cache,
+        or compressed per worker part (IBP transport)."""
+        if self.by_reference:
+            # records and keys stay in the file: their spans and labels go in the slot, their
+            # pages counted, not read: each consumer checks the overflow headers of its
+            # spans (ReadSession.receive), where it reads the values
+            self.db.accounting.mark_values(refs, self.db.psize)
+            w.set_spans(refs.val_off, refs.val_len, labels,
+                        key_spans=(refs.key_off, refs.key_len))
+        elif self.codec_model is None and self.db.accounting.node_cache is None:
+            # values, keys and both offset tables straight into the slot, one pass
+            n = len(refs)
+            nbytes, kbytes = gather_batch(self.db, refs, *w.record_buffers(n))
+            w.records_written(n, labels, nbytes, kbytes)
+        else:
+            offsets = np.zeros(len(refs) + 1, np.int64)
+            np.cumsum(refs.val_len, out=offsets[1:])
+            koffs, kdata = gather_keys(self.db, refs)
+            if self.codec_model is None:  # values through the node's O_DIRECT cache
+                gather_refs(self.db, refs, out=w.payload(refs.nbytes))
+                w.set_records(offsets, labels, keys=(koffs, kdata))
+            else:
+                raw, _ = gather_refs(self.db, refs)
+                w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
+                w.set_parts(sizes)
+                from lmdbio.codecs.ibp.transport import compress_parts
+                w.write_part_blobs(compress_parts(self.codec_model, raw, offsets, sizes))
+                return
+        w.set_parts(sizes)
 
     def _prefixes(self, refs: RecordRefs) -> RecordRefs:
         """Shorten each value to the prefix ``value_prefix`` asks for (one call per record:
@@ -948,7 +979,7 @@ class ReadSession:
         stats.bytes = refs.nbytes
         if not self.run_plan.accounting:
             return
-        account_records = _lmdb_kernels().account_records
+        account_records = kernel_module("lmdbio.lmdb").account_records
 
         acc = self.db.accounting
         t = self.totals

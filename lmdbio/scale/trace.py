@@ -259,7 +259,7 @@ def _session_methods() -> type:
 
     return type("_SimSession", (_Shim,), {
         name: getattr(ReadSession, name)
-        for name in ("_node_share", "_fetch_group", "_slot_run", "_read_ahead")})
+        for name in ("node_share", "fetch_group", "slot_run", "read_ahead")})
 
 
 def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *,
@@ -403,14 +403,14 @@ class _Tracer:
         db.accounting.reset()
         w0, s0, m0, b0 = rec.walked, rec.skipped, rec.messages, rec.message_bytes
         rec.chain = None
-        ids = sim._node_share(plan, first, count)[0] if self.cls.shared else \
+        ids = sim.node_share(plan, first, count)[0] if self.cls.shared else \
             plan.records(first, a.rank)
-        refs = sim._fetch_group(plan, first, count, ids, stats)
+        refs = sim.fetch_group(plan, first, count, ids, stats)
         chain, cw, cs = rec.chain if rec.chain is not None else (_EMPTY, w0, s0)
         advised = _union([self.pending[a.index], rec.take_advised()])
         # the next slot's pages, asked for now (counted for the slot they serve); what
         # asking reads is in this read's pages, as the session accounts it
-        sim._read_ahead(plan, first + count)
+        sim.read_ahead(plan, first + count)
         self.pending[a.index] = rec.take_advised()
         return Step(slot_index, epoch, first, count, a.index, records=len(refs),
                     bytes=refs.nbytes, walked=rec.walked - w0, skipped=rec.skipped - s0,
