@@ -15,21 +15,42 @@ Stages (``--only pages,fit``; the fit runs first):
          epochs reach ``--target`` seconds of loop, then ``--repeats`` runs of every
          configuration interleaved (A B C .. A B C ..), the load average before each
          pass; medians kept, spreads reported.
-         2. a ping-pong between 2 ranks under mpiexec, waiting as the DM chain waits for
+         2. every 1-rank configuration run twice at once (two independent jobs, one per
+         core): its CPU seconds against the same configuration alone (the median of its
+         repeats) give the host's ``cpu_contention_factor`` (the median over the
+         configurations), which the model applies to the runs with a rank on every core.
+         3. a ping-pong between 2 ranks under mpiexec, waiting as the DM chain waits for
          its cursor (``wait_with_timeout``, sleeps up to 0.5 ms) and with a blocking
-         ``recv``, the partner replying after 0, 1 and 5 ms of work: the hand-off latency
-         the model's ``mpi_latency_s`` takes on this host.
-         3. per split (:data:`SPLITS`), the CPU costs fitted by non-negative least squares
+         ``recv``, the partner replying after 0, 1 and 5 ms of work: the message latency
+         (``mpi_latency_s``: half the blocking round trip) and how much longer than asked
+         the waiting rank's sleeps last (``poll_overshoot_s``: the round trip without work
+         less the first sleep), for the model's :func:`~lmdbio.scale.model.poll_delay`;
+         the 1 and 5 ms cases check that model (``pingpong.model_check``).
+         4. per split (:data:`SPLITS`), the CPU costs fitted by non-negative least squares
          on each rank's CPU seconds of the loop (``cpu_seconds.loop``: user + system, far
          less sensitive to other load than wall time) of the split's fit set; per run the
          model's CPU seconds per rank against the measured ones, and its loop time (the
-         critical path of those costs with the measured hand-off latency) against the
-         measured loop, as throughput (records / loop seconds).
+         critical path of those costs with the measured latency and sleeps) against the
+         measured loop, as throughput (records / loop seconds): against the median of
+         the repeats, and against the fastest (the repeat least disturbed by other work
+         on the host, reported beside it, never instead of it).
+
+  io     cold runs: every strategy and database at 1 rank and at 2 ranks on 2 nodes,
+         ``--direct`` (each simulated node reads every page it needs into its own cache
+         with ``O_DIRECT`` reads, empty at every epoch; faults read their aligned 128 KiB
+         window, ``--direct-read-around 128``), :data:`IO_EPOCHS` epochs, once each. The
+         file system's costs (``fs_latency_s``, ``fs_node_bandwidth_bps``) fitted by
+         non-negative least squares on each 1-rank run's I/O seconds against its reads
+         and bytes (``direct_io``); per run the model's requests and bytes (its page
+         cache replay under those read rules) against the reads and bytes measured, its
+         I/O seconds per rank against the measured ones (2 ranks held out), and its loop
+         time (the fitted CPU costs of ``fit`` with the fitted I/O costs) against the
+         measured loop.
 
 Output: bench/results/scale/calibration.json, bench/results/scale/fitted-costs.yaml and
 one JSON per bench read run (bench/results/scale/runs/, the delivered record ids left out).
 
-Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit] [--quick] [--repeats 3]
+Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit,io] [--quick] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -43,6 +64,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,13 +74,14 @@ import numpy as np
 from bench import read as bench_read
 from bench.common import BENCH_DATA, BIN, MPI_ENV, RESULTS, write_json
 from lmdbio.scale import Costs, epoch_time, trace
-from lmdbio.scale.model import actor_cpu_seconds
+from lmdbio.scale.model import actor_cpu_seconds, poll_delay, step_costs
 from lmdbio.scale.trace import Trace
 
 STRATEGIES = bench_read.STRATEGIES
 #: the costs fitted (the file system's are 0 on a warm page cache)
 FITTED = ("cpu_walk_s", "cpu_skip_s", "cpu_locate_s", "cpu_page_s", "cpu_step_s",
-          "copy_s_per_byte", "consume_s_per_record", "handoff_s_per_slot")
+          "cpu_speculate_s", "copy_s_per_byte", "consume_s_per_record",
+          "handoff_s_per_slot")
 #: the databases the splits "databases" and "ranks+databases" fit on; the rest is held out
 FIT_DBS = ("cifar", "mnist")
 #: the fit / held-out splits: name -> (what it fits on, what it holds out). The first
@@ -73,6 +96,13 @@ SPLITS = {
 }
 #: epochs of the probe run that sets each configuration's epochs
 PROBE_EPOCHS = 3
+#: epochs of each cold run (every epoch starts with empty node caches)
+IO_EPOCHS = 2
+#: how ``bench read --direct --direct-read-around 128`` reads, in the model's terms: a
+#: fault reads its aligned 128 KiB window, a run asked for is one read however long, and
+#: every read is waited for (``pread``), one at a time
+IO_READS = {"readahead_bytes": 128 << 10, "fs_max_request_bytes": 1 << 40,
+            "fs_async_depth": 1}
 #: the partner's work before it replies, in the ping-pong (seconds)
 PINGPONG_DELAYS = (0.0, 1e-3, 5e-3)
 
@@ -157,17 +187,52 @@ def choose_epochs(res: Path, dbs: dict[str, Path], cfgs: list[Config],
 
 def measure(res: Path, dbs: dict[str, Path], cfgs: list[Config],
             traces: dict[Config, Trace], epochs: dict[Config, int],
-            repeats: int) -> dict[Config, list[dict]]:
+            repeats: int) -> tuple[dict[Config, list[dict]], list[dict]]:
     """``repeats`` runs of every configuration, interleaved: each pass runs every
-    configuration once, so slow drifts of the host's load spread over all of them."""
+    configuration once, so slow drifts of the host's load spread over all of them. Also
+    returns, per pass, when it started and ended and the host's load averages then."""
     runs: dict[Config, list[dict]] = {c: [] for c in epochs}
+    passes = []
     for k in range(repeats):
-        print(f"pass {k + 1}/{repeats}: load average {os.getloadavg()}", flush=True)
+        load = os.getloadavg()
+        print(f"pass {k + 1}/{repeats}: load average {load}", flush=True)
+        started = time.strftime("%H:%M:%S", time.gmtime())
         for c in epochs:
             got = timed_run(res, dbs, c, traces[c].epoch_iterations, epochs[c], "time", k)
             if got is not None:
                 runs[c].append(got)
-    return runs
+        passes.append({"pass": k + 1, "started_utc": started, "loadavg_before": load,
+                       "ended_utc": time.strftime("%H:%M:%S", time.gmtime()),
+                       "loadavg_after": os.getloadavg()})
+    return runs, passes
+
+
+def corun(res: Path, dbs: dict[str, Path], traces: dict[Config, Trace],
+          epochs: dict[Config, int], alone: dict[Config, float]) -> dict[str, Any]:
+    """Each 1-rank configuration of ``epochs`` run twice at the same time (two independent
+    jobs: one per core of this 2-core host, no MPI between them): the CPU seconds of each
+    against ``alone`` (the configuration's median loop CPU seconds, run by itself). The
+    median ratio over the configurations is the host's ``cpu_contention_factor``: what
+    sharing caches and memory bandwidth with a busy neighbour core costs, measured
+    without the 2-rank runs the model is checked against."""
+    rows = []
+    for c in [c for c in epochs if c.ranks == 1 and c in alone]:
+        per_epoch = traces[c].epoch_iterations
+        with ThreadPoolExecutor(2) as pool:
+            got = list(pool.map(lambda k, c=c, n=per_epoch: timed_run(
+                res, dbs, c, n, epochs[c], "corun", k), (0, 1)))
+        both = [g for g in got if g is not None]
+        if len(both) < 2:
+            continue
+        cpus = [g["per_rank"][0]["cpu_seconds"]["loop"] for g in both]
+        rows.append({"db": c.db, "strategy": c.strategy, "epochs": epochs[c],
+                     "alone_cpu_s": alone[c], "corun_cpu_s": cpus,
+                     "factor": statistics.mean(cpus) / alone[c],
+                     "loadavg": [g.get("loadavg") for g in both]})
+    factor = statistics.median(r["factor"] for r in rows) if rows else 1.0
+    print(f"contention: CPU x {factor:.3f} with both cores busy (median of {len(rows)} "
+          "configurations run twice at once)", flush=True)
+    return {"factor": factor, "configs": rows}
 
 
 def pingpong_worker(out: Path, rounds: int = 200) -> None:
@@ -211,9 +276,10 @@ def pingpong_worker(out: Path, rounds: int = 200) -> None:
 
 def latency(res: Path) -> dict:
     """The ping-pong (:func:`pingpong_worker`) under ``mpiexec -n 2``, kept in ``res``,
-    with each case's hand-off latency: the one-way time of a message to a receiver that
-    has waited ``partner_work_s`` (its round trip less the work, less the other way's
-    one-way time, half the round trip without work)."""
+    with each case's hand-off latency (the one-way time of a message to a receiver that
+    has waited ``partner_work_s``: its round trip less the work, less the other way's
+    one-way time, half the round trip without work), and the model's wait costs
+    (:func:`wait_costs`) with their check (:func:`pingpong_model_check`)."""
     out = res / "pingpong.json"
     if not out.exists():
         cmd = [str(BIN / "mpiexec"), "-n", "2", str(BIN / "python"), "-m",
@@ -223,14 +289,49 @@ def latency(res: Path) -> dict:
     for case in data.values():
         back = data[f"{case['wait']}-0ms"]["round_trip_less_work_s"] / 2
         case["handoff_s"] = case["round_trip_less_work_s"] - back
+    costs = wait_costs(data)
+    data["model_costs"] = costs
+    data["model_check"] = pingpong_model_check(data, Costs().replace(**costs))
     data["loadavg"] = os.getloadavg()
     return data
+
+
+def wait_costs(pingpong: dict) -> dict[str, float]:
+    """The model's message and wait costs on this host, from the ping-pong:
+    ``mpi_latency_s``, half the round trip without work with a blocking ``recv`` (or with
+    the chain's wait when that is shorter: a spinning ``recv`` competes with the sender
+    for the cores on a loaded host), and ``poll_overshoot_s``, the chain's round trip
+    without work less the first sleep (the partner answers at once, so the waiting rank
+    notices the answer at its second test, after one sleep)."""
+    first = Costs().poll_first_sleep_s
+    chain0 = pingpong["chain-0ms"]["round_trip_less_work_s"]
+    block0 = pingpong["blocking-0ms"]["round_trip_less_work_s"]
+    return {"mpi_latency_s": min(block0, chain0) / 2,
+            "poll_overshoot_s": max(0.0, chain0 - first)}
+
+
+def pingpong_model_check(pingpong: dict, costs: Costs) -> dict[str, dict[str, float]]:
+    """Per chain case with work (1 and 5 ms), the round trip less the work the model's
+    :func:`~lmdbio.scale.model.poll_delay` gives (the answer arrives two latencies after
+    the work; the waiting rank notices it at its next test), beside the measured median
+    and quartiles."""
+    out = {}
+    for name, case in pingpong.items():
+        if not isinstance(case, dict) or case.get("wait") != "chain" or \
+                not case.get("partner_work_s"):
+            continue
+        arrives = case["partner_work_s"] + 2 * costs.mpi_latency_s
+        model = arrives + poll_delay(arrives, costs) - case["partner_work_s"]
+        out[name] = {"model_s": model, "measured_s": case["round_trip_less_work_s"],
+                     "q25_s": case["q25_s"], "q75_s": case["q75_s"]}
+    return out
 
 
 def measured(runs: list[dict]) -> dict[str, Any]:
     """The medians of a configuration's repeats and their spread ((max - min) / median):
     loop wall seconds, each rank's loop CPU seconds, records delivered."""
     walls = [r["totals"]["loop_seconds"] for r in runs]
+    fastest = walls.index(min(walls))
     cpus = [{p["rank"]: p["cpu_seconds"]["loop"] for p in r["per_rank"]} for r in runs]
     ranks = sorted(cpus[0])
     cpu = {k: statistics.median(c[k] for c in cpus) for k in ranks}
@@ -238,6 +339,9 @@ def measured(runs: list[dict]) -> dict[str, Any]:
     wall = statistics.median(walls)
     waits = [max(p["seconds"]["wait_cursor"] for p in r["per_rank"]) for r in runs]
     return {"repeats": len(runs), "loop_s": wall, "loop_all_s": walls,
+            "loop_best_s": walls[fastest],
+            "core_share_best": sum(cpus[fastest].values()) / len(cpus[fastest])
+            / walls[fastest],
             # how much of a core each rank had over the loop: 1 = never runnable and
             # waiting for a core; less = waiting (for a core, a cursor, a slot)
             "core_share": statistics.median(s / len(cpus[0]) / w
@@ -260,15 +364,17 @@ def cpu_features(tr: Trace) -> np.ndarray:
 
 
 def fit_costs(rows: list[dict], traces: dict[Config, Trace], split: str) -> Costs:
-    """Non-negative least squares of the fit set's CPU seconds per rank on the model's,
-    each run weighted by 1 / its seconds (relative errors count)."""
+    """Non-negative least squares of the fit set's CPU seconds per rank on the model's
+    (times the run's contention factor), each run weighted by 1 / its seconds (relative
+    errors count)."""
     from scipy.optimize import nnls
 
     a, b = [], []
     for row in rows:
         if row["config"].role(split) != "fit":
             continue
-        feats = cpu_features(traces[row["config"]]) * row["epochs"]
+        feats = cpu_features(traces[row["config"]]) * row["epochs"] * \
+            row["cpu_contention_factor"]
         for actor, cpu in zip(traces[row["config"]].actors, row["cpu_s_per_rank"],
                               strict=True):
             a.append(feats[actor.index] / cpu)
@@ -281,14 +387,17 @@ def fit_costs(rows: list[dict], traces: dict[Config, Trace], split: str) -> Cost
 def evaluate(row: dict, tr: Trace, costs: Costs) -> dict[str, Any]:
     """The model's CPU seconds per rank and loop seconds for ``row``'s epochs under
     ``costs``, and the errors: CPU (summed over ranks) and throughput (records per loop
-    second; + means the model is faster than measured)."""
+    second; + means the model is faster than measured), against the median repeat and
+    (``throughput_best``) the fastest one."""
     e = row["epochs"]
+    costs = costs.replace(cpu_contention_factor=row["cpu_contention_factor"])
     by_rank = {a.rank: v for a, v in zip(tr.actors, actor_cpu_seconds(tr, costs), strict=True)}
     cpu = [by_rank[k] * e for k in sorted(by_rank)]
     loop = epoch_time(tr, costs).extra["traced_seconds"] * e
     return {"model_cpu_s_per_rank": cpu, "model_loop_s": loop,
             "cpu_error": sum(cpu) / sum(row["cpu_s_per_rank"]) - 1,
-            "throughput_error": row["loop_s"] / loop - 1}
+            "throughput_error": row["loop_s"] / loop - 1,
+            "throughput_best_error": row["loop_best_s"] / loop - 1}
 
 
 def error_summary(rows: list[dict]) -> dict[str, Any]:
@@ -301,7 +410,8 @@ def error_summary(rows: list[dict]) -> dict[str, Any]:
                                   for s in STRATEGIES}}
         out[role] = {name: {"runs": len(g), **{f"{k}_{stat}": fn(abs(r[f"{k}_error"])
                                                                    for r in g)
-                                              for k in ("throughput", "cpu")
+                                              for k in ("throughput", "throughput_best",
+                                                        "cpu")
                                               for stat, fn in (("median", statistics.median),
                                                                ("max", max))}}
                      for name, g in groups.items() if g}
@@ -314,17 +424,23 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace) -> dict:
     cfgs = time_configs(args.quick)
     traces = epoch_traces(dbs, cfgs)
     epochs = choose_epochs(res, dbs, cfgs, traces, args.target)
-    runs = measure(res, dbs, cfgs, traces, epochs, args.repeats)
+    runs, passes = measure(res, dbs, cfgs, traces, epochs, args.repeats)
+    stats = {c: measured(got) for c, got in runs.items() if got}
+    contention = corun(res, dbs, traces, epochs,
+                       {c: m["cpu_s_per_rank"][0] for c, m in stats.items() if c.ranks == 1})
     pingpong = latency(res)
-    handoff = pingpong["chain-1ms"]["handoff_s"]
+    cores = os.cpu_count() or 1
     rows = [{"config": c, "db": c.db, "strategy": c.strategy, "ranks": c.ranks,
              "nodes": c.ranks, "epochs": epochs[c],
              "iterations": epochs[c] * traces[c].epoch_iterations,
-             "model_batches_per_slot": traces[c].batches_per_slot, **measured(got)}
-            for c, got in runs.items() if got]
+             "model_batches_per_slot": traces[c].batches_per_slot,
+             # a rank on every core of the host: the neighbours' contention applies
+             "cpu_contention_factor": contention["factor"] if c.ranks >= cores else 1.0,
+             **m}
+            for c, m in stats.items()]
     splits = {}
     for split, (fits, held) in SPLITS.items():
-        costs = fit_costs(rows, traces, split).replace(mpi_latency_s=handoff)
+        costs = fit_costs(rows, traces, split).replace(**pingpong["model_costs"])
         models = [{"db": r["db"], "strategy": r["strategy"], "ranks": r["ranks"],
                    "role": r["config"].role(split),
                    **evaluate(r, traces[r["config"]], costs)} for r in rows]
@@ -332,8 +448,97 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace) -> dict:
                          "models": models, "errors": error_summary(models)}
     for r in rows:
         r.pop("config")
-    return {"fitted": list(FITTED), "target_loop_s": args.target, "pingpong": pingpong,
-            "runs": rows, "splits": splits}
+    return {"fitted": list(FITTED), "target_loop_s": args.target, "passes": passes,
+            "contention": contention, "pingpong": pingpong, "runs": rows,
+            "splits": splits}
+
+
+def cold_run(res: Path, dbs: dict[str, Path], cfg: Config, per_epoch: int) -> dict | None:
+    """``cfg`` for :data:`IO_EPOCHS` epochs from storage (``--direct``, 128 KiB
+    read-around on faults)."""
+    batch = bench_read.SHAPES[cfg.db][2]
+    return run_bench(res / cfg.file("cold", IO_EPOCHS), cfg.ranks, dbs[cfg.db],
+                     cfg.strategy, "--batch-size", str(batch), "--iters",
+                     str(per_epoch * IO_EPOCHS), "--simulate-nodes", str(cfg.ranks),
+                     "--batches-per-slot", "0", "--transfer", "spans", "--direct",
+                     "--direct-read-around", "128")
+
+
+def fit_io(rows: list[dict]) -> dict[str, float]:
+    """``fs_latency_s`` and ``fs_node_bandwidth_bps`` by non-negative least squares of
+    the 1-rank runs' I/O seconds on their reads and bytes (each run weighted by 1 / its
+    seconds)."""
+    from scipy.optimize import nnls
+
+    a, b = [], []
+    for r in rows:
+        if r["ranks"] != 1:
+            continue
+        for reads, nbytes, secs in zip(r["reads"], r["bytes"], r["io_s"], strict=True):
+            if secs > 0:
+                a.append([reads / secs, nbytes / secs])
+                b.append(1.0)
+    (lat, per_byte), _ = nnls(np.array(a), np.array(b))
+    return {"fs_latency_s": float(lat),
+            "fs_node_bandwidth_bps": float(1 / per_byte) if per_byte > 0 else float("inf")}
+
+
+def io(res: Path, dbs: dict[str, Path], args: argparse.Namespace, cpu: Costs,
+       contention: float) -> dict:
+    """The cold runs (see the module docstring), the fitted I/O costs and, per run, the
+    model against them (``cpu``: the fitted CPU costs; ``contention``: the host's factor,
+    for the runs with a rank on every core)."""
+    cfgs = time_configs(args.quick)
+    traces = epoch_traces(dbs, cfgs)
+    print(f"cold runs: load average {os.getloadavg()}", flush=True)
+    rows = []
+    for c in cfgs:
+        got = cold_run(res, dbs, c, traces[c].epoch_iterations)
+        if got is None or any(p.get("direct_io") is None for p in got["per_rank"]):
+            continue
+        per = sorted(got["per_rank"], key=lambda p: p["rank"])
+        rows.append({"config": c, "db": c.db, "strategy": c.strategy, "ranks": c.ranks,
+                     "epochs": IO_EPOCHS, "loop_s": got["totals"]["loop_seconds"],
+                     "reads": [p["direct_io"]["reads"] for p in per],
+                     "bytes": [p["direct_io"]["bytes"] for p in per],
+                     "io_s": [p["direct_io"]["seconds"] for p in per],
+                     "cpu_s": [p["cpu_seconds"]["loop"] for p in per],
+                     "loadavg": got.get("loadavg")})
+    fitted = fit_io(rows)
+    costs = cpu.replace(**IO_READS, **fitted)
+    cores = os.cpu_count() or 1
+    for r in rows:
+        tr = traces[r.pop("config")]
+        run_costs = costs if r["ranks"] < cores else \
+            costs.replace(cpu_contention_factor=contention)
+        m = epoch_time(tr, run_costs)
+        steps = step_costs(tr, run_costs)[0]
+        io_s = np.zeros(len(tr.actors))
+        for st, sc in zip(tr.steps, steps, strict=True):
+            io_s[st.actor] += sc.io_sync + sc.chain_io + sc.io_async
+        e = r["epochs"]
+        requests = (m.requests["sync"] + m.requests["async"]) * e
+        nbytes = sum(m.node_fs_bytes) * e
+        r.update({"model_requests": requests, "model_bytes": nbytes,
+                  "model_io_s": [float(v) * e for v in io_s],
+                  "model_loop_s": m.seconds * e,
+                  "requests_error": requests / max(sum(r["reads"]), 1) - 1,
+                  "bytes_error": nbytes / max(sum(r["bytes"]), 1) - 1,
+                  "io_error": float(io_s.sum()) * e / max(sum(r["io_s"]), 1e-9) - 1,
+                  "throughput_error": r["loop_s"] / (m.seconds * e) - 1})
+    summary = {}
+    for role, mine in (("fit", [r for r in rows if r["ranks"] == 1]),
+                       ("held-out", [r for r in rows if r["ranks"] != 1])):
+        summary[role] = {k: {"median": statistics.median(abs(r[f"{k}_error"]) for r in mine),
+                             "max": max(abs(r[f"{k}_error"]) for r in mine)}
+                         for k in ("requests", "bytes", "io", "throughput") if mine}
+    for role, errs in summary.items():
+        print(f"  cold {role:9s} " + "  ".join(f"{k} median {v['median']:6.1%} max "
+                                              f"{v['max']:6.1%}" for k, v in errs.items()),
+              flush=True)
+    print(f"  fitted: {fitted}", flush=True)
+    return {"epochs": IO_EPOCHS, "reads_as": IO_READS, "fitted": fitted, "runs": rows,
+            "errors": summary}
 
 
 def pages(res: Path, dbs: dict[str, Path], quick: bool) -> list[dict]:
@@ -385,8 +590,10 @@ def print_errors(f: dict) -> None:
         for role, groups in got["errors"].items():
             for name, g in groups.items():
                 print(f"  {role:9s} {name:13s} runs {g['runs']:2d}  throughput median "
-                      f"{g['throughput_median']:6.1%} max {g['throughput_max']:6.1%}   CPU "
-                      f"median {g['cpu_median']:6.1%} max {g['cpu_max']:6.1%}", flush=True)
+                      f"{g['throughput_median']:6.1%} max {g['throughput_max']:6.1%} "
+                      f"(fastest repeat: {g['throughput_best_median']:6.1%}, "
+                      f"{g['throughput_best_max']:6.1%})   CPU median {g['cpu_median']:6.1%} "
+                      f"max {g['cpu_max']:6.1%}", flush=True)
 
 
 def write_fitted(res: Path, f: dict) -> None:
@@ -401,6 +608,8 @@ def write_fitted(res: Path, f: dict) -> None:
                    f"{max(r['repeats'] for r in f['runs'])} interleaved repeats",
          # this host's, not a cluster's: kept beside the costs, not in them
          "host_mpi_latency_s": costs["mpi_latency_s"],
+         "host_poll_overshoot_s": costs["poll_overshoot_s"],
+         "host_cpu_contention_factor": f["contention"]["factor"],
          "costs": {k: costs[k] for k in FITTED}},
         sort_keys=False))
 
@@ -429,6 +638,13 @@ def main() -> int:
         result["fit"] = fit(res / "runs", dbs, args)
         print_errors(result["fit"])
         write_fitted(res, result["fit"])
+        write_json(out_file, result, default=float)
+    if "io" in only:
+        fitted = result.get("fit", {}).get("splits", {}).get(next(iter(SPLITS)), {})
+        cpu = Costs(mpi_latency_s=0.0).replace(**{
+            k: v for k, v in fitted.get("costs", {}).items() if not k.startswith("fs_")})
+        factor = result.get("fit", {}).get("contention", {}).get("factor", 1.0)
+        result["io"] = io(res / "runs", dbs, args, cpu, factor)
         write_json(out_file, result, default=float)
     if "pages" in only:
         rows = pages(res, dbs, args.quick)

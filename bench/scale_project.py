@@ -7,7 +7,9 @@ The paper's job: global batch 4,096 (4096 / R per rank), 16 ranks per node, R = 
 one batch per read (Caffe and LMDBIO read iteration by iteration). One epoch is traced
 (10 and 2 iterations), the costs are lmdbio/scale/lustre.yaml with the fitted CPU costs
 (bench/results/scale/fitted-costs.yaml when there), and each uncertain cost is moved to
-both ends of its range (``ranges:``), one at a time.
+both ends of its range (``ranges:``), one at a time. Beside each strategy's samples/s, what
+it would be if the DM readers blocked in MPI's receive instead of polling for their cursor
+(``samples_per_second_blocking_wait``; the same for the strategies without a chain).
 
 Output: bench/results/scale/projection.json, docs/figures/scale-*.png.
 Run: .venv/bin/python -m bench.scale_project [--ranks 16,32,...] [--quick]
@@ -22,7 +24,7 @@ from pathlib import Path
 
 from bench.common import BENCH_DATA, REPO, RESULTS, write_json
 from bench.lmdbgen import random_items
-from lmdbio.scale.costs import costs_from_mapping, load_costs, load_ranges
+from lmdbio.scale.costs import load_costs, load_ranges
 from lmdbio.scale.model import epoch_time
 from lmdbio.scale.project import ALL_STRATEGIES, Job, sensitivity, summarize
 from lmdbio.scale.project import traces as make_traces
@@ -68,7 +70,6 @@ def main() -> int:
     if fitted.exists():
         costs = load_costs(fitted, costs)
     ranges = load_ranges(args.fs)
-    cpu_names = [k for k in costs.as_dict() if k.startswith(("cpu_", "copy_", "handoff_"))]
     result = {"costs": costs.as_dict(), "ranges": ranges, "fitted_costs": fitted.exists(),
               "runs": []}
     for name in args.dbs.split(","):
@@ -78,11 +79,14 @@ def main() -> int:
             job = Job(r, max(1, r // PER_NODE), max(1, GLOBAL_BATCH // r), None, 1)
             tr = make_traces(db, job, ALL_STRATEGIES)
             res = {s: summarize(epoch_time(t, costs)) for s, t in tr.items()}
-            for s in res:
+            for s, t in tr.items():
                 res[s].pop("pages_per_reader")
+                # the DM chains if their readers blocked in MPI's receive (no polling)
+                res[s]["samples_per_second_blocking_wait"] = epoch_time(
+                    t, costs.blocking_cursor_wait()).samples_per_second
             sens = sensitivity(tr, costs, ranges)
             # CPU up to 2x slower (a 2012 core): every CPU cost doubled at once
-            slow = costs_from_mapping({k: 2 * getattr(costs, k) for k in cpu_names}, costs)
+            slow = costs.replace(cpu_contention_factor=2 * costs.cpu_contention_factor)
             for s, t in tr.items():
                 v = epoch_time(t, slow).samples_per_second
                 sens[s]["by_cost"]["cpu_x2"] = (v, v)

@@ -188,3 +188,49 @@ def test_a_read_around_window_ends_at_the_files_last_page() -> None:
     node = NodePageCache(10)  # pages 0 .. 9
     assert node.fault(np.array([9]), 4) == (2, 1)  # the window 8 .. 11 holds pages 8, 9
     assert node.fault(np.array([1]), 4) == (4, 1)
+
+
+def test_a_waiting_reader_notices_its_cursor_at_its_next_test() -> None:
+    """``poll_delay`` follows ``wait_with_timeout``'s schedule: tests at 0, then after
+    sleeps of 50, 100, 200 and 400 us, each longer by the overshoot; past them, sleeps of
+    500 us (plus the overshoot) in a random phase: half of one on average."""
+    from lmdbio.scale.model import poll_delay
+
+    exact = Costs(poll_first_sleep_s=50e-6, poll_max_sleep_s=500e-6, poll_overshoot_s=0.0)
+    for waited, delay in ((0.0, 0.0), (-1.0, 0.0), (30e-6, 20e-6), (50e-6, 0.0),
+                          (60e-6, 90e-6), (700e-6, 50e-6), (1e-3, 250e-6),
+                          (10.1e-3, 250e-6)):
+        assert poll_delay(waited, exact) == pytest.approx(delay, abs=1e-12), waited
+    slack = exact.replace(poll_overshoot_s=10e-6)  # tests at 60, 170, 380, 790 us, ...
+    assert poll_delay(700e-6, slack) == pytest.approx(90e-6)
+    assert poll_delay(1e-3, slack) == pytest.approx(255e-6)
+    with pytest.raises(ConfigError, match="poll_max_sleep_s"):
+        Costs(poll_first_sleep_s=1e-3, poll_max_sleep_s=5e-4)
+
+
+def test_the_chain_pays_for_polling_one_reader_does_not(cifar: Path) -> None:
+    """Longer sleeps between a waiting reader's tests slow a chain of readers that wait
+    for each other, never a lone reader (it receives no cursor)."""
+    costs = FS.replace(cpu_skip_s=1e-6)  # a walk long enough that the next reader waits
+    coarse = costs.replace(poll_first_sleep_s=1e-3, poll_max_sleep_s=1e-2)
+    chain = trace(cifar, "dm-serial", 4, 4, 8, iterations=8, batches_per_slot=1)
+    assert epoch_time(chain, coarse).seconds > epoch_time(chain, costs).seconds
+    alone = trace(cifar, "dm-serial", 1, 1, 32, iterations=8, batches_per_slot=1)
+    assert epoch_time(alone, coarse).seconds == epoch_time(alone, costs).seconds
+
+
+def test_speculation_costs_dm_spec_per_read_and_contention_scales_all_cpu(cifar: Path
+                                                                          ) -> None:
+    """``cpu_speculate_s`` is paid once per read by dm-spec's readers and by no other
+    strategy; ``cpu_contention_factor`` multiplies every CPU cost."""
+    per_read = Costs(cpu_speculate_s=1.0)
+    spec = trace(cifar, "dm-spec", 2, 2, 16, iterations=6, batches_per_slot=2)
+    assert spec.speculates
+    got = actor_cpu_seconds(spec, per_read)
+    assert list(got) == [len(spec.actor_steps(a.index)) for a in spec.actors]
+    for s in ("dm-serial", "indexed", "lmm"):
+        other = trace(cifar, s, 2, 2, 16, iterations=6, batches_per_slot=2)
+        assert not other.speculates and not actor_cpu_seconds(other, per_read).any()
+    cpu = FS.replace(cpu_speculate_s=1e-4, consume_s_per_record=1e-7)
+    assert actor_cpu_seconds(spec, cpu.replace(cpu_contention_factor=1.5)) == \
+        pytest.approx(1.5 * actor_cpu_seconds(spec, cpu))

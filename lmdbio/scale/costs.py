@@ -38,6 +38,16 @@ class Costs:
     #: one MPI message (the DM cursor hand-off): latency and bandwidth
     mpi_latency_s: float = 2e-6
     mpi_bandwidth_bps: float = 3e9
+    #: how a DM reader waits for its cursor (``DmSerial._receive`` through
+    #: :func:`lmdbio.mpiutil.wait_with_timeout`): it tests the request, then sleeps
+    #: ``poll_first_sleep_s``, doubling up to ``poll_max_sleep_s``, between tests, so a
+    #: cursor is noticed at the first test after it arrived, not when it arrived
+    poll_first_sleep_s: float = 5e-5
+    poll_max_sleep_s: float = 5e-4
+    #: how much longer than asked each of those sleeps lasts (the kernel's timer slack,
+    #: 50 us by default on Linux, and the wake-up; measured by bench/scale_calibrate.py's
+    #: ping-pong: 82 us on this project's quiet host, 66 us loaded)
+    poll_overshoot_s: float = 8.2e-5
     #: CPU per record a cursor steps over one at a time (walk_collect)
     cpu_walk_s: float = 0.0
     #: CPU per record passed leaf by leaf (walk_skip, the DM chain)
@@ -49,6 +59,11 @@ class Costs:
     cpu_step_s: float = 0.0
     #: CPU per distinct page a read touches (mapping it, parsing a leaf)
     cpu_page_s: float = 0.0
+    #: CPU per read of a reader that speculates (dm-spec), besides its walk: estimating
+    #: the next share's pages, checking whether they are resident before asking for
+    #: them, and observing what the walk read (the estimators, dm-spec's compiled
+    #: bookkeeping pass), whether or not any page is then read
+    cpu_speculate_s: float = 0.0
     #: a consumer copying its records into its own memory, per byte
     copy_s_per_byte: float = 0.0
     #: a consumer decoding one record (0: ``bench read`` does not decode)
@@ -58,6 +73,12 @@ class Costs:
     consume_s_per_record: float = 0.0
     #: a ring slot handed from a node's reader to one of its workers (shared memory)
     handoff_s_per_slot: float = 0.0
+    #: every CPU cost above is multiplied by this: how much longer the same work takes a
+    #: core when the host's other cores are busy too (shared caches, memory bandwidth).
+    #: The CPU costs are fitted on one rank with the host's other core idle (1); a job
+    #: with a rank on every core runs at the factor bench/scale_calibrate.py measures by
+    #: running two one-rank jobs at once
+    cpu_contention_factor: float = 1.0
 
     def __post_init__(self) -> None:
         for f in dataclasses.fields(self):
@@ -68,13 +89,24 @@ class Costs:
                 raise ConfigError(f"costs: {f.name} must be >= 0, got {v!r}")
         for name in ("fs_node_bandwidth_bps", "fs_aggregate_bandwidth_bps",
                      "mpi_bandwidth_bps", "readahead_bytes", "fs_max_request_bytes",
-                     "fs_async_depth"):
+                     "fs_async_depth", "poll_first_sleep_s", "poll_max_sleep_s",
+                     "cpu_contention_factor"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"costs: {name} must be > 0, got {getattr(self, name)!r}")
+        if self.poll_max_sleep_s < self.poll_first_sleep_s:
+            raise ConfigError(f"costs: poll_max_sleep_s ({self.poll_max_sleep_s!r}) must be "
+                              f">= poll_first_sleep_s ({self.poll_first_sleep_s!r})")
 
     def replace(self, **changes: Any) -> Costs:
         """A copy with ``changes`` (checked as any other)."""
         return dataclasses.replace(self, **changes)
+
+    def blocking_cursor_wait(self) -> Costs:
+        """A copy whose DM readers notice their cursor as it arrives (within 1 ns), as a
+        reader blocked in MPI's receive would, instead of testing between sleeps: what the
+        chain would cost without ``poll_*``'s delays."""
+        return self.replace(poll_first_sleep_s=1e-9, poll_max_sleep_s=1e-9,
+                            poll_overshoot_s=0.0)
 
     def as_dict(self) -> dict[str, float]:
         return dataclasses.asdict(self)

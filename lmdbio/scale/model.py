@@ -13,8 +13,9 @@ What a read costs depends on how the strategy reads:
   at ``fs_max_request_bytes``, ``fs_async_depth`` of them in flight.
 
 Bandwidth is shared: each reading rank gets ``min(node / readers on its node, aggregate /
-readers in the job)``. CPU is per record walked, skipped or located, per page touched, and
-per byte each consumer copies and per record it takes (plus a hand-off per slot from a
+readers in the job)``. CPU is per record walked, skipped or located, per page touched, per
+read (and per read that speculates, dm-spec), and per byte each consumer copies and per
+record it takes (plus a hand-off per slot from a
 node's reader to each of its workers). Actors that do not communicate run side by side: a
 node's time is the longer of its reader's path (reads, CPU, its own share of consuming
 when colocated) and a worker's (hand-offs, copies). The DM chains are simulated slot by
@@ -22,10 +23,14 @@ slot: reader ``r`` starts its walk when the cursor from ``r - 1`` has arrived
 (``mpi_latency_s`` plus the bytes over ``mpi_bandwidth_bps``) and it is free; the walk's
 own faults are on the chain, the rest of its slot (values, collection, copies) after it.
 dm-spec's prefetch starts as soon as the reader is free, before the cursor arrives; the
-chain then waits for it at most one request's latency (its pages are in flight).
+chain then waits for it at most one request's latency (its pages are in flight). A reader
+that waits for its cursor does not see it arrive: it tests for it between sleeps that
+double up to a limit (:func:`poll_delay`), so the chain moves on at the first test after
+the cursor came.
 
-Limits (docs/scaling.md): no contention between ranks for cores or memory bandwidth, no
-jitter, one request latency whatever the file system's load, read-around as aligned
+Limits (docs/scaling.md): contention between ranks for caches and memory bandwidth is
+one measured factor on every CPU cost (``cpu_contention_factor``), never more ranks than
+cores, no jitter, one request latency whatever the file system's load, read-around as aligned
 windows, and the page cache never evicts within an epoch.
 """
 
@@ -133,7 +138,7 @@ def epoch_time(trace: Trace, costs: Costs) -> EpochResult:
     """The model's epoch for ``trace`` under ``costs`` (see the module docstring)."""
     costs_of, fetched = step_costs(trace, costs)
     if trace.chained and len(trace.actors) > 1:
-        end, crit = _chain(trace, costs_of)
+        end, crit = _chain(trace, costs_of, costs)
     else:
         end, crit = _independent(trace, costs_of)
     return _result(trace, costs_of, fetched, end, crit)
@@ -193,20 +198,24 @@ def _touched(step: Step) -> np.ndarray:
 
 def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: int) -> None:
     """The CPU side of one step, into ``c``: the chain's walk, the rest of the read (per
-    record, per page touched, per read), the cursor message, and the consuming (a copy
-    per byte, a decode and a take per record, shared among the node's ``consumers``,
-    plus the slot's hand-off on a node ring)."""
+    record, per page touched, per read, per speculating read), the cursor message, and
+    the consuming (a copy per byte, a decode and a take per record, shared among the
+    node's ``consumers``, plus the slot's hand-off on a node ring), all of it times the
+    host's contention factor."""
     c.chain_cpu = step.chain_walked * costs.cpu_walk_s + \
         step.chain_skipped * costs.cpu_skip_s
     c.cpu = step.walked * costs.cpu_walk_s + step.skipped * costs.cpu_skip_s + \
         step.located * costs.cpu_locate_s + _touched(step).size * costs.cpu_page_s + \
-        costs.cpu_step_s - c.chain_cpu
+        costs.cpu_step_s + (costs.cpu_speculate_s if trace.speculates else 0.0) - \
+        c.chain_cpu
     c.message = step.messages * costs.mpi_latency_s + \
         step.message_bytes / costs.mpi_bandwidth_bps
     c.consume = (step.bytes * costs.copy_s_per_byte
                  + step.records * (costs.decode_s_per_record + costs.consume_s_per_record)
                  ) / consumers + \
         (costs.handoff_s_per_slot if trace.shared else 0.0)
+    f = costs.cpu_contention_factor
+    c.chain_cpu, c.cpu, c.consume = c.chain_cpu * f, c.cpu * f, c.consume * f
 
 
 def actor_cpu_seconds(trace: Trace, costs: Costs) -> np.ndarray:
@@ -285,8 +294,33 @@ def _worst(trace: Trace, per: dict[int, dict[str, float]], costs_of: list[StepCo
     return best, crit
 
 
-def _chain(trace: Trace, costs_of: list[StepCost]) -> tuple[float, dict[str, float]]:
-    """The DM chains, slot by slot: a reader's walk waits for the cursor and for itself."""
+def poll_delay(waited: float, costs: Costs) -> float:
+    """How long after its cursor arrived a DM reader notices it, when it had been waiting
+    ``waited`` seconds for it (0 when it had not: its first test finds it).
+
+    The reader tests the request, sleeps, tests again (:func:`lmdbio.mpiutil.
+    wait_with_timeout`): the sleeps start at ``poll_first_sleep_s`` and double up to
+    ``poll_max_sleep_s``, and each lasts ``poll_overshoot_s`` longer than asked. While the
+    sleeps double (a handful) the cursor is noticed at the first test at or after
+    ``waited``. After that the tests come every ``poll_max_sleep_s + poll_overshoot_s``,
+    and where they fall against the cursor's arrival is taken as random (the sleeps vary;
+    a fixed schedule made the model's chains lock onto a whole period per hop, or none):
+    half a period on average."""
+    if waited <= 0:
+        return 0.0
+    t, sleep = 0.0, costs.poll_first_sleep_s
+    while sleep < costs.poll_max_sleep_s:  # the doubling sleeps
+        t += sleep + costs.poll_overshoot_s
+        if t >= waited:
+            return t - waited
+        sleep *= 2
+    return (costs.poll_max_sleep_s + costs.poll_overshoot_s) / 2
+
+
+def _chain(trace: Trace, costs_of: list[StepCost], costs: Costs
+           ) -> tuple[float, dict[str, float]]:
+    """The DM chains, slot by slot: a reader's walk waits for the cursor (noticed at its
+    first test after it came: :func:`poll_delay`) and for itself."""
     n = len(trace.actors)
     free = np.zeros(n)  # when each reader has finished its previous slot
     arrive = 0.0  # when the cursor for the next reader arrives
@@ -300,7 +334,8 @@ def _chain(trace: Trace, costs_of: list[StepCost]) -> tuple[float, dict[str, flo
             r = step.actor
             p = per[r]
             prefetch_done = free[r] + c.io_async  # asked for as soon as the reader is free
-            start = max(free[r], arrive if (r > 0 or slot > 0) else 0.0)
+            cursor = arrive if (r > 0 or slot > 0) else 0.0
+            start = max(free[r], cursor) + poll_delay(cursor - free[r], costs)
             ready = max(0.0, free[r] + c.chain_ready - start)
             chain_end = start + ready + c.chain_io + c.chain_cpu
             arrive = chain_end + c.message

@@ -114,6 +114,9 @@ class Trace:
     steps: list[Step]
     #: ranks per node
     node_ranks: tuple[int, ...]
+    #: a chain whose readers ask ahead for the pages they expect (dm-spec): every read
+    #: also estimates, checks residency and observes (``Costs.cpu_speculate_s``)
+    speculates: bool = False
 
     def actor_steps(self, actor: int) -> list[Step]:
         return [s for s in self.steps if s.actor == actor]
@@ -369,7 +372,8 @@ class _Tracer:
                      batches_per_slot=self.per_slot, iterations=len(schedule),
                      epoch_iterations=per_epoch, shared=cls.shared,
                      read_around=not cls.advises, chained=cls.chained,
-                     actors=self.actors, steps=steps, node_ranks=self.node_ranks)
+                     actors=self.actors, steps=steps, node_ranks=self.node_ranks,
+                     speculates=cls.chained and cls.advises)
 
     def _begin_epoch(self, epoch: int, stop: int, last: str) -> Any:
         """The epoch's plan (as the job plans it), begun by every actor alone; what
