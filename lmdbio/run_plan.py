@@ -37,7 +37,7 @@ from lmdbio.config import (
 from lmdbio.errors import ConfigError
 from lmdbio.layouts import LAYOUTS
 from lmdbio.plan.strategies import strategy_class
-from lmdbio.shm.layout import CHECKSUM_NAMES, checksum_kind
+from lmdbio.shm.layout import CHECKSUM_NAMES
 
 #: the loader's logger: the batch-split warnings are the loader's, as they always were
 log = logging.getLogger("lmdbio.loader")
@@ -159,9 +159,10 @@ def consuming_ranks(strategy: str, topo: Any) -> int:
 def slot_checksum(value: bool | str) -> str:
     """The slot checksum's name (:data:`~lmdbio.shm.layout.CHECKSUM_NAMES`) for a
     ``readers.checksum`` value or an override: True is XXH64, False none."""
-    if isinstance(value, bool) or (isinstance(value, str) and value in CHECKSUM_NAMES):
-        kind = checksum_kind(value)
-        return next(name for name, named in CHECKSUM_NAMES.items() if named == kind)
+    if isinstance(value, bool):
+        return "xxh64" if value else "none"
+    if isinstance(value, str) and value in CHECKSUM_NAMES:
+        return value
     problem = ConfigProblem("readers.checksum", "must be 'xxh64', 'crc32' or 'none' (or True / "
                             f"False), got {value!r}")  # an override: no line of the file
     raise ConfigError(f"invalid job configuration: {problem}")
