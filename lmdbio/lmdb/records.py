@@ -13,6 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmdbio.kernel_cache import kernel_module
+
 
 @dataclass
 class RecordTable:
@@ -165,7 +167,7 @@ class LocatedRecords:
     def lookup(self, ids: np.ndarray) -> RecordRefs | None:
         """The records ``ids`` (int64 record indices in range, checked by the caller) when
         every one was located before; ``None`` otherwise."""
-        from lmdbio.lmdb.kernels import take_rows
+        take_rows = kernel_module("lmdbio.lmdb").take_rows
 
         if not ids.size:
             return None
