@@ -19,9 +19,11 @@
 #   service-r8   50 s  bench/service.py --ranks 8 --repeat 1 --no-stall, CIFAR-like only, 300
 #                      batches per consuming rank (7 mpiexec runs of a few seconds each)
 #   service-r16  55 s  the same at 16 ranks
-#   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only: R = 2, 4, 8,
-#                      16: 16 launches of 1-5 s, torch's three worker counts in one (~15 s)
-#                      and streaming's two in one (~30 s; its MDS shards written once, ~5 s)
+#   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only, no streaming
+#                      (measured on this VM already; ~30 s): R = 2, 4, 8, 16: floor-R,
+#                      pylmdb-per-rank-R and lmdbio colocated, groups (a reader per rank:
+#                      readers.per_node R) and dedicated, 20 launches of 1-5 s; torch's three
+#                      worker counts in one (~15 s)
 #   gpu          30 s  only where nvidia-smi lists a GPU: bench/gpu.py --target-gb 0.5
 #                      --repeat 2 --records 8000 --epochs 1 (pageable vs pinned vs pinned ring vs IBP
 #                      from pinned H2D on digits, MNIST, breast-cancer rows; the Datum loader
@@ -122,7 +124,9 @@ export -f setup_venv probes service_at
 if [ "$QUICK" = "1" ]; then
     R_LOW=2; R_HIGH=2; BATCHES=20; PEERS_ARGS=(--quick --max-ranks 2 --repeat 1)
 else
-    R_LOW=8; R_HIGH=16; BATCHES=300; PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1)
+    R_LOW=8; R_HIGH=16; BATCHES=300
+    PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1
+                --variants floor,sequential-read,pylmdb,torch,lmdbio)
 fi
 
 echo "device check: $REPO -> $OUT (quick=$QUICK)"

@@ -37,6 +37,8 @@ bench/service.py launches it):
                          strategy, global shuffle, ``transform.scale`` 1/255, CPU batches)
   lmdbio-colocated-R,    lmdbio at R ranks (dedicated: one reader per node, the other ranks
   lmdbio-dedicated-R     workers); B records per worker, so the global batch is B x workers
+  lmdbio-groups-R        colocated with ``readers.per_node: R``: a reader per rank, each
+                         locating and publishing its own records (no rank reads for others)
 
 Figures per variant: samples/s (records delivered in the timed epoch over its wall time; for
 R ranks, delivered to all consumers over the slowest rank's wall time), CPU µs per sample
@@ -470,10 +472,12 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
     node.Free()
-    workers = comm.Get_size() - nodes if p["mode"] == "dedicated" else comm.Get_size()
+    groups = nodes * p.get("per_node", 1)  # reader groups (one reader each)
+    workers = comm.Get_size() - groups if p["mode"] == "dedicated" else comm.Get_size()
     cfg = {"dataset": {"path": p["db"], "layout": "caffe-datum"},
            "batch": {"size": p["batch"] * workers, "last": "pad"},
-           "readers": {"strategy": "indexed", "mode": p["mode"]},
+           "readers": {"strategy": "indexed", "mode": p["mode"],
+                       "per_node": p.get("per_node", 1)},
            "shuffle": {"mode": "global", "seed": p["seed"]}, "epochs": 3,
            "metrics": {"every": 0}, "transform": {"scale": SCALE},
            "workers": {"device": "cpu"}}
@@ -727,6 +731,8 @@ class Runner:
         p.append(("lmdbio-1", "lmdbio", {"mode": "colocated"}, 1))
         for r in self.ranks:
             p.append((f"lmdbio-colocated-{r}", "lmdbio", {"mode": "colocated"}, r))
+            # a reader per rank (readers.per_node = R): every rank locates its own records
+            p.append((f"lmdbio-groups-{r}", "lmdbio", {"mode": "colocated", "per_node": r}, r))
             p.append((f"lmdbio-dedicated-{r}", "lmdbio", {"mode": "dedicated"}, r))
         return [v for v in p if self.wanted(v[0])]
 

@@ -200,7 +200,16 @@ class ReadersConfig:
             },
         ),
     )
-    per_node: int = field(default=1, metadata=_meta("Reader ranks per node.", minimum=1))
+    per_node: int = field(
+        default=1,
+        metadata=_meta(
+            "Readers per node: the node's ranks are cut into this many groups of consecutive "
+            "ranks (clamped to the node's ranks), each with its own reader and ring. One "
+            "reader locates, fills and publishes every record its node's workers take; more "
+            "spread that work when it paces the node (small records, many ranks). `mode` "
+            "applies to each group.", minimum=1
+        ),
+    )
     prefetch_depth: int = field(
         default=4,
         metadata=_meta(
@@ -217,7 +226,10 @@ class ReadersConfig:
             "payload per slot, at most 16 (large records: one batch per slot); slots of "
             "record spans (`transfer` spans) instead aim at 4,096 records per worker, at "
             "most 64 batches and about 48 MiB of decoded float32 output per worker (from "
-            "the file's bytes per record; ImageNet-sized batches of 32: two per slot).",
+            "the file's bytes per record; ImageNet-sized batches of 32: two per slot), and "
+            "at 16,384 records per worker, at most 1,024 batches, whatever their size, "
+            "where the workers assemble each batch as it is asked for (Caffe Datums on "
+            "CPU workers).",
             minimum=0
         ),
     )
@@ -1035,12 +1047,6 @@ def _check_transport(cfg: JobConfig, problems: _Problems) -> None:
             f"{' | '.join(_SPANS)} and codec.name none); this job has layout "
             f"{cfg.dataset.layout!r} and codec {codec!r}: set readers.transfer: copy or auto",
         )
-    if cfg.readers.per_node != 1:
-        problems.add(
-            "readers.per_node",
-            f"{cfg.readers.per_node} readers per node is not supported yet (one node ring "
-            "has one reader); set readers.per_node: 1",
-        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1285,7 +1291,6 @@ def _render_rules() -> list[str]:
         "node-level `readers.strategy`: " + _code(_NODE_LEVEL) + ".",
         "- `readers.transfer: spans` needs `dataset.layout` one of " + _code(_SPANS)
         + " and `codec.name: none`.",
-        "- `readers.per_node` must be 1 (one node ring has one reader).",
         "- `transform.mean_values` holds one value or one per channel (checked against the "
         "data when the job starts).",
         "",

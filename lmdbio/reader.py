@@ -276,9 +276,9 @@ def pinning_local_rank(topo: Topology, shared: bool) -> int:
 
 def _pin_key(topo: Topology, path: str, pinner: int) -> tuple[Any, ...] | None:
     """What tells apart the files the nodes' pinning ranks (``pinner``: their node rank)
-    pin on one host (simulated nodes only; ``None`` elsewhere): ``(host, device, inode)``
+    pin on one host (nodes that share a host only; ``None`` elsewhere): ``(host, device, inode)``
     of the data file."""
-    if not (topo.simulated and topo.local_rank == pinner):
+    if not (topo.shares_host and topo.local_rank == pinner):
         return None
     try:
         st = resolve_file(path).stat()
@@ -295,10 +295,10 @@ def _pins_snapshot(topo: Topology, key: tuple[Any, ...] | None,
     of the host shares, so one pin keeps the pages of the whole node's reads from being
     recycled (a pin per rank only added a child process per rank, ~13 ms of CPU each, all
     at once, on the setup's critical path).
-    Simulated nodes share a host: the first node's pin covers the other nodes reading the
-    same file, and nodes reading their own copies pin each. ``key`` is this rank's
-    :func:`_pin_key`, ``keys`` every rank's, in world rank order."""
-    if not topo.simulated:
+    Simulated nodes and reader groups share a host: the first node's pin covers the other
+    nodes reading the same file, and nodes reading their own copies pin each. ``key`` is
+    this rank's :func:`_pin_key`, ``keys`` every rank's, in world rank order."""
+    if not topo.shares_host:
         return topo.local_rank == pinner
     return key is not None and keys.index(key) == topo.rank
 
@@ -492,15 +492,15 @@ class ReadSession:
 
     def _agree_on_layout(self, path: str) -> None:
         """One exchange over the world: every rank's node and consumer rank (the
-        node-level strategies' layout), the pin choice of simulated nodes (one per file and
+        node-level strategies' layout), the pin choice of nodes sharing a host (one per file and
         host) and the snapshot every reading rank opened, which must be one; then this
         rank's consumers, the batch checked against the file, the snapshot pinned where
         this rank pins it. Collective over the world (for a node-level strategy or
-        simulated nodes)."""
+        nodes sharing a host)."""
         topo = self.topo
         pinner = pinning_local_rank(topo, self.shared)
         pin_key = _pin_key(topo, path, pinner)
-        exchange = self.shared or topo.simulated
+        exchange = self.shared or topo.shares_host
         wr = topo.worker_rank if topo.is_worker else -1
         snap = _snapshot_key(self.db) if self.reads else None
         seen = topo.world.allgather((topo.node_index, wr, pin_key, snap)) if exchange else []

@@ -10,9 +10,16 @@ derives, for every rank:
 * ``host_size`` - the ranks on this rank's host (its shared-memory domain), whatever the
   nodes: with simulated nodes, all of them; the ring's waits compare it with the cores.
 * ``node_index`` - nodes numbered 0..n_nodes-1 in the order of their lowest world rank.
-* readers - the first ``readers_per_node`` local ranks of every node. ``readers`` is the
+* reader groups - with ``readers_per_node=k`` > 1 every node is cut into k groups of
+  consecutive local ranks (sizes as even as possible), and each group is a node from
+  here on: its own node communicator, ring and reader, numbered after the nodes before
+  it. The groups of one host share its page cache, as simulated nodes do; what they
+  spread is the readers' work (locating records, filling and publishing slots), which
+  one reader serializes for all of a node's workers (docs/service.md, "Readers per
+  node").
+* readers - the first local rank of every node (or group). ``readers`` is the
   communicator of all readers across nodes, node by node (``MPI.COMM_NULL`` on other
-  ranks); with one reader per node its rank equals the node index.
+  ranks); its rank equals the node index.
 * mode - ``"auto"`` (the configuration's default) picks per node: colocated below
   :data:`DEDICATED_FROM_RANKS` ranks, dedicated from there (:func:`auto_mode`).
 * workers - the ranks that train. ``"dedicated"`` mode: the reader does not train, workers
@@ -25,7 +32,8 @@ derives, for every rank:
   world-rank order where every node is a block of consecutive world ranks (Open MPI's
   default mapping, Slurm's block distribution), not under a round-robin mapping.
 
-``device_index`` (this worker's index among its node's workers) is what picks the GPU.
+``device_index`` (this worker's index among the workers of its node before any reader
+groups were cut: the host's, or the simulated node's) is what picks the GPU.
 """
 
 from __future__ import annotations
@@ -232,26 +240,22 @@ def _split_host_nodes(world: Any) -> tuple[Any, int, int, int]:
     return node, leaders.index(leader), len(leaders), node.Get_size()
 
 
-def _node_mode(
-    mode: str, node_index: int, local_rank: int, local_size: int, n_local_readers: int,
-    world_size: int,
-) -> str:
+def _node_mode(mode: str, node_index: int, local_rank: int, local_size: int,
+               world_size: int) -> str:
     """The role layout this node runs in, given the requested ``mode``.
 
-    ``"auto"`` picks by node size (:func:`auto_mode`); ``"dedicated"`` on a node where every
-    rank would be a reader falls back to ``"colocated"``, warned about once per node (not in
-    a job of one process, which has no other way to run).
+    ``"auto"`` picks by node size (:func:`auto_mode`); ``"dedicated"`` on a node of one
+    rank (nobody would be left to train) falls back to ``"colocated"``, warned about once
+    per node (not in a job of one process, which has no other way to run).
     """
     node_mode = auto_mode(local_size) if mode == "auto" else mode
-    if mode == "dedicated" and local_size <= n_local_readers:
+    if mode == "dedicated" and local_size <= 1:
         node_mode = "colocated"
         if local_rank == 0 and world_size > 1:  # one process: nothing else was to be had
             log.warning(
-                "node %d has %d rank(s) and %d reader(s) per node: no rank would be left "
-                "to train, so this node runs in colocated mode (its reader also trains)",
+                "node %d has one rank: nobody would be left to train beside a dedicated "
+                "reader, so this node runs in colocated mode (its reader also trains)",
                 node_index,
-                local_size,
-                n_local_readers,
             )
     return node_mode
 
@@ -263,21 +267,38 @@ def _split_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, int, int]:
     return _split_host_nodes(world)
 
 
-def _local_roles(
-    node_mode: str, local_rank: int, local_size: int, n_local_readers: int
-) -> tuple[bool, bool, tuple[int, ...]]:
+def _split_reader_groups(world: Any, node: Any, node_index: int, groups: int
+                         ) -> tuple[Any, int, int]:
+    """Collective: ``(group, group_index, n_groups)`` with this rank's node cut into
+    ``groups`` runs of consecutive local ranks (:func:`simulated_node_bounds`; clamped to
+    the node's size). Groups are numbered over the world node by node, then by their
+    first local rank, so that ordering by (group, local rank) keeps the world's node-major
+    order that the node-level plans need."""
+    local, size = node.Get_rank(), node.Get_size()
+    bounds = simulated_node_bounds(size, min(groups, size))
+    mine = next(i for i, (lo, hi) in enumerate(bounds) if lo <= local < hi)
+    group = node.Split(color=mine, key=local)
+    every = sorted(set(world.allgather((node_index, mine))))
+    return group, every.index((node_index, mine)), len(every)
+
+
+def _device_index(node: Any, is_worker: bool) -> int:
+    """Collective over ``node``: this rank's index among the node's workers in local-rank
+    order (-1 for a rank that does not train)."""
+    workers = node.allgather(is_worker)
+    return sum(workers[:node.Get_rank()]) if is_worker else -1
+
+
+def _local_roles(node_mode: str, local_rank: int, local_size: int
+                 ) -> tuple[bool, bool, tuple[int, ...]]:
     """``(is_reader, is_worker, node_workers)`` of a local rank in a node run in ``node_mode``.
 
-    The first ``n_local_readers`` local ranks read; in colocated mode every rank trains, in
-    dedicated mode only the non-readers do (``node_workers`` are local ranks).
+    Local rank 0 reads; in colocated mode every rank trains, in dedicated mode only the
+    others do (``node_workers`` are local ranks).
     """
-    is_reader = local_rank < n_local_readers
+    is_reader = local_rank == 0
     is_worker = node_mode == "colocated" or not is_reader
-    node_workers = (
-        tuple(range(local_size))
-        if node_mode == "colocated"
-        else tuple(range(n_local_readers, local_size))
-    )
+    node_workers = tuple(range(0 if node_mode == "colocated" else 1, local_size))
     return is_reader, is_worker, node_workers
 
 
@@ -344,6 +365,7 @@ class Topology:
     n_readers: int
     worker_rank: int
     n_workers: int
+    #: reader groups (nodes of one reader each) its host or simulated node was cut into
     readers_per_node: int
     simulated: bool
     hostname: str
@@ -351,6 +373,10 @@ class Topology:
     node_readers: tuple[int, ...]
     node_workers: tuple[int, ...]
     host_size: int
+    #: this worker's index among the workers of its node before reader groups were cut
+    #: (the host's, or the simulated node's): what picks its GPU; -1 for non-workers. In
+    #: dedicated mode a reader holds no GPU, so the first worker gets device 0
+    device_index: int = -1
     launcher: LauncherInfo | None = None
     _closed: bool = field(default=False, repr=False)
 
@@ -368,10 +394,11 @@ class Topology:
 
         ``simulate_nodes``: 0 = real nodes (shared-memory domains); K > 0 = K simulated nodes
         of consecutive ranks; ``None`` = read ``LMDBIO_SIMULATE_NODES`` (exported by
-        ``lmdbio launch --simulate-nodes``), 0 when unset. ``readers_per_node`` (>= 1) is
-        clamped to the node size. Every argument must be the same on every rank; a wrong
-        value raises :class:`~lmdbio.errors.ConfigError` on every rank (a ``simulate_nodes``
-        larger than the world at ``simulate_nodes_at``, where the job configuration wrote
+        ``lmdbio launch --simulate-nodes``), 0 when unset. ``readers_per_node`` (>= 1): reader
+        groups per node (one reader each; clamped to the node's size). Every argument must
+        be the same on every rank; a wrong value raises
+        :class:`~lmdbio.errors.ConfigError` on every rank (a ``simulate_nodes`` larger than
+        the world at ``simulate_nodes_at``, where the job configuration wrote
         ``topology.simulate_nodes``: :meth:`lmdbio.config.ConfigOrigin.location`).
         """
         world = _world_comm(comm)
@@ -379,13 +406,18 @@ class Topology:
         simulate_nodes, readers_per_node, mode = _agreed_params(
             world, simulate_nodes, readers_per_node, mode, simulate_nodes_at
         )
-        node, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
+        whole, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
+        groups = min(readers_per_node, whole.Get_size())
+        node = whole
+        if readers_per_node > 1:  # every rank of the world takes part (a collective)
+            node, node_index, n_nodes = _split_reader_groups(world, whole, node_index,
+                                                             readers_per_node)
         local_rank, local_size = node.Get_rank(), node.Get_size()
-        n_local_readers = min(readers_per_node, local_size)
-        node_mode = _node_mode(mode, node_index, local_rank, local_size, n_local_readers, size)
-        is_reader, is_worker, node_workers = _local_roles(
-            node_mode, local_rank, local_size, n_local_readers
-        )
+        node_mode = _node_mode(mode, node_index, local_rank, local_size, size)
+        is_reader, is_worker, node_workers = _local_roles(node_mode, local_rank, local_size)
+        device_index = _device_index(whole, is_worker)
+        if whole is not node:
+            whole.Free()
         node_major = node_index * size + local_rank
         readers, n_readers = _split_role(world, is_reader, node_major)
         workers, n_workers = _split_role(world, is_worker, node_major)
@@ -409,26 +441,23 @@ class Topology:
             n_readers=n_readers,
             worker_rank=workers.Get_rank() if is_worker else -1,
             n_workers=n_workers,
-            readers_per_node=n_local_readers,
+            readers_per_node=groups,
             simulated=bool(simulate_nodes),
             hostname=socket.gethostname(),
             node_world_ranks=tuple(node.allgather(rank)),
-            node_readers=tuple(range(n_local_readers)),
+            node_readers=(0,),
             node_workers=node_workers,
             host_size=host_size,
+            device_index=device_index,
             launcher=_launcher_or_none(),
         )
 
     # ------------------------------------------------------------------ queries
     @property
-    def device_index(self) -> int:
-        """This worker's index among its node's workers (picks the GPU); -1 for non-workers.
-
-        In dedicated mode the reader holds no GPU, so the first worker gets device 0.
-        """
-        if not self.is_worker:
-            return -1
-        return self.node_workers.index(self.local_rank)
+    def shares_host(self) -> bool:
+        """Whether this rank's node shares its host with other nodes of the job (simulated
+        nodes, or reader groups): then one rank per host and file pins the snapshot."""
+        return self.simulated or self.readers_per_node > 1
 
     @property
     def closed(self) -> bool:

@@ -224,15 +224,13 @@ def test_impossible_combinations():
      ["layout 'pcr' and codec 'none'", "set readers.transfer: copy or auto"]),
     ("codec:\n  name: ibp\nreaders:\n  transfer: spans\n", 6, "readers.transfer",
      ["layout 'caffe-datum' and codec 'ibp'"]),
-    ("readers:\n  per_node: 2\n", 4, "readers.per_node",
-     ["2 readers per node is not supported yet", "set readers.per_node: 1"]),
     ("  layout: btable\n", 3, "dataset.layout",
      ["the loader has no decoder for 'btable'", "set dataset.layout: caffe-datum | tensor"]),
 ])
 def test_job_rules_refuse_at_load_with_file_and_line(tmp_path, text, line, path,
                                                            needles):
     """What the loader used to refuse when the job started (the codec, the ring's
-    transfer, readers per node, a layout it cannot decode) is refused by load_config, at
+    transfer, a layout it cannot decode) is refused by load_config, at
     the key's line."""
     f = tmp_path / "job.yaml"
     f.write_text("dataset:\n  path: /x\n" + text)

@@ -127,6 +127,36 @@ def test_indexed_fetch_takes_what_read_ahead_located_and_counts_its_leaves(
     np.testing.assert_array_equal(got.val_off, db.locate(other).val_off)
 
 
+def test_indexed_locates_only_the_records_its_table_does_not_hold(cifar_like, open_strategy,
+                                                                monkeypatch) -> None:
+    """A slot of records the reader partly located before: only the others are located
+    (a reader of one of several groups meets a few new records in most slots of its first
+    shuffled epochs), and the slot's refs and pages are those of a locate of all of it."""
+    db, s = open_strategy(Indexed, cifar_like)
+    plan = plan_epoch(len(db), 1, BATCH)
+    ids = plan.records(2, 0)
+    s.fetch(plan, 2, ids[::2], IterationStats(2))  # half of the slot located before
+    asked: list[np.ndarray] = []
+    locate = db.locate
+    monkeypatch.setattr(db, "locate", lambda i: asked.append(np.asarray(i)) or locate(i))
+    db.accounting.enable()
+    db.accounting.reset()
+    got = s.fetch(plan, 2, ids, IterationStats(2))
+    pages = db.accounting.pages()
+    assert len(asked) == 1
+    np.testing.assert_array_equal(asked[0], np.unique(ids[1::2]))
+    monkeypatch.undo()
+    db.accounting.reset()
+    fresh = db.locate(ids)
+    for f in ("val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len"):
+        np.testing.assert_array_equal(getattr(got, f), getattr(fresh, f))
+    np.testing.assert_array_equal(pages, db.accounting.pages())
+    # all of them held now: nothing is located
+    monkeypatch.setattr(db, "locate", lambda i: asked.append(np.asarray(i)) or locate(i))
+    s.fetch(plan, 2, ids, IterationStats(2))
+    assert len(asked) == 1
+
+
 @pytest.mark.parametrize("advise", [True, False])
 def test_indexed_fetch_asks_for_its_values_unless_turned_off(cifar_like, open_strategy,
                                                              advise) -> None:

@@ -137,6 +137,9 @@ def ahead_cases(per_slot: int) -> tuple[tuple[int, list[str]], tuple[int, list[s
     return (2, [*args, "--await-next-epoch"]), (2, [*args, "--no-epoch-look-ahead"])
 
 
+#: one reader per node and two reader groups, colocated: the same batches on every worker
+GROUPS_CASES = [(4, ["readers.strategy=indexed", "shuffle.mode=global", "readers.mode=colocated",
+                     f"readers.per_node={k}"]) for k in (1, 2)]
 CASES = [
     (4, ["readers.strategy=indexed", "topology.simulate_nodes=2", "shuffle.mode=global"]),
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2"]),
@@ -158,6 +161,10 @@ CASES = [
          "readers.prefetch_depth=1"]),
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
          "readers.batches_per_slot=3", "readers.transfer=copy"]),
+    # reader groups: one host cut into two nodes of one reader each (dedicated: a DM
+    # cursor chain through both groups' readers)
+    (4, ["readers.strategy=dm-spec", "readers.per_node=2"]),
+    *GROUPS_CASES,
 ]
 
 LASTS = ["pad", "drop", "partial"]
@@ -194,6 +201,17 @@ def test_every_record_once_per_epoch_with_caffe_labels(datum_db, loader_runs, np
                     if not pad:
                         seen[key] += 1
         assert set(seen) == set(labels) and set(seen.values()) == {1}, epoch
+
+
+def test_reader_groups_deliver_the_batches_of_one_reader(loader_runs):
+    """``readers.per_node: 2`` spreads the reading over two groups of a node; a
+    random-access plan does not depend on who reads, so every worker gets exactly the
+    batches (records, keys, pixels) that one reader per node gave it."""
+    one, two = (worker_batches(loader_runs[every_record_case(*c)]) for c in GROUPS_CASES)
+    assert sorted(one) == sorted(two) == [0, 1, 2, 3]
+    for rank in one:
+        assert [(b["ids"], b["keys"], b["pixels"]) for b in one[rank]] == \
+            [(b["ids"], b["keys"], b["pixels"]) for b in two[rank]], rank
 
 
 @pytest.mark.parametrize("last", LASTS)

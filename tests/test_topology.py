@@ -119,20 +119,39 @@ CASES_4 = [
         [0, 1, 2, 3], [0, 1, 2, 3], 4,
     ),
     (
-        {"simulate_nodes": 1, "readers_per_node": 2},
-        [(0, 0, True, False, "dedicated"), (0, 1, True, False, "dedicated"),
-         (0, 2, False, True, "dedicated"), (0, 3, False, True, "dedicated")],
-        [0, 1], [2, 3], 1,
+        {"simulate_nodes": 1, "readers_per_node": 2},  # two reader groups of two
+        [(0, 0, True, False, "dedicated"), (0, 1, False, True, "dedicated"),
+         (1, 0, True, False, "dedicated"), (1, 1, False, True, "dedicated")],
+        [0, 2], [1, 3], 2,
     ),
     (
-        {"simulate_nodes": 2, "readers_per_node": 2},  # every rank would read: fallback
-        [(0, 0, True, True, "colocated"), (0, 1, True, True, "colocated"),
-         (1, 0, True, True, "colocated"), (1, 1, True, True, "colocated")],
-        [0, 1, 2, 3], [0, 1, 2, 3], 2,
+        {"readers_per_node": 2, "mode": "colocated"},  # a real node cut in two groups
+        [(0, 0, True, True, "colocated"), (0, 1, False, True, "colocated"),
+         (1, 0, True, True, "colocated"), (1, 1, False, True, "colocated")],
+        [0, 2], [0, 1, 2, 3], 2,
+    ),
+    (
+        {"readers_per_node": 3, "mode": "colocated"},  # uneven: 2 + 1 + 1
+        [(0, 0, True, True, "colocated"), (0, 1, False, True, "colocated"),
+         (1, 0, True, True, "colocated"), (2, 0, True, True, "colocated")],
+        [0, 2, 3], [0, 1, 2, 3], 3,
+    ),
+    (
+        {"simulate_nodes": 2, "readers_per_node": 2},  # groups of one: dedicated falls back
+        [(0, 0, True, True, "colocated"), (1, 0, True, True, "colocated"),
+         (2, 0, True, True, "colocated"), (3, 0, True, True, "colocated")],
+        [0, 1, 2, 3], [0, 1, 2, 3], 4,
+    ),
+    (
+        {"readers_per_node": 9, "mode": "colocated"},  # clamped: a group per rank
+        [(i, 0, True, True, "colocated") for i in range(4)],
+        [0, 1, 2, 3], [0, 1, 2, 3], 4,
     ),
 ]
 CASES_2 = [
     ({}, [(0, 0, True, False, "dedicated"), (0, 1, False, True, "dedicated")], [0], [1], 1),
+    ({"readers_per_node": 2, "mode": "colocated"},
+     [(0, 0, True, True, "colocated"), (1, 0, True, True, "colocated")], [0, 1], [0, 1], 2),
     ({"mode": "colocated"},
      [(0, 0, True, True, "colocated"), (0, 1, False, True, "colocated")], [0], [0, 1], 1),
     ({"simulate_nodes": 2},
@@ -150,6 +169,13 @@ ERRORS = [
     # rank 0 differs from the others: must raise everywhere, not deadlock
     ({"per_rank": {"readers_per_node": [2, 1, 1, 1]}}, "got different arguments", 2),
 ]
+
+
+def _host_node(n: int, kwargs: dict, rank: int) -> list[int]:
+    """The world ranks of ``rank``'s node before reader groups: its simulated node, or the
+    one host."""
+    bounds = simulated_node_bounds(n, kwargs.get("simulate_nodes") or 1)
+    return next(list(range(lo, hi)) for lo, hi in bounds if lo <= rank < hi)
 
 
 def _check_case(run, n: int, index: int, case) -> None:
@@ -177,7 +203,13 @@ def _check_case(run, n: int, index: int, case) -> None:
         assert d["worker_rank"] == (workers.index(rank) if is_worker else -1), ctx
         local_workers = [per_rank[r][1] for r in node_members if per_rank[r][3]]
         assert d["node_workers"] == local_workers, ctx
-        assert d["device_index"] == (local_workers.index(local_rank) if is_worker else -1), ctx
+        groups = min(kwargs.get("readers_per_node", 1), n)
+        assert d["readers_per_node"] == min(groups, len(_host_node(n, kwargs, rank))), ctx
+        assert d["simulated"] == bool(kwargs.get("simulate_nodes")), ctx
+        # the device: this worker's index among the workers of its host (or simulated)
+        # node, whatever reader groups cut it into
+        host_workers = [r for r in _host_node(n, kwargs, rank) if per_rank[r][3]]
+        assert d["device_index"] == (host_workers.index(rank) if is_worker else -1), ctx
         # the launcher is seen as Open MPI with the same world rank
         assert d["launcher"]["name"] == "openmpi" and d["launcher"]["rank"] == rank, ctx
         assert closed == {"case": index, "closed": True, "node_null": True, "rank": rank}

@@ -338,11 +338,9 @@ class Indexed(ReadStrategy):
             with Timer(stats, "prefetch"):
                 self._advise_leaves(ids)
         with Timer(stats, "walk"):
-            refs = self.known(ids)
-            if refs is None:
-                refs = self.locate(ids)
-            else:  # the keys are read from the leaves: counted as read
-                self.db.accounting.mark_pages(refs.leaf_pg)
+            refs = self.located(ids)
+            # the keys are read from the leaves, found in the table or not: counted as read
+            self.db.accounting.mark_pages(refs.leaf_pg)
         # inline values are in the leaf pages locate has just read: only overflow ones
         self._overflow = bool((refs.ovf_pages > 0).any())
         if self._overflow:
@@ -379,23 +377,29 @@ class Indexed(ReadStrategy):
         self._ahead = (int(ids[0]), ids.size)
         if not self._overflow:
             return
-        refs = self.known(ids)
-        if refs is None:
-            acc = self.db.accounting
-            was, acc.enabled = acc.enabled, False
-            try:
-                refs = self.locate(ids)
-            finally:
-                acc.enabled = was
+        acc = self.db.accounting
+        was, acc.enabled = acc.enabled, False  # counted by the fetch that takes them
+        try:
+            refs = self.located(ids)
+        finally:
+            acc.enabled = was
         self.advise_values(refs)
         self._located = (ids, refs)
 
-    def known(self, ids: np.ndarray) -> RecordRefs | None:
-        """Records ``ids`` from the record table when every one of them was located before
-        (nothing is read); ``None`` otherwise."""
+    def located(self, ids: np.ndarray) -> RecordRefs:
+        """Records ``ids``: from the record table, after locating those it does not hold
+        yet (only those: a reader whose share changes every shuffled epoch, e.g. one of
+        several reader groups of a node, meets records it has not located in most slots
+        of its first epochs; locating the whole slot again for a few of them took about
+        twice the reader's other work)."""
         if self.table is None:
-            return None
-        return self.table.lookup(np.ascontiguousarray(ids, np.int64))
+            return self.locate(ids)
+        ids = np.ascontiguousarray(ids, np.int64)
+        refs = self.table.lookup(ids)
+        if refs is None and ids.size:
+            self.locate(np.unique(ids[~self.table.known[ids]]))
+            refs = self.table.lookup(ids)
+        return refs if refs is not None else self.locate(ids)
 
     def locate(self, ids: np.ndarray) -> RecordRefs:
         """Records ``ids`` located through their leaf pages (:meth:`Database.locate`), and
