@@ -114,11 +114,15 @@ class RunPlan:
     #: where the settings were written (:attr:`~lmdbio.config.JobConfig.origin`), for the
     #: refusals a later stage makes (a batch larger than the data set) at their file:line
     origin: ConfigOrigin
+    #: the workers assemble each batch from the slot as it is asked for, never a whole
+    #: slot at once (Caffe Datums on CPU workers): slots of record spans may then hold
+    #: many more records (:func:`lmdbio.reader.choose_batches_per_slot`)
+    batchwise_assembly: bool = False
 
     @classmethod
     def resolve(cls, cfg: JobConfig, topo: Any, *, purpose: Purpose = "train",
-                checksum: bool | str | None = None, tuning: ReadTuning | None = None
-                ) -> RunPlan:
+                checksum: bool | str | None = None, tuning: ReadTuning | None = None,
+                batchwise_assembly: bool = False) -> RunPlan:
         """The plan of ``cfg`` on ``topo`` (a :class:`~lmdbio.topology.Topology`, or any
         object with its ``rank``, ``size`` and ``n_workers``).
 
@@ -126,9 +130,10 @@ class RunPlan:
         rank's share rounded to whole records of the layout; page accounting off.
         ``purpose`` "bench": ``batch.size`` counts the records of each consuming rank; page
         accounting as ``tuning.accounting``. ``checksum`` (True / "xxh64", "crc32", False / "none")
-        overrides ``readers.checksum``. Raises :class:`~lmdbio.errors.ConfigError` for
-        every combination the run would refuse, at its file and line where ``cfg`` was read
-        from a file."""
+        overrides ``readers.checksum``. ``batchwise_assembly``: what the loader's workers
+        do (:attr:`batchwise_assembly`; the caller knows its workers). Raises
+        :class:`~lmdbio.errors.ConfigError` for every combination the run would refuse, at
+        its file and line where ``cfg`` was read from a file."""
         if purpose not in PURPOSES:
             raise ConfigError(f"run plan purpose must be one of {PURPOSES}, got {purpose!r}")
         tuning = tuning if tuning is not None else ReadTuning()
@@ -147,7 +152,8 @@ class RunPlan:
             transfer=resolve_transfer(cfg), timeout=tuning.timeout,
             symmetric=tuning.symmetric, accounting=purpose == "bench" and tuning.accounting,
             direct_io=tuning.direct_io, prefetch_advice=tuning.prefetch_advice,
-            read_around=tuning.read_around, origin=cfg.origin)
+            read_around=tuning.read_around, origin=cfg.origin,
+            batchwise_assembly=batchwise_assembly)
 
 
 def consuming_ranks(strategy: str, topo: Any) -> int:

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import LmdbioError
+from lmdbio.reader import SLOT_TARGET_DECODED_BYTES
 from lmdbio.stages import StageClock
 from loaders.decode import ROW_PER_RECORD_LAYOUTS, datum_spans, uniform_datums_float32
 from loaders.metrics import LoaderMetrics, Pace
@@ -151,7 +152,10 @@ class BatchAssembler:
                             int(bounds[j + 1]), epoch) for j in range(count)]
         out: list[Any] = []
         with self.stages.span("assemble"):
-            whole = self.decode_whole(rec) if count > 1 else None
+            # one decode call for the slot where its decoded records stay within what a
+            # slot decoded ahead may take (slots of spans may hold far more records)
+            whole = self.decode_whole(rec) if count > 1 and \
+                4 * got.value_bytes(0, n) <= SLOT_TARGET_DECODED_BYTES else None
             for j in range(count):
                 a, b = int(bounds[j]), int(bounds[j + 1])
                 try:

@@ -55,7 +55,9 @@ class Loader:
             readers_per_node=cfg.readers.per_node, mode=options.reader_mode(cfg),
             simulate_nodes_at=cfg.origin.location("topology.simulate_nodes"))
         #: the resolved, checked settings every stage of this loader reads
-        self.run_plan = RunPlan.resolve(cfg, self.topo, purpose="train", checksum=slot_checksum)
+        self.run_plan = RunPlan.resolve(
+            cfg, self.topo, purpose="train", checksum=slot_checksum,
+            batchwise_assembly=options.assembles_batchwise(cfg))
         #: PCR: the scan groups the readers read (None: all; see :meth:`set_scan_groups`)
         self.scan_groups = cfg.dataset.scan_groups if cfg.dataset.layout == "pcr" else None
         self.session = ReadSession(cfg.dataset.path, self.topo, self.run_plan,

@@ -24,6 +24,14 @@ def reader_mode(cfg: Any) -> str:
     return str(mode)
 
 
+def assembles_batchwise(cfg: Any) -> bool:
+    """Whether this job's workers assemble each batch from a slot's records as it is asked
+    for (:meth:`loaders.assemble.BatchAssembler.fused_batch`: Caffe Datums on CPU
+    workers) rather than decoding the slot whole; asked before the topology is built,
+    the same on every rank of a host (:func:`gpu_workers`)."""
+    return cfg.dataset.layout == "caffe-datum" and not gpu_workers(cfg)
+
+
 def gpu_workers(cfg: Any) -> bool:
     """Whether workers will run on a GPU (``workers.device`` cuda, or auto and cupy finds
     one): asked before the topology is built, so the same on every rank of a host."""
