@@ -11,8 +11,8 @@ derives, for every rank:
   nodes: with simulated nodes, all of them; the ring's waits compare it with the cores.
 * ``node_index`` - nodes numbered 0..n_nodes-1 in the order of their lowest world rank.
 * reader groups - with ``readers_per_node=k`` > 1 every node is cut into k groups of
-  consecutive local ranks (sizes as even as possible), and each group is a node from
-  here on: its own node communicator, ring and reader, numbered after the nodes before
+  consecutive local ranks (sizes as even as possible; ``0`` chooses per node,
+  :func:`reader_groups`), and each group is a node from here on: its own node communicator, ring and reader, numbered after the nodes before
   it. The groups of one host share its page cache, as simulated nodes do; what they
   spread is the readers' work (locating records, filling and publishing slots), which
   one reader serializes for all of a node's workers (docs/service.md, "Readers per
@@ -52,7 +52,8 @@ from lmdbio.mpiutil import agree, start_mpi
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
 
-__all__ = ["MODES", "LauncherInfo", "Topology", "detect_launcher", "simulated_node_bounds"]
+__all__ = ["MODES", "LauncherInfo", "Topology", "detect_launcher", "reader_groups",
+           "simulated_node_bounds"]
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +149,9 @@ def _check_params(
         if simulate_nodes_at:
             raise ConfigError(f"{simulate_nodes_at}: {exc}") from None
         raise
-    if readers_per_node < 1:
-        raise ConfigError(f"readers_per_node must be >= 1, got {readers_per_node}")
+    if readers_per_node < 0:
+        raise ConfigError(f"readers_per_node must be >= 0 (0: chosen per node), got "
+                          f"{readers_per_node}")
     return simulate_nodes, readers_per_node, mode
 
 
@@ -242,13 +244,13 @@ def _split_host_nodes(world: Any) -> tuple[Any, int, int, int]:
 
 def _node_mode(mode: str, node_index: int, local_rank: int, local_size: int,
                world_size: int) -> str:
-    """The role layout this node runs in, given the requested ``mode``.
-
-    ``"auto"`` picks by node size (:func:`auto_mode`); ``"dedicated"`` on a node of one
-    rank (nobody would be left to train) falls back to ``"colocated"``, warned about once
-    per node (not in a job of one process, which has no other way to run).
+    """The role layout this node runs in, given the ``mode`` of the host (or simulated)
+    node it belongs to (``auto`` resolved there, by that node's size: :func:`auto_mode`):
+    ``"dedicated"`` on a node of one rank (nobody would be left to train) falls back to
+    ``"colocated"``, warned about once per node (not in a job of one process, which has
+    no other way to run).
     """
-    node_mode = auto_mode(local_size) if mode == "auto" else mode
+    node_mode = mode
     if mode == "dedicated" and local_size <= 1:
         node_mode = "colocated"
         if local_rank == 0 and world_size > 1:  # one process: nothing else was to be had
@@ -267,15 +269,26 @@ def _split_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, int, int]:
     return _split_host_nodes(world)
 
 
+def reader_groups(readers_per_node: int, node_mode: str, node_size: int) -> int:
+    """The reader groups a node of ``node_size`` ranks run in ``node_mode`` is cut into:
+    ``readers_per_node`` (clamped to the node's size), or for 0 (``readers.per_node: 0``,
+    chosen) a reader per rank on a colocated node - every rank locates and publishes its
+    own records, nobody waits for another rank's reader - and one on a dedicated node,
+    whose reader does not train (docs/service.md, "Readers per node")."""
+    if readers_per_node == 0:
+        return node_size if node_mode == "colocated" else 1
+    return min(readers_per_node, node_size)
+
+
 def _split_reader_groups(world: Any, node: Any, node_index: int, groups: int
                          ) -> tuple[Any, int, int]:
-    """Collective: ``(group, group_index, n_groups)`` with this rank's node cut into
-    ``groups`` runs of consecutive local ranks (:func:`simulated_node_bounds`; clamped to
-    the node's size). Groups are numbered over the world node by node, then by their
+    """Collective over ``world``: ``(group, group_index, n_groups)`` with this rank's node
+    cut into ``groups`` (1 .. the node's size) runs of consecutive local ranks
+    (:func:`simulated_node_bounds`). Groups are numbered over the world node by node, then by their
     first local rank, so that ordering by (group, local rank) keeps the world's node-major
     order that the node-level plans need."""
     local, size = node.Get_rank(), node.Get_size()
-    bounds = simulated_node_bounds(size, min(groups, size))
+    bounds = simulated_node_bounds(size, groups)
     mine = next(i for i, (lo, hi) in enumerate(bounds) if lo <= local < hi)
     group = node.Split(color=mine, key=local)
     every = sorted(set(world.allgather((node_index, mine))))
@@ -394,8 +407,9 @@ class Topology:
 
         ``simulate_nodes``: 0 = real nodes (shared-memory domains); K > 0 = K simulated nodes
         of consecutive ranks; ``None`` = read ``LMDBIO_SIMULATE_NODES`` (exported by
-        ``lmdbio launch --simulate-nodes``), 0 when unset. ``readers_per_node`` (>= 1): reader
-        groups per node (one reader each; clamped to the node's size). Every argument must
+        ``lmdbio launch --simulate-nodes``), 0 when unset. ``readers_per_node``: reader
+        groups per node (one reader each; clamped to the node's size; 0 chooses:
+        :func:`reader_groups`). Every argument must
         be the same on every rank; a wrong value raises
         :class:`~lmdbio.errors.ConfigError` on every rank (a ``simulate_nodes`` larger than
         the world at ``simulate_nodes_at``, where the job configuration wrote
@@ -407,13 +421,13 @@ class Topology:
             world, simulate_nodes, readers_per_node, mode, simulate_nodes_at
         )
         whole, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
-        groups = min(readers_per_node, whole.Get_size())
+        whole_mode = auto_mode(whole.Get_size()) if mode == "auto" else mode
+        groups = reader_groups(readers_per_node, whole_mode, whole.Get_size())
         node = whole
-        if readers_per_node > 1:  # every rank of the world takes part (a collective)
-            node, node_index, n_nodes = _split_reader_groups(world, whole, node_index,
-                                                             readers_per_node)
+        if readers_per_node != 1:  # agreed on every rank: all take part (a collective)
+            node, node_index, n_nodes = _split_reader_groups(world, whole, node_index, groups)
         local_rank, local_size = node.Get_rank(), node.Get_size()
-        node_mode = _node_mode(mode, node_index, local_rank, local_size, size)
+        node_mode = _node_mode(whole_mode, node_index, local_rank, local_size, size)
         is_reader, is_worker, node_workers = _local_roles(node_mode, local_rank, local_size)
         device_index = _device_index(whole, is_worker)
         if whole is not node:

@@ -52,7 +52,7 @@ class Loader:
         self.cfg = cfg
         self.topo = Topology.build(
             comm, simulate_nodes=cfg.topology.simulate_nodes,
-            readers_per_node=cfg.readers.per_node, mode=options.reader_mode(cfg),
+            readers_per_node=options.readers_per_node(cfg), mode=options.reader_mode(cfg),
             simulate_nodes_at=cfg.origin.location("topology.simulate_nodes"))
         #: the resolved, checked settings every stage of this loader reads
         self.run_plan = RunPlan.resolve(

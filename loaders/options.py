@@ -24,6 +24,20 @@ def reader_mode(cfg: Any) -> str:
     return str(mode)
 
 
+def readers_per_node(cfg: Any) -> int:
+    """``readers.per_node`` for the topology: as set, or for 0 (chosen) 0 where the
+    strategy's readers locate their records directly and hand nothing between them
+    (``indexed``: the topology then gives a colocated node a reader per rank,
+    :func:`lmdbio.topology.reader_groups`) and 1 for the others (a DM cursor chain or an
+    LMM split over every rank was not measured against one reader per node)."""
+    if cfg.readers.per_node:
+        return int(cfg.readers.per_node)
+    from lmdbio.plan.strategies import strategy_class
+
+    cls = strategy_class(cfg.readers.strategy)
+    return 0 if cls.shared and cls.shuffles and not cls.chained else 1
+
+
 def assembles_batchwise(cfg: Any) -> bool:
     """Whether this job's workers assemble each batch from a slot's records as it is asked
     for (:meth:`loaders.assemble.BatchAssembler.fused_batch`: Caffe Datums on CPU

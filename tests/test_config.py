@@ -43,7 +43,7 @@ def test_defaults_match_the_documented_schema():
     assert cfg.dataset.subdb is None and cfg.dataset.scan_groups is None
     assert (cfg.batch.size, cfg.batch.last) == (64, "pad")
     r = cfg.readers
-    assert (r.strategy, r.mode, r.per_node, r.prefetch_depth) == ("dm-spec", "auto", 1, 4)
+    assert (r.strategy, r.mode, r.per_node, r.prefetch_depth) == ("dm-spec", "auto", 0, 4)
     assert (cfg.shuffle.mode, cfg.shuffle.seed) == ("none", 0)
     t = cfg.transform
     assert (t.scale, t.mean_values, t.mean_file, t.crop_size, t.mirror, t.phase) == (
@@ -182,7 +182,7 @@ def test_wrong_types_and_values(raw, path, needle):
 
 @pytest.mark.parametrize(("raw", "path"), [
     ({"batch": {"size": 0}}, "batch.size"),
-    ({"readers": {"per_node": 0}}, "readers.per_node"),
+    ({"readers": {"per_node": -1}}, "readers.per_node"),
     ({"readers": {"prefetch_depth": 0}}, "readers.prefetch_depth"),
     ({"transform": {"crop_size": -1}}, "transform.crop_size"),
     ({"epochs": 0}, "epochs"),

@@ -16,7 +16,12 @@ from hypothesis import strategies as st
 from mpi_harness import run_mpi
 
 from lmdbio.errors import ConfigError
-from lmdbio.topology import DEDICATED_FROM_RANKS, auto_mode, simulated_node_bounds
+from lmdbio.topology import (
+    DEDICATED_FROM_RANKS,
+    auto_mode,
+    reader_groups,
+    simulated_node_bounds,
+)
 
 # --------------------------------------------------------------------------- pure
 
@@ -63,6 +68,12 @@ def test_the_loader_asks_for_colocated_readers_for_gpu_workers(monkeypatch, mode
     cfg = load_config({"dataset": {"path": "/data/x", "layout": "caffe-datum"},
                        "readers": {"mode": mode}, "workers": {"device": device}})
     assert reader_mode(cfg) == want
+
+
+def test_reader_groups_chosen_per_node() -> None:
+    assert [reader_groups(0, "colocated", n) for n in (1, 2, 7)] == [1, 2, 7]
+    assert [reader_groups(0, "dedicated", n) for n in (2, 8, 16)] == [1, 1, 1]
+    assert [reader_groups(k, "dedicated", 4) for k in (1, 2, 4, 9)] == [1, 2, 4, 4]
 
 
 def test_simulated_node_bounds_examples() -> None:
@@ -147,6 +158,17 @@ CASES_4 = [
         [(i, 0, True, True, "colocated") for i in range(4)],
         [0, 1, 2, 3], [0, 1, 2, 3], 4,
     ),
+    (
+        {"readers_per_node": 0, "mode": "auto"},  # chosen: 4 ranks run colocated, a reader each
+        [(i, 0, True, True, "colocated") for i in range(4)],
+        [0, 1, 2, 3], [0, 1, 2, 3], 4,
+    ),
+    (
+        {"readers_per_node": 0},  # chosen on a dedicated node: its one reader
+        [(0, 0, True, False, "dedicated"), (0, 1, False, True, "dedicated"),
+         (0, 2, False, True, "dedicated"), (0, 3, False, True, "dedicated")],
+        [0], [1, 2, 3], 1,
+    ),
 ]
 CASES_2 = [
     ({}, [(0, 0, True, False, "dedicated"), (0, 1, False, True, "dedicated")], [0], [1], 1),
@@ -165,7 +187,7 @@ CASES_1 = [
 ERRORS = [
     ({"simulate_nodes": 99}, "topology.simulate_nodes (--simulate-nodes) = 99 is more than the", 1),
     ({"mode": "bogus"}, "mode must be one of", 1),
-    ({"readers_per_node": 0}, "readers_per_node must be >= 1", 1),
+    ({"readers_per_node": -1}, "readers_per_node must be >= 0", 1),
     # rank 0 differs from the others: must raise everywhere, not deadlock
     ({"per_rank": {"readers_per_node": [2, 1, 1, 1]}}, "got different arguments", 2),
 ]
@@ -203,8 +225,8 @@ def _check_case(run, n: int, index: int, case) -> None:
         assert d["worker_rank"] == (workers.index(rank) if is_worker else -1), ctx
         local_workers = [per_rank[r][1] for r in node_members if per_rank[r][3]]
         assert d["node_workers"] == local_workers, ctx
-        groups = min(kwargs.get("readers_per_node", 1), n)
-        assert d["readers_per_node"] == min(groups, len(_host_node(n, kwargs, rank))), ctx
+        host = _host_node(n, kwargs, rank)
+        assert d["readers_per_node"] == len({per_rank[r][0] for r in host}), ctx
         assert d["simulated"] == bool(kwargs.get("simulate_nodes")), ctx
         # the device: this worker's index among the workers of its host (or simulated)
         # node, whatever reader groups cut it into
