@@ -229,7 +229,8 @@ class ReadersConfig:
             "record spans (`transfer` spans) instead aim at 4,096 records per worker, at "
             "most 64 batches and about 48 MiB of decoded float32 output per worker (from "
             "the file's bytes per record; ImageNet-sized batches of 32: two per slot), and "
-            "at 16,384 records per worker, at most 1,024 batches, whatever their size, "
+            "at 16,384 records per worker, at most 1,024 batches and 64 MiB of the file "
+            "per worker, "
             "where the workers assemble each batch as it is asked for (Caffe Datums on "
             "CPU workers).",
             minimum=0

@@ -400,8 +400,11 @@ SLOT_MAX_SPAN_BATCHES = 64
 #: per-slot work is amortized over 16,384 records per worker. Measured in one process
 #: (two loaders, epochs alternating): CIFAR-like 128 batches of 64 per slot against the
 #: 47 the rule above gives, 0.885x the CPU per sample (256: 0.97x of 128); ImageNet-like
-#: 16 batches of 32 against 2, 0.78x (64: 0.94x of 16)
+#: 16 batches of 32 against 2, 0.78x (64: 0.94x of 16). A slot's records are what its
+#: reader asks the kernel for ahead on a cold file (the next slot's pages), so they stay
+#: within 64 MiB of the file per worker: 13 ImageNet-sized batches of 32
 SLOT_TARGET_BATCHWISE_SPAN_RECORDS = 16384
+SLOT_MAX_BATCHWISE_SPAN_BYTES = 64 << 20
 SLOT_MAX_BATCHWISE_SPAN_BATCHES = 1024
 
 
@@ -425,10 +428,13 @@ def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = 
     (docs/service.md). Workers that assemble each batch from the spans as it is asked for
     (``batchwise``) never decode a slot whole: their slots aim at
     :data:`SLOT_TARGET_BATCHWISE_SPAN_RECORDS` records per worker, at most
-    :data:`SLOT_MAX_BATCHWISE_SPAN_BATCHES` batches, whatever the records' size."""
+    :data:`SLOT_MAX_BATCHWISE_SPAN_BYTES` of the file per worker and
+    :data:`SLOT_MAX_BATCHWISE_SPAN_BATCHES` batches."""
     if spans and batchwise:
         by_records = -(-SLOT_TARGET_BATCHWISE_SPAN_RECORDS // max(per_worker, 1))
-        return max(1, min(by_records, SLOT_MAX_BATCHWISE_SPAN_BATCHES))
+        per_worker_bytes = max(batch_bytes, 1) // max(consumers, 1)
+        by_bytes = max(1, SLOT_MAX_BATCHWISE_SPAN_BYTES // max(per_worker_bytes, 1))
+        return max(1, min(by_records, by_bytes, SLOT_MAX_BATCHWISE_SPAN_BATCHES))
     if spans:
         by_records = -(-SLOT_TARGET_SPAN_RECORDS // max(per_worker, 1))
         decoded = 4 * max(batch_bytes, 1) // max(consumers, 1)

@@ -144,10 +144,12 @@ def test_slot_groups_and_the_automatic_slot_size():
     assert choose_batches_per_slot(128, 128 * 3085, spans=True) == 31  # 48 MiB decoded
     assert choose_batches_per_slot(256, 256 * 12_000, spans=True) == 4  # 12 MiB decoded
     assert choose_batches_per_slot(8, 8 * 100, spans=True) == 64  # at most 64 batches
-    # workers that assemble batch by batch: 16,384 records per worker, whatever their size
-    assert choose_batches_per_slot(64, 64 * 4125, spans=True, batchwise=True) == 256
+    # workers that assemble batch by batch: 16,384 records per worker, at most 64 MiB of
+    # the file per worker (what a cold file's next slot asks the kernel for)
+    assert choose_batches_per_slot(64, 64 * 4096, spans=True, batchwise=True) == 256
+    assert choose_batches_per_slot(64, 64 * 4125, spans=True, batchwise=True) == 254  # 64 MiB
     assert choose_batches_per_slot(32, 4 * 32 * 150_541, spans=True, consumers=4,
-                                   batchwise=True) == 512
+                                   batchwise=True) == 13  # 64 MiB: 416 records of 150 KB
     assert choose_batches_per_slot(8, 8 * 100, spans=True, batchwise=True) == 1024  # at most
     assert choose_batches_per_slot(32, 32 * 150_541, batchwise=True) == 1  # copies: as before
 
