@@ -43,6 +43,19 @@ def _private_cache() -> None:
 
 _private_cache()
 
+
+def _record_kernel_compiles() -> None:
+    """Record every numba compile of this test process when ``make kernel-signatures``
+    asks (see tests/precompile_kernels.py)."""
+    from tests import precompile_kernels
+
+    folder = os.environ.get(precompile_kernels.RECORD_ENV)
+    if folder:
+        precompile_kernels.record_compiles(folder)
+
+
+_record_kernel_compiles()
+
 if os.environ.get("LMDBIO_TEST_FAKE_GPU") == "1":
     # the run a GPU host gives (workers.device: auto finds a device), minus the device:
     # see tests/fake_gpu.py
