@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lmdbio.kernel_cache import kernel_module
+
 if TYPE_CHECKING:
     from lmdbio.io.direct import NodeCache
     from lmdbio.lmdb.records import RecordRefs
@@ -67,10 +69,9 @@ class PageAccounting:
         touched without reading them: a reader that hands out their spans counts the pages
         its node's workers read from the mapping (the node's I/O is the same as if the
         reader had copied them)."""
-        from lmdbio.lmdb import kernels as k
-
         if self.enabled:
-            k.mark_values(self.touched, refs.val_off, refs.val_len, psize)
+            mark_values = kernel_module("lmdbio.lmdb").mark_values
+            mark_values(self.touched, refs.val_off, refs.val_len, psize)
 
     def fill_node_cache(self) -> None:
         """Read the pages marked so far that the attached node cache lacks into it, one

@@ -62,6 +62,7 @@ import numpy as np
 
 from lmdbio.errors import ConfigError
 from lmdbio.kernel_args import read_only
+from lmdbio.kernel_cache import kernel_module
 from lmdbio.shm.errors import RingError
 
 __all__ = [
@@ -406,8 +407,7 @@ def part_checksum(kind: int, bufs: SlotBuffers, first: int, count: int, bs: int,
                   ks: int, ke: int) -> int:
     """Checksum of the bytes part ``[first, first + count)`` reads (see the module doc)."""
     if kind == CHECKSUM_XXH64:
-        from lmdbio.shm.kernels import part_hash_at
-
+        part_hash_at = kernel_module("lmdbio.shm").part_hash_at
         return int(part_hash_at(read_only(bufs.payload), read_only(bufs.offsets_bytes),
                                 read_only(bufs.labels_bytes),
                                 read_only(bufs.key_offsets_bytes), read_only(bufs.keys),

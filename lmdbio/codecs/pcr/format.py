@@ -50,7 +50,6 @@ script, the same scan structure as ``jpegtran``). APPn/COM metadata (EXIF, ICC) 
 
 from __future__ import annotations
 
-import functools
 import io
 import shutil
 import struct
@@ -63,6 +62,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import CodecError
+from lmdbio.kernel_cache import kernel_module
 
 MAGIC = b"LPCR"
 LAYOUT_VERSION = 1
@@ -89,13 +89,6 @@ def _pil_image() -> ModuleType:
     from PIL import Image
 
     return Image
-
-
-@functools.cache
-def _k():
-    from lmdbio.codecs.pcr import kernels
-
-    return kernels
 
 
 # ------------------------------------------------------------------------ JPEG scan split
@@ -126,7 +119,7 @@ def jpeg_scans(data: bytes | memoryview | np.ndarray) -> JpegScans:
     buf = np.frombuffer(data, np.uint8) if not isinstance(data, np.ndarray) else data
     ends = np.empty(MAX_SCANS, np.int64)
     info = np.zeros(2, np.int64)
-    st, ns, off = _k().jpeg_scans(buf, ends, info)
+    st, ns, off = kernel_module("lmdbio.codecs.pcr").jpeg_scans(buf, ends, info)
     if st != 0:
         raise CodecError(f"JPEG ({buf.shape[0]} bytes), byte offset {off}: {_J_TEXT[st]}")
     bounds = ends[:ns].copy()
@@ -414,7 +407,7 @@ def image_bytes(value_prefix: bytes | memoryview | np.ndarray, k: int,
     total = int(piece[:, :kk].sum()) + 2 * hdr.n_items
     out = np.empty(total, np.uint8)
     off = np.empty(hdr.n_items + 1, np.int64)
-    st, i, g = _k().assemble(buf, src, piece, kk, out, off)
+    st, i, g = kernel_module("lmdbio.codecs.pcr").assemble(buf, src, piece, kk, out, off)
     if st != 0:
         raise CodecError(f"PCR value: piece {g + 1} of image {i} lies outside the value")
     mv = memoryview(out)

@@ -21,6 +21,7 @@ from lmdbio.codecs.tensor.format import (
     read_tensor_header,
 )
 from lmdbio.errors import CodecError, RecordError
+from lmdbio.kernel_cache import kernel_module
 
 __all__ = ["TensorBatch", "decode_tensor_batch"]
 
@@ -55,8 +56,7 @@ def decode_tensor_batch(
     data copied by one compiled gather. With ``errors="raise"`` the first bad record raises
     :class:`~lmdbio.errors.RecordError` naming its key; ``"mask"`` zeroes its row instead.
     """
-    from lmdbio.codecs.tensor import kernels as k
-
+    k = kernel_module("lmdbio.codecs.tensor")
     u8 = as_u8(buf)
     off, ln = as_spans(offsets, lengths)
     n = off.shape[0]

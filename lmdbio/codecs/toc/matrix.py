@@ -52,15 +52,9 @@ from lmdbio.codecs.toc.format import (
     section_sizes,
 )
 from lmdbio.errors import CodecError
+from lmdbio.kernel_cache import kernel_module
 
 __all__ = ["MAX_NNZ", "Buffer", "TocMatrix", "as_memoryview", "compress", "decompress", "stats"]
-
-
-def _kern():
-    """The compiled kernels (imported on first use so importing the codec stays cheap)."""
-    from lmdbio.codecs.toc import kernels as k
-
-    return k
 
 
 #: dtype code -> (stored little-endian dtype, native dtype; the same object when they agree)
@@ -82,7 +76,7 @@ Buffer = bytes | bytearray | memoryview | np.ndarray
 
 def _pairs_of(matrix: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, tuple[int, int], np.dtype]:
     """Sparse encoding: ``(indptr, cols, value bits, shape, dtype)`` of a dense or sparse input."""
-    k = _kern()
+    k = kernel_module("lmdbio.codecs.toc")
     if hasattr(matrix, "tocsr") and hasattr(matrix, "nnz"):  # scipy.sparse
         csr = matrix.tocsr()
         if csr.ndim != 2:
@@ -126,7 +120,7 @@ def compress(matrix: Any) -> bytes:
     dropped, ``-0.0`` is kept); duplicate entries of a non-canonical sparse input are summed,
     as scipy does. The dtype is recorded so :meth:`TocMatrix.to_dense` returns it.
     """
-    k = _kern()
+    k = kernel_module("lmdbio.codecs.toc")
     indptr, cols, vbits, shape, dtype = _pairs_of(matrix)
     if cols.size > MAX_NNZ:
         raise ValueError(f"TOC batches hold at most 2**30 non-zeros, got {cols.size}")
@@ -139,7 +133,7 @@ def _assemble(dtype: np.dtype, shape: tuple[int, int], pair_col: np.ndarray,
               pair_vidx: np.ndarray, values: np.ndarray, row_len: np.ndarray,
               codes: np.ndarray) -> bytes:
     """Physical encoding: header, five sections, CRC (layout in ``format``)."""
-    k = _kern()
+    k = kernel_module("lmdbio.codecs.toc")
     n_rows, n_cols = shape
     n_first = pair_col.size
     # first-layer columns (sorted): explicit indices or per-column counts, whichever is smaller
@@ -238,7 +232,7 @@ class TocMatrix:
             parse_header(mv, verify=True)  # raises, naming what is wrong
             raise CodecError("corrupt TOC payload")  # pragma: no cover - parse_header raised
         raw = np.frombuffer(mv, np.uint8)
-        meta, store = _kern().decode_payload(raw)
+        meta, store = kernel_module("lmdbio.codecs.toc").decode_payload(raw)
         h = meta.tolist()
         if h[0]:
             if h[0] == _HEADER_ERROR:
@@ -298,7 +292,7 @@ class TocMatrix:
 
     def _schedule(self) -> tuple[np.ndarray, int]:
         if self._sched is None:
-            self._sched = _kern().schedule_of(self._store, self._off, 2)
+            self._sched = kernel_module("lmdbio.codecs.toc").schedule_of(self._store, self._off, 2)
         return self._sched
 
     def __repr__(self) -> str:
@@ -311,7 +305,7 @@ class TocMatrix:
         v = np.asarray(v)
         if v.shape != (self.shape[1],):
             raise ValueError(f"matvec: vector of shape {v.shape}, expected ({self.shape[1]},)")
-        out = _kern().matvec(self._store, self._off, self._pval, _f64(v))
+        out = kernel_module("lmdbio.codecs.toc").matvec(self._store, self._off, self._pval, _f64(v))
         return out.astype(_result_dtype(self.dtype, v.dtype), copy=False)
 
     def rmatvec(self, v: Any) -> np.ndarray:
@@ -319,7 +313,8 @@ class TocMatrix:
         v = np.asarray(v)
         if v.shape != (self.shape[0],):
             raise ValueError(f"rmatvec: vector of shape {v.shape}, expected ({self.shape[0]},)")
-        out = _kern().rmatvec(self._store, self._off, self._pval, _f64(v), self.shape[1])
+        rmatvec = kernel_module("lmdbio.codecs.toc").rmatvec
+        out = rmatvec(self._store, self._off, self._pval, _f64(v), self.shape[1])
         return out.astype(_result_dtype(self.dtype, v.dtype), copy=False)
 
     def matmat(self, M: Any) -> np.ndarray:
@@ -328,7 +323,8 @@ class TocMatrix:
         if M.ndim != 2 or M.shape[0] != self.shape[1]:
             raise ValueError(f"matmat: matrix of shape {M.shape}, expected ({self.shape[1]}, p)")
         sched, n_shared = self._schedule()
-        out = _kern().matmat(self._store, self._off, sched, n_shared, self._pval, _f64(M))
+        matmat = kernel_module("lmdbio.codecs.toc").matmat
+        out = matmat(self._store, self._off, sched, n_shared, self._pval, _f64(M))
         return out.astype(_result_dtype(self.dtype, M.dtype), copy=False)
 
     def rmatmat(self, M: Any) -> np.ndarray:
@@ -337,8 +333,9 @@ class TocMatrix:
         if M.ndim != 2 or M.shape[1] != self.shape[0]:
             raise ValueError(f"rmatmat: matrix of shape {M.shape}, expected (p, {self.shape[0]})")
         sched, n_shared = self._schedule()
-        out_t = _kern().rmatmat_t(self._store, self._off, sched, n_shared, self._pval,
-                                  _f64(M.T), self.shape[1])
+        rmatmat_t = kernel_module("lmdbio.codecs.toc").rmatmat_t
+        out_t = rmatmat_t(self._store, self._off, sched, n_shared, self._pval, _f64(M.T),
+                          self.shape[1])
         return np.ascontiguousarray(out_t.T, dtype=_result_dtype(self.dtype, M.dtype))
 
     def __matmul__(self, other: Any) -> np.ndarray:
@@ -393,7 +390,7 @@ class TocMatrix:
             data = bytes(body + zlib.crc32(body).to_bytes(4, "little"))
         else:
             raw = np.frombuffer(sp_bytes, np.uint8)
-            k = _kern()
+            k = kernel_module("lmdbio.codecs.toc")
             (s4, e4), (s5, e5) = sh.sections[3], sh.sections[4]
             row_len = _unpack(k, raw, s4, e4, sh.n_rows, sh.rowlen_w, "row lengths")
             _status, _where, codes = k.unpack_codes(raw, s5, e5, row_len, sh.n_first,
@@ -407,7 +404,8 @@ class TocMatrix:
         """The matrix as ``scipy.sparse.csr_matrix`` with the stored pairs (sorted, exact)."""
         import scipy.sparse as sp
 
-        indptr, indices, pids = _kern().expand(self._store, self._off, self.nnz)
+        expand = kernel_module("lmdbio.codecs.toc").expand
+        indptr, indices, pids = expand(self._store, self._off, self.nnz)
         data = self._values[self._part(1)[pids]] if pids.size else np.zeros(0, self.dtype)
         return sp.csr_matrix((data, indices, indptr), shape=self.shape)
 
@@ -416,8 +414,8 @@ class TocMatrix:
         out = np.zeros(self.shape, self.dtype)
         if self.nnz:
             ubits = UINT_OF_SIZE[self.dtype.itemsize]
-            _kern().expand_dense(self._store, self._off, self._values.view(ubits),
-                                 out.view(ubits))
+            expand_dense = kernel_module("lmdbio.codecs.toc").expand_dense
+            expand_dense(self._store, self._off, self._values.view(ubits), out.view(ubits))
         return out
 
     def toarray(self) -> np.ndarray:
