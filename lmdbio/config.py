@@ -207,9 +207,8 @@ class ReadersConfig:
             "ranks (clamped to the node's ranks), each with its own reader and ring. One "
             "reader locates, fills and publishes every record its node's workers take; more "
             "spread that work when it paces the node (small records, many ranks). `mode` "
-            "applies to each group. 0 chooses: with `indexed` a reader per rank on a "
-            "colocated node (nobody waits for another rank's reader), otherwise one per "
-            "node.", minimum=0
+            "applies to each group. 0 chooses: a reader per rank on a colocated node "
+            "(nobody waits for another rank's reader), one on a dedicated node.", minimum=0
         ),
     )
     prefetch_depth: int = field(

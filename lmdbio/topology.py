@@ -12,11 +12,12 @@ derives, for every rank:
 * ``node_index`` - nodes numbered 0..n_nodes-1 in the order of their lowest world rank.
 * reader groups - with ``readers_per_node=k`` > 1 every node is cut into k groups of
   consecutive local ranks (sizes as even as possible; ``0`` chooses per node,
-  :func:`reader_groups`), and each group is a node from here on: its own node communicator, ring and reader, numbered after the nodes before
-  it. The groups of one host share its page cache, as simulated nodes do; what they
-  spread is the readers' work (locating records, filling and publishing slots), which
-  one reader serializes for all of a node's workers (docs/service.md, "Readers per
-  node").
+  :func:`reader_groups`), and each group is a node from here on: its own node
+  communicator, ring and reader, numbered after the nodes before it (``host_nodes``
+  counts the nodes before the cut). The groups of one host share its page cache, as
+  simulated nodes do; what they spread is the readers' work (locating records, filling
+  and publishing slots), which one reader serializes for all of a node's workers
+  (docs/service.md, "Readers per node").
 * readers - the first local rank of every node (or group). ``readers`` is the
   communicator of all readers across nodes, node by node (``MPI.COMM_NULL`` on other
   ranks); its rank equals the node index.
@@ -380,6 +381,9 @@ class Topology:
     n_workers: int
     #: reader groups (nodes of one reader each) its host or simulated node was cut into
     readers_per_node: int
+    #: the job's nodes before any reader groups were cut (hosts, or simulated nodes): what
+    #: a report calls its nodes (``n_nodes`` counts the node rings)
+    host_nodes: int
     simulated: bool
     hostname: str
     node_world_ranks: tuple[int, ...]
@@ -421,6 +425,7 @@ class Topology:
             world, simulate_nodes, readers_per_node, mode, simulate_nodes_at
         )
         whole, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
+        host_nodes = n_nodes
         whole_mode = auto_mode(whole.Get_size()) if mode == "auto" else mode
         groups = reader_groups(readers_per_node, whole_mode, whole.Get_size())
         node = whole
@@ -456,6 +461,7 @@ class Topology:
             worker_rank=workers.Get_rank() if is_worker else -1,
             n_workers=n_workers,
             readers_per_node=groups,
+            host_nodes=host_nodes,
             simulated=bool(simulate_nodes),
             hostname=socket.gethostname(),
             node_world_ranks=tuple(node.allgather(rank)),
@@ -492,6 +498,7 @@ class Topology:
             "requested_mode": self.requested_mode,
             "mode": self.mode,
             "readers_per_node": self.readers_per_node,
+            "host_nodes": self.host_nodes,
             "is_reader": self.is_reader,
             "is_worker": self.is_worker,
             "reader_rank": self.reader_rank,

@@ -232,7 +232,7 @@ def report(loader: Any, summaries: list[dict], losses: list[float],
            summary_json: str | None) -> None:
     """World rank 0: print the job's summary and, with ``--summary-json``, write it."""
     summary = summarize(summaries, losses)
-    summary.update({"ranks": loader.topo.size, "nodes": loader.topo.n_nodes,
+    summary.update({"ranks": loader.topo.size, "nodes": loader.topo.host_nodes,
                     "strategy": loader.cfg.readers.strategy})
     print(summary_line(summary), flush=True)
     if summary_json:

@@ -25,17 +25,15 @@ def reader_mode(cfg: Any) -> str:
 
 
 def readers_per_node(cfg: Any) -> int:
-    """``readers.per_node`` for the topology: as set, or for 0 (chosen) 0 where the
-    strategy's readers locate their records directly and hand nothing between them
-    (``indexed``: the topology then gives a colocated node a reader per rank,
-    :func:`lmdbio.topology.reader_groups`) and 1 for the others (a DM cursor chain or an
-    LMM split over every rank was not measured against one reader per node)."""
+    """``readers.per_node`` for the topology: as set, or for 0 (chosen) 0 with a node-level
+    strategy - the topology then gives a colocated node a reader per rank and a dedicated
+    one a single reader (:func:`lmdbio.topology.reader_groups`) - and 1 for the naive
+    strategies, whose ranks read for themselves anyway."""
     if cfg.readers.per_node:
         return int(cfg.readers.per_node)
     from lmdbio.plan.strategies import strategy_class
 
-    cls = strategy_class(cfg.readers.strategy)
-    return 0 if cls.shared and cls.shuffles and not cls.chained else 1
+    return 0 if strategy_class(cfg.readers.strategy).shared else 1
 
 
 def assembles_batchwise(cfg: Any) -> bool:

@@ -159,8 +159,9 @@ CASES = [
          "readers.batches_per_slot=3"]),
     (4, ["readers.strategy=lmm", "topology.simulate_nodes=2", "readers.batches_per_slot=2",
          "readers.prefetch_depth=1"]),
+    # one reader for both ranks of a colocated node (the default gives each its own)
     (4, ["readers.strategy=dm-spec", "topology.simulate_nodes=2", "readers.mode=colocated",
-         "readers.batches_per_slot=3", "readers.transfer=copy"]),
+         "readers.batches_per_slot=3", "readers.transfer=copy", "readers.per_node=1"]),
     # reader groups: one host cut into two nodes of one reader each (dedicated: a DM
     # cursor chain through both groups' readers)
     (4, ["readers.strategy=dm-spec", "readers.per_node=2"]),

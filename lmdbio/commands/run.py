@@ -486,8 +486,9 @@ def report(args: argparse.Namespace, loader: Any, summaries: list[dict[str, Any]
            checksum: Any, step: float, warmup: int) -> None:
     """Rank 0's report: the job's totals over every rank's summary, printed as one line
     (and the stage lines), and with ``--metrics-json`` written with the per-rank ones."""
-    total = totals(summaries, loader.topo.n_nodes, loader.cfg.readers.strategy,
+    total = totals(summaries, loader.topo.host_nodes, loader.cfg.readers.strategy,
                    loader.topo.mode, step)
+    total["node_rings"] = loader.topo.n_nodes  # reader groups: a ring and a reader each
     total["slot_checksum"] = checksum
     result = {"totals": total, "per_rank": summaries}
     line = summary_line(total, warmup)
