@@ -73,7 +73,9 @@ mpi: setup
 # leave idle (by file, as in `make mpi`), then the collective tests. What CI runs. One
 # worker more than the cores (at most 5): an MPI job's ranks mostly wait, and yield their
 # core while they do (fresh clone on the 2-core VM: 3 workers 475 s, 2 workers 504 s).
+# The unit tests' kernels are compiled first, as in `make unit`.
 test: lint
+	$(BIN)/python -m tests.precompile_kernels
 	$(BIN)/python -m pytest -q -rs -p no:cacheprovider -n $(TEST_WORKERS) \
 		--dist loadfile tests
 	$(COLLECTIVES)
