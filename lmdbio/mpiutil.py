@@ -40,6 +40,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from lmdbio.errors import ConfigError, JobError, LmdbioError
+from lmdbio.timerslack import timer_slack
 
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
@@ -400,6 +401,7 @@ def wait_with_timeout(
     what: str = "MPI request",
     *,
     max_sleep: float = 0.01,
+    sleep_slack: float | None = None,
 ) -> Any:
     """Wait for one request (or a sequence of requests) to complete, at most ``seconds``.
 
@@ -409,28 +411,38 @@ def wait_with_timeout(
     ``test()`` returns for a completed request: the received object for a pickle-based
     ``irecv``, ``None`` for a buffer request; a list of those for a sequence.
 
+    ``sleep_slack`` (seconds): how late the kernel may end each of those sleeps (the
+    thread's timer slack, :func:`lmdbio.timerslack.timer_slack`, set only while this call
+    sleeps and restored after); None keeps the thread's own, 50 us on Linux by default,
+    which every sleep then adds to the time a waiter takes to notice its request.
+
     Raises :class:`MPITimeoutError` on timeout; the request is left pending and travels in
     the exception's ``request`` (the caller may ``Cancel`` it or keep waiting).
     """
     from mpi4py import MPI
 
     deadline = time.monotonic() + float(seconds)
-    sleep = 5e-5
     many = isinstance(request, Sequence)
-    while True:
+
+    def test() -> tuple[bool, Any]:
         if many:
-            done, results = MPI.Request.testall(list(request))
-            if done:
-                return results
-        else:
-            done, result = request.test()
+            return MPI.Request.testall(list(request))
+        return request.test()
+
+    done, result = test()
+    if done:  # no sleep: the timer slack is left alone
+        return result
+    sleep = 5e-5
+    with timer_slack(sleep_slack):
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                raise MPITimeoutError(f"{what}: not complete after {seconds:g} s", request)
+            time.sleep(min(sleep, deadline - now))
+            sleep = min(sleep * 2, max_sleep)
+            done, result = test()
             if done:
                 return result
-        now = time.monotonic()
-        if now >= deadline:
-            raise MPITimeoutError(f"{what}: not complete after {seconds:g} s", request)
-        time.sleep(min(sleep, deadline - now))
-        sleep = min(sleep * 2, max_sleep)
 
 
 def barrier_with_timeout(comm: MPI.Comm, seconds: float, what: str = "barrier", *,

@@ -27,6 +27,7 @@ the pages it needed then (:class:`KnownShare`).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -46,6 +47,22 @@ from lmdbio.plan.strategies.spec_estimate import (
 )
 
 _TAG = 7100
+#: how a reader waits for its cursor (:func:`wait_for_cursor`): the longest sleep between
+#: tests of the request, and the timer slack of those sleeps (how late the kernel may end
+#: each; Linux's default is 50 us). The hand-off is on the chain's critical path, every
+#: hop; measured with bench/pingpong.py (docs/findings/
+#: scaling-calibration-2026-11-28.md) and modelled by lmdbio.scale.model.poll_delay
+CURSOR_MAX_SLEEP_S = 1e-4
+CURSOR_SLEEP_SLACK_S: float | None = 1e-6
+
+
+def wait_for_cursor(request: Any, seconds: float, what: str) -> Any:
+    """Wait for a cursor message without burning a core: test the request between sleeps
+    of 50 us doubling to :data:`CURSOR_MAX_SLEEP_S`, each ending at most
+    :data:`CURSOR_SLEEP_SLACK_S` late (:func:`~lmdbio.mpiutil.wait_with_timeout`, whose
+    timeout and result this has)."""
+    return wait_with_timeout(request, seconds, what, max_sleep=CURSOR_MAX_SLEEP_S,
+                             sleep_slack=CURSOR_SLEEP_SLACK_S)
 
 
 class DmSerial(ReadStrategy):
@@ -102,11 +119,11 @@ class DmSerial(ReadStrategy):
         src = r - 1 if r > 0 else n - 1
         with Timer(stats, "wait_cursor"):
             req = self.ctx.readers.irecv(source=src, tag=_TAG)
-            # short sleeps: the hand-off is on the critical path of every iteration, and a
-            # waiting reader that sleeps up to the default 10 ms adds that much per hop
-            data = wait_with_timeout(req, self.ctx.timeout,
-                                     f"cursor for iteration {iteration} from reader {src}",
-                                     max_sleep=5e-4)
+            # short, punctual sleeps: the hand-off is on the critical path of every
+            # iteration, and a waiting reader that sleeps up to the default 10 ms adds
+            # that much per hop
+            data = wait_for_cursor(req, self.ctx.timeout,
+                                   f"cursor for iteration {iteration} from reader {src}")
         self._at = int.from_bytes(data[:8], "little")
         self.cursor = self.db.cursor_from_bytes(data[8:])
 
