@@ -1,9 +1,10 @@
 """Calibrate and check the scaling model (lmdbio.scale) against ``lmdbio bench read``.
 
 Databases: bench/read.py's generators (build/bench-data/read-{cifar,imagenet,mnist}:
-20,000 x 3,072 B, 1,600 x 150 KB, 60,000 x 784 B, py-lmdb, 1,000 records a commit).
+20,000 x 3,072 B, 1,600 x 150 KB, 60,000 x 784 B, py-lmdb, 1,000 records a commit), and
+:data:`SIZE_SHAPES` (read-size-48k: 2,000 x 48 KB, the split "databases+sizes" only).
 
-Stages (``--only pages,fit``; the fit runs first):
+Stages (``--only pages,fit``; the fit runs first; ``io`` and ``copy`` on request):
   pages  every strategy at 1, 2, 4, 8 ranks on max(1, R/2) simulated nodes (oversubscribed
          on this host: page counts only, never speed), one batch per slot (the paper's
          regime) on cifar, and imagenet at 2 ranks: the model's pages per rank (touched,
@@ -20,12 +21,12 @@ Stages (``--only pages,fit``; the fit runs first):
          repeats) give the host's ``cpu_contention_factor`` (the median over the
          configurations), which the model applies to the runs with a rank on every core.
          3. a ping-pong between 2 ranks under mpiexec, waiting as the DM chain waits for
-         its cursor (``wait_with_timeout``, sleeps up to 0.5 ms) and with a blocking
-         ``recv``, the partner replying after 0, 1 and 5 ms of work: the message latency
+         its cursor and with a blocking ``recv`` (:mod:`bench.pingpong`, kept in
+         ``runs/pingpong.json`` with the runs it describes): the message latency
          (``mpi_latency_s``: half the blocking round trip) and how much longer than asked
          the waiting rank's sleeps last (``poll_overshoot_s``: the round trip without work
          less the first sleep), for the model's :func:`~lmdbio.scale.model.poll_delay`;
-         the 1 and 5 ms cases check that model (``pingpong.model_check``).
+         the cases with work check that model (``pingpong.model_check``).
          4. per split (:data:`SPLITS`), the CPU costs fitted by non-negative least squares
          on each rank's CPU seconds of the loop (``cpu_seconds.loop``: user + system, far
          less sensitive to other load than wall time) of the split's fit set; per run the
@@ -47,10 +48,15 @@ Stages (``--only pages,fit``; the fit runs first):
          time (the fitted CPU costs of ``fit`` with the fitted I/O costs) against the
          measured loop.
 
+  copy   the consumer's copy alone (:func:`copy_probe`), on every calibration database
+         and the projection's two (bench/scale_project.py): CPU seconds per byte and per
+         record by record size, apart from every fit.
+
 Output: bench/results/scale/calibration.json, bench/results/scale/fitted-costs.yaml and
 one JSON per bench read run (bench/results/scale/runs/, the delivered record ids left out).
 
-Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit,io] [--quick] [--repeats 3]
+Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit,io,copy] [--quick]
+     [--repeats 3] [--trace-cache build/scale-calib-traces]
 """
 
 from __future__ import annotations
@@ -72,18 +78,26 @@ from typing import Any
 import numpy as np
 
 from bench import read as bench_read
-from bench.common import BENCH_DATA, BIN, MPI_ENV, RESULTS, write_json
+from bench.common import BENCH_DATA, RESULTS, random_db, write_json
+from bench.pingpong import run as pingpong_run
 from lmdbio.scale import Costs, epoch_time, trace
-from lmdbio.scale.model import actor_cpu_seconds, poll_delay, step_costs
-from lmdbio.scale.trace import Trace
+from lmdbio.scale.model import actor_cpu_seconds, step_costs
+from lmdbio.scale.trace import Trace, cached_trace
 
 STRATEGIES = bench_read.STRATEGIES
 #: the costs fitted (the file system's are 0 on a warm page cache)
 FITTED = ("cpu_walk_s", "cpu_skip_s", "cpu_locate_s", "cpu_page_s", "cpu_step_s",
           "cpu_speculate_s", "copy_s_per_byte", "consume_s_per_record",
           "handoff_s_per_slot")
+#: CPU costs measured by a probe of their own (``--only copy``), taken as known in the fit
+MEASURED_APART = ("cpu_account_s_per_file_page",)
 #: the databases the splits "databases" and "ranks+databases" fit on; the rest is held out
 FIT_DBS = ("cifar", "mnist")
+#: databases of other record sizes, measured at 1 rank for the split "databases+sizes"
+#: only (records, value bytes, per-consumer batch: a batch of about 400 KB): the fit set of
+#: cifar and mnist spans 784-3,072 B records, too little to tell a cost per byte from one
+#: per record or per page, and the held-out imagenet's are 150 KB
+SIZE_SHAPES = {"size-48k": (2_000, 48_000, 8)}
 #: the fit / held-out splits: name -> (what it fits on, what it holds out). The first
 #: gives bench/results/scale/fitted-costs.yaml
 SPLITS = {
@@ -93,6 +107,9 @@ SPLITS = {
                   "databases (imagenet: 150 KB records, 37 pages each)"),
     "ranks+databases": (f"1 rank on {', '.join(FIT_DBS)}", "1 rank on the other "
                         "databases (imagenet) and 2 ranks on 2 nodes on every database"),
+    "databases+sizes": (f"1 and 2 ranks on {', '.join(FIT_DBS)}, 1 rank on "
+                        f"{', '.join(SIZE_SHAPES)} (48 KB records)", "1 and 2 ranks on "
+                        "imagenet (150 KB records)"),
 }
 #: epochs of the probe run that sets each configuration's epochs
 PROBE_EPOCHS = 3
@@ -103,8 +120,6 @@ IO_EPOCHS = 2
 #: every read is waited for (``pread``), one at a time
 IO_READS = {"readahead_bytes": 128 << 10, "fs_max_request_bytes": 1 << 40,
             "fs_async_depth": 1}
-#: the partner's work before it replies, in the ping-pong (seconds)
-PINGPONG_DELAYS = (0.0, 1e-3, 5e-3)
 
 
 @dataclass(frozen=True)
@@ -116,19 +131,41 @@ class Config:
     ranks: int
 
     def role(self, split: str) -> str:
-        """``fit`` for the runs split ``split`` fits the costs on, else ``held-out``."""
+        """``fit`` for the runs split ``split`` fits the costs on, ``held-out`` for those
+        it checks them on, ``unused`` for the databases of other record sizes outside the
+        split that measures them."""
+        sized = self.db in SIZE_SHAPES
+        if sized and split != "databases+sizes":
+            return "unused"
         fits = {"ranks": self.ranks == 1, "databases": self.db in FIT_DBS,
-                "ranks+databases": self.ranks == 1 and self.db in FIT_DBS}[split]
+                "ranks+databases": self.ranks == 1 and self.db in FIT_DBS,
+                "databases+sizes": self.db in FIT_DBS or sized}[split]
         return "fit" if fits else "held-out"
 
     def file(self, kind: str, epochs: int, repeat: int = 0) -> str:
         return f"{kind}-{self.db}-{self.strategy}-r{self.ranks}-e{epochs}-{repeat}.json"
 
 
-def time_configs(quick: bool) -> list[Config]:
-    """Every database and strategy at 1 rank and 2 ranks (on 2 nodes: cores = 2)."""
+def time_configs(quick: bool, sizes: bool = False) -> list[Config]:
+    """Every database and strategy at 1 rank and 2 ranks (on 2 nodes: cores = 2); with
+    ``sizes``, the databases of :data:`SIZE_SHAPES` at 1 rank too."""
     dbs = ("cifar", "mnist") if quick else ("cifar", "mnist", "imagenet")
-    return [Config(d, s, r) for d in dbs for r in (1, 2) for s in STRATEGIES]
+    extra = [Config(d, s, 1) for d in SIZE_SHAPES for s in STRATEGIES] if sizes else []
+    return [Config(d, s, r) for d in dbs for r in (1, 2) for s in STRATEGIES] + extra
+
+
+def batch_of(db: str) -> int:
+    """The per-consumer batch of a calibration database."""
+    return (SIZE_SHAPES[db] if db in SIZE_SHAPES else bench_read.SHAPES[db])[2]
+
+
+def databases(data: Path) -> dict[str, Path]:
+    """Every calibration database (bench/read.py's and :data:`SIZE_SHAPES`), generated
+    where missing."""
+    out = {name: bench_read.generate(data, name) for name in bench_read.SHAPES}
+    for name, (n, size, _) in SIZE_SHAPES.items():
+        out[name] = random_db(data / f"read-{name}", n, size, seed=3, map_size=1 << 32)
+    return out
 
 
 def run_bench(out: Path, ranks: int, db: Path, strategy: str, *extra: str,
@@ -157,16 +194,18 @@ def run_bench(out: Path, ranks: int, db: Path, strategy: str, *extra: str,
 def timed_run(res: Path, dbs: dict[str, Path], cfg: Config, per_epoch: int, epochs: int,
               kind: str, repeat: int = 0) -> dict | None:
     """``cfg`` for ``epochs`` whole epochs of ``per_epoch`` iterations, warm."""
-    batch = bench_read.SHAPES[cfg.db][2]
+    batch = batch_of(cfg.db)
     return run_bench(res / cfg.file(kind, epochs, repeat), cfg.ranks, dbs[cfg.db],
                      cfg.strategy, "--batch-size", str(batch), "--iters",
                      str(per_epoch * epochs), "--simulate-nodes", str(cfg.ranks),
                      "--batches-per-slot", "0", "--transfer", "spans")
 
 
-def epoch_traces(dbs: dict[str, Path], cfgs: list[Config]) -> dict[Config, Trace]:
-    """One traced epoch per configuration (a job's default slot size, as measured)."""
-    return {c: trace(dbs[c.db], c.strategy, c.ranks, c.ranks, bench_read.SHAPES[c.db][2])
+def epoch_traces(dbs: dict[str, Path], cfgs: list[Config], cache: Path | None = None
+                 ) -> dict[Config, Trace]:
+    """One traced epoch per configuration (a job's default slot size, as measured), kept
+    in ``cache`` when given (:func:`~lmdbio.scale.trace.cached_trace`)."""
+    return {c: cached_trace(cache, dbs[c.db], c.strategy, c.ranks, c.ranks, batch_of(c.db))
             for c in cfgs}
 
 
@@ -190,20 +229,26 @@ def measure(res: Path, dbs: dict[str, Path], cfgs: list[Config],
             repeats: int) -> tuple[dict[Config, list[dict]], list[dict]]:
     """``repeats`` runs of every configuration, interleaved: each pass runs every
     configuration once, so slow drifts of the host's load spread over all of them. Also
-    returns, per pass, when it started and ended and the host's load averages then."""
+    returns, per pass, when it started and ended, the host's load averages then, and
+    which configurations it ran (``ran``) or found run before (``reused``: their files
+    were there, from an earlier session whose passes are not these)."""
     runs: dict[Config, list[dict]] = {c: [] for c in epochs}
     passes = []
     for k in range(repeats):
         load = os.getloadavg()
         print(f"pass {k + 1}/{repeats}: load average {load}", flush=True)
         started = time.strftime("%H:%M:%S", time.gmtime())
+        ran: list[str] = []
+        reused: list[str] = []
         for c in epochs:
+            kept = (res / c.file("time", epochs[c], k)).exists()
             got = timed_run(res, dbs, c, traces[c].epoch_iterations, epochs[c], "time", k)
             if got is not None:
                 runs[c].append(got)
+                (reused if kept else ran).append(f"{c.db} {c.strategy} r{c.ranks}")
         passes.append({"pass": k + 1, "started_utc": started, "loadavg_before": load,
                        "ended_utc": time.strftime("%H:%M:%S", time.gmtime()),
-                       "loadavg_after": os.getloadavg()})
+                       "loadavg_after": os.getloadavg(), "ran": ran, "reused": reused})
     return runs, passes
 
 
@@ -216,7 +261,7 @@ def corun(res: Path, dbs: dict[str, Path], traces: dict[Config, Trace],
     sharing caches and memory bandwidth with a busy neighbour core costs, measured
     without the 2-rank runs the model is checked against."""
     rows = []
-    for c in [c for c in epochs if c.ranks == 1 and c in alone]:
+    for c in [c for c in epochs if c.ranks == 1 and c in alone and c.db not in SIZE_SHAPES]:
         per_epoch = traces[c].epoch_iterations
         with ThreadPoolExecutor(2) as pool:
             got = list(pool.map(lambda k, c=c, n=per_epoch: timed_run(
@@ -233,98 +278,6 @@ def corun(res: Path, dbs: dict[str, Path], traces: dict[Config, Trace],
     print(f"contention: CPU x {factor:.3f} with both cores busy (median of {len(rows)} "
           "configurations run twice at once)", flush=True)
     return {"factor": factor, "configs": rows}
-
-
-def pingpong_worker(out: Path, rounds: int = 200) -> None:
-    """Run under ``mpiexec -n 2``: rank 0 sends 8 + 64 bytes (a cursor's size), rank 1
-    works ``delay`` seconds (spinning) and sends them back; rank 0 writes the round trip
-    less the work, quartiles per delay and way of waiting (see :func:`latency`)."""
-    from mpi4py import MPI
-
-    from lmdbio.mpiutil import wait_with_timeout
-
-    comm = MPI.COMM_WORLD
-    me, msg = comm.Get_rank(), bytes(72)
-    result: dict[str, Any] = {}
-    for wait in ("chain", "blocking"):
-        for delay in PINGPONG_DELAYS:
-            samples = []
-            for _ in range(rounds):
-                comm.Barrier()
-                t0 = time.perf_counter()
-                if me == 0:
-                    comm.send(msg, dest=1)
-                req = comm.irecv(source=1 - me)
-                if wait == "chain":
-                    wait_with_timeout(req, 30.0, "ping-pong", max_sleep=5e-4)
-                else:
-                    req.wait()
-                if me == 1:
-                    end = time.perf_counter() + delay
-                    while time.perf_counter() < end:
-                        pass
-                    comm.send(msg, dest=0)
-                samples.append(time.perf_counter() - t0 - delay)
-            q = np.percentile(samples, [25, 50, 75]).tolist()
-            result[f"{wait}-{delay * 1e3:g}ms"] = {"wait": wait, "partner_work_s": delay,
-                                                  "round_trip_less_work_s": q[1],
-                                                  "q25_s": q[0], "q75_s": q[2],
-                                                  "rounds": rounds}
-    if me == 0:
-        write_json(out, result)
-
-
-def latency(res: Path) -> dict:
-    """The ping-pong (:func:`pingpong_worker`) under ``mpiexec -n 2``, kept in ``res``,
-    with each case's hand-off latency (the one-way time of a message to a receiver that
-    has waited ``partner_work_s``: its round trip less the work, less the other way's
-    one-way time, half the round trip without work), and the model's wait costs
-    (:func:`wait_costs`) with their check (:func:`pingpong_model_check`)."""
-    out = res / "pingpong.json"
-    if not out.exists():
-        cmd = [str(BIN / "mpiexec"), "-n", "2", str(BIN / "python"), "-m",
-               "bench.scale_calibrate", "--pingpong-worker", str(out)]
-        subprocess.run(cmd, env=dict(os.environ, **MPI_ENV), check=True, timeout=300)
-    data = json.loads(out.read_text())
-    for case in data.values():
-        back = data[f"{case['wait']}-0ms"]["round_trip_less_work_s"] / 2
-        case["handoff_s"] = case["round_trip_less_work_s"] - back
-    costs = wait_costs(data)
-    data["model_costs"] = costs
-    data["model_check"] = pingpong_model_check(data, Costs().replace(**costs))
-    data["loadavg"] = os.getloadavg()
-    return data
-
-
-def wait_costs(pingpong: dict) -> dict[str, float]:
-    """The model's message and wait costs on this host, from the ping-pong:
-    ``mpi_latency_s``, half the round trip without work with a blocking ``recv`` (or with
-    the chain's wait when that is shorter: a spinning ``recv`` competes with the sender
-    for the cores on a loaded host), and ``poll_overshoot_s``, the chain's round trip
-    without work less the first sleep (the partner answers at once, so the waiting rank
-    notices the answer at its second test, after one sleep)."""
-    first = Costs().poll_first_sleep_s
-    chain0 = pingpong["chain-0ms"]["round_trip_less_work_s"]
-    block0 = pingpong["blocking-0ms"]["round_trip_less_work_s"]
-    return {"mpi_latency_s": min(block0, chain0) / 2,
-            "poll_overshoot_s": max(0.0, chain0 - first)}
-
-
-def pingpong_model_check(pingpong: dict, costs: Costs) -> dict[str, dict[str, float]]:
-    """Per chain case with work (1 and 5 ms), the round trip less the work the model's
-    :func:`~lmdbio.scale.model.poll_delay` gives (the answer arrives two latencies after
-    the work; the waiting rank notices it at its next test), beside the measured median
-    and quartiles."""
-    out = {}
-    for name, case in pingpong.items():
-        if not isinstance(case, dict) or case.get("wait") != "chain" or \
-                not case.get("partner_work_s"):
-            continue
-        arrives = case["partner_work_s"] + 2 * costs.mpi_latency_s
-        model = arrives + poll_delay(arrives, costs) - case["partner_work_s"]
-        out[name] = {"model_s": model, "measured_s": case["round_trip_less_work_s"],
-                     "q25_s": case["q25_s"], "q75_s": case["q75_s"]}
-    return out
 
 
 def measured(runs: list[dict]) -> dict[str, Any]:
@@ -363,25 +316,29 @@ def cpu_features(tr: Trace) -> np.ndarray:
                     axis=1)
 
 
-def fit_costs(rows: list[dict], traces: dict[Config, Trace], split: str) -> Costs:
+def fit_costs(rows: list[dict], traces: dict[Config, Trace], split: str,
+              measured_apart: Costs | None = None) -> Costs:
     """Non-negative least squares of the fit set's CPU seconds per rank on the model's
     (times the run's contention factor), each run weighted by 1 / its seconds (relative
-    errors count)."""
+    errors count). ``measured_apart``: CPU costs measured by a probe of their own, not
+    fitted (the page accounting's per file page): the CPU they give each rank is taken
+    off before the fit, and they stay in the costs returned."""
     from scipy.optimize import nnls
 
+    base = measured_apart or Costs(mpi_latency_s=0.0)
     a, b = [], []
     for row in rows:
         if row["config"].role(split) != "fit":
             continue
-        feats = cpu_features(traces[row["config"]]) * row["epochs"] * \
-            row["cpu_contention_factor"]
-        for actor, cpu in zip(traces[row["config"]].actors, row["cpu_s_per_rank"],
-                              strict=True):
+        tr = traces[row["config"]]
+        scale = row["epochs"] * row["cpu_contention_factor"]
+        feats = cpu_features(tr) * scale
+        known = actor_cpu_seconds(tr, base) * scale
+        for actor, cpu in zip(tr.actors, row["cpu_s_per_rank"], strict=True):
             a.append(feats[actor.index] / cpu)
-            b.append(1.0)
+            b.append(1.0 - known[actor.index] / cpu)
     coef, _ = nnls(np.array(a), np.array(b))
-    return Costs(mpi_latency_s=0.0).replace(**dict(zip(FITTED, map(float, coef),
-                                                       strict=True)))
+    return base.replace(**dict(zip(FITTED, map(float, coef), strict=True)))
 
 
 def evaluate(row: dict, tr: Trace, costs: Costs) -> dict[str, Any]:
@@ -418,17 +375,20 @@ def error_summary(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
-def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace) -> dict:
+def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace,
+        measured_apart: Costs | None = None) -> dict:
     """Measure (probe, interleaved repeats), then per split fit on its fit set and
-    evaluate every run."""
-    cfgs = time_configs(args.quick)
-    traces = epoch_traces(dbs, cfgs)
+    evaluate every run (``measured_apart``: see :func:`fit_costs`)."""
+    cfgs = time_configs(args.quick, sizes=True)
+    traces = epoch_traces(dbs, cfgs, Path(args.trace_cache) if args.trace_cache else None)
     epochs = choose_epochs(res, dbs, cfgs, traces, args.target)
     runs, passes = measure(res, dbs, cfgs, traces, epochs, args.repeats)
     stats = {c: measured(got) for c, got in runs.items() if got}
     contention = corun(res, dbs, traces, epochs,
                        {c: m["cpu_s_per_rank"][0] for c, m in stats.items() if c.ranks == 1})
-    pingpong = latency(res)
+    # the cursor wait the measured runs had (kept from their session: re-evaluating them
+    # must not take a later policy's figures)
+    pingpong = pingpong_run(res / "pingpong.json", ["chain", "blocking"])
     cores = os.cpu_count() or 1
     rows = [{"config": c, "db": c.db, "strategy": c.strategy, "ranks": c.ranks,
              "nodes": c.ranks, "epochs": epochs[c],
@@ -440,7 +400,8 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace) -> dict:
             for c, m in stats.items()]
     splits = {}
     for split, (fits, held) in SPLITS.items():
-        costs = fit_costs(rows, traces, split).replace(**pingpong["model_costs"])
+        costs = fit_costs(rows, traces, split, measured_apart).replace(
+            **pingpong["model_costs"])
         models = [{"db": r["db"], "strategy": r["strategy"], "ranks": r["ranks"],
                    "role": r["config"].role(split),
                    **evaluate(r, traces[r["config"]], costs)} for r in rows]
@@ -449,6 +410,8 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace) -> dict:
     for r in rows:
         r.pop("config")
     return {"fitted": list(FITTED), "target_loop_s": args.target, "passes": passes,
+            "measured_apart": {k: v for k, v in dataclasses.asdict(
+                measured_apart or Costs()).items() if k in MEASURED_APART},
             "contention": contention, "pingpong": pingpong, "runs": rows,
             "splits": splits}
 
@@ -489,7 +452,7 @@ def io(res: Path, dbs: dict[str, Path], args: argparse.Namespace, cpu: Costs,
     model against them (``cpu``: the fitted CPU costs; ``contention``: the host's factor,
     for the runs with a rank on every core)."""
     cfgs = time_configs(args.quick)
-    traces = epoch_traces(dbs, cfgs)
+    traces = epoch_traces(dbs, cfgs, Path(args.trace_cache) if args.trace_cache else None)
     print(f"cold runs: load average {os.getloadavg()}", flush=True)
     rows = []
     for c in cfgs:
@@ -539,6 +502,74 @@ def io(res: Path, dbs: dict[str, Path], args: argparse.Namespace, cpu: Costs,
     print(f"  fitted: {fitted}", flush=True)
     return {"epochs": IO_EPOCHS, "reads_as": IO_READS, "fitted": fitted, "runs": rows,
             "errors": summary}
+
+
+def copy_probe(dbs: dict[str, tuple[Path, int]], passes: int = 5) -> dict[str, Any]:
+    """The consumer's copy alone, per database (name -> (path, batch)): every record's
+    value copied ``batch`` at a time into one reused buffer, the overflow headers checked
+    in the same pass (:func:`~lmdbio.io.gather.copy_spans_by_batch`, the kernel ``bench
+    read``'s consumers run), in key order over a warm page cache; one pass first (it maps
+    the pages: page-table work a long run pays once), then ``passes`` timed passes, CPU
+    seconds (``process_time``), the fastest kept. Per database: seconds per byte and per
+    record, and the page accounting's CPU per page of the file per read
+    (:func:`account_probe`). Measurements apart from the fit: what the copy costs by
+    record size, and the accounting the fit then takes as known."""
+    from lmdbio.io.gather import copy_spans_by_batch
+    from lmdbio.lmdb.database import Database
+
+    out: dict[str, Any] = {"loadavg_before": os.getloadavg(), "passes": passes,
+                           "started_utc": time.strftime("%H:%M:%S", time.gmtime())}
+    for name, (path, batch) in dbs.items():
+        db = Database(path)
+        table = db.record_table()
+        starts = np.ascontiguousarray(table.val_off, np.int64)
+        lengths = np.ascontiguousarray(table.val_len, np.int64)
+        buf = np.empty(int(lengths.max()) * batch, np.uint8)
+        copied = copy_spans_by_batch(db, starts, lengths, batch, buf, check=True)
+        cpu = []
+        for _ in range(passes):
+            t0 = time.process_time()
+            copy_spans_by_batch(db, starts, lengths, batch, buf, check=True)
+            cpu.append(time.process_time() - t0)
+        best = min(cpu)
+        out[name] = {"records": int(lengths.size), "record_bytes": float(lengths.mean()),
+                     "batch": batch, "bytes": copied, "cpu_s": cpu,
+                     "s_per_byte": best / copied, "s_per_record": best / lengths.size}
+        db.close()
+        out[name]["account_s_per_file_page"] = account_probe(path)
+        print(f"copy {name:15s} {lengths.mean():9.0f} B  {best / copied * 1e9:6.3f} ns/B  "
+              f"{best / lengths.size * 1e6:7.2f} us/record; page accounting "
+              f"{out[name]['account_s_per_file_page'] * 1e9:.2f} ns per file page per read",
+              flush=True)
+    out["loadavg_after"] = os.getloadavg()
+    return out
+
+
+def account_probe(path: Path, reads: int = 200) -> float:
+    """CPU seconds per page of the file of one read's page accounting, as ``bench
+    read``'s reader does it at every read (:meth:`lmdbio.reader.ReadSession.read_group`:
+    the touched-page bitmap cleared, then ``account_records`` over a read of 8 records,
+    which scans the bitmaps of the whole file): the fastest of 3 rounds of ``reads``."""
+    from lmdbio.kernel_cache import kernel_module
+    from lmdbio.lmdb.database import Database
+
+    account_records = kernel_module("lmdbio.lmdb").account_records
+    db = Database(path)
+    table = db.record_table()
+    n = db.file_size // db.psize
+    touched, own, total_touched, total_own = (np.zeros(n, np.uint8) for _ in range(4))
+    args = (np.ascontiguousarray(table.leaf_pg[:8]), np.ascontiguousarray(table.val_off[:8]),
+            np.ascontiguousarray(table.val_len[:8]), db.psize)
+    account_records(touched, own, total_touched, total_own, *args)
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.process_time()
+        for _ in range(reads):
+            touched[:] = 0
+            account_records(touched, own, total_touched, total_own, *args)
+        best = min(best, (time.process_time() - t0) / reads)
+    db.close()
+    return best / n
 
 
 def pages(res: Path, dbs: dict[str, Path], quick: bool) -> list[dict]:
@@ -610,6 +641,8 @@ def write_fitted(res: Path, f: dict) -> None:
          "host_mpi_latency_s": costs["mpi_latency_s"],
          "host_poll_overshoot_s": costs["poll_overshoot_s"],
          "host_cpu_contention_factor": f["contention"]["factor"],
+         # bench read's page accounting (a training job does not count pages)
+         "host_cpu_account_s_per_file_page": costs["cpu_account_s_per_file_page"],
          "costs": {k: costs[k] for k in FITTED}},
         sort_keys=False))
 
@@ -623,19 +656,30 @@ def main() -> int:
                         help="seconds of loop each measured run should reach")
     parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--out", default=str(RESULTS / "scale"))
-    parser.add_argument("--pingpong-worker", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--trace-cache", default=None,
+                        help="folder keeping the traces of the measured configurations")
     args = parser.parse_args()
-    if args.pingpong_worker:
-        pingpong_worker(Path(args.pingpong_worker))
-        return 0
     res = Path(args.out)
     (res / "runs").mkdir(parents=True, exist_ok=True)
-    dbs = {name: bench_read.generate(Path(args.data), name) for name in bench_read.SHAPES}
+    dbs = databases(Path(args.data))
     out_file = res / "calibration.json"
     result = json.loads(out_file.read_text()) if out_file.exists() else {}
     only = set(args.only.split(","))
+    if "copy" in only:  # first: the fit takes the accounting it measures as known
+        from bench import scale_project
+
+        probe_dbs = {name: (path, batch_of(name)) for name, path in dbs.items()}
+        for name in scale_project.SHAPES:  # the projection's, at its 512-rank batch
+            probe_dbs[f"scale-{name}"] = (scale_project.generate(Path(args.data), name),
+                                          scale_project.GLOBAL_BATCH // 512)
+        result["copy"] = copy_probe(probe_dbs)
+        write_json(out_file, result, default=float)
     if "fit" in only:
-        result["fit"] = fit(res / "runs", dbs, args)
+        probed = result.get("copy", {})
+        measured_apart = Costs(mpi_latency_s=0.0).replace(cpu_account_s_per_file_page=float(
+            np.median([probed[d]["account_s_per_file_page"] for d in dbs if d in probed]))
+        ) if probed else None
+        result["fit"] = fit(res / "runs", dbs, args, measured_apart)
         print_errors(result["fit"])
         write_fitted(res, result["fit"])
         write_json(out_file, result, default=float)

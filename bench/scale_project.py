@@ -11,13 +11,19 @@ both ends of its range (``ranges:``), one at a time. Beside each strategy's samp
 it would be if the DM readers blocked in MPI's receive instead of polling for their cursor
 (``samples_per_second_blocking_wait``; the same for the strategies without a chain).
 
+The traces are pure functions of the database and the job, so ``--trace-cache DIR``
+keeps them (one pickle per database, rank count and strategy) and a later run with other
+costs only reruns the model (seconds to minutes instead of the tracing's many minutes).
+
 Output: bench/results/scale/projection.json, docs/figures/scale-*.png.
-Run: .venv/bin/python -m bench.scale_project [--ranks 16,32,...] [--quick]
+Run: .venv/bin/python -m bench.scale_project [--ranks 16,32,...] [--dbs cifar,imagenet]
+     [--fs FS.yaml] [--trace-cache build/scale-traces]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -27,7 +33,7 @@ from bench.lmdbgen import random_items
 from lmdbio.scale.costs import load_costs, load_ranges
 from lmdbio.scale.model import epoch_time
 from lmdbio.scale.project import ALL_STRATEGIES, Job, sensitivity, summarize
-from lmdbio.scale.project import traces as make_traces
+from lmdbio.scale.trace import Trace, cached_trace
 
 SHAPES = {"cifar": (40_960, 3072), "imagenet": (8_192, 192_000)}
 PER_NODE = 16
@@ -55,6 +61,15 @@ def generate(data: Path, name: str) -> Path:
     return d
 
 
+def job_traces(db: Path, job: Job, cache: Path | None) -> dict[str, Trace]:
+    """Every strategy's trace of ``job`` on ``db``, kept in ``cache`` when given
+    (:func:`~lmdbio.scale.trace.cached_trace`)."""
+    return {s: cached_trace(cache, db, s, job.ranks, job.nodes, job.batch,
+                            iterations=job.iterations,
+                            batches_per_slot=job.batches_per_slot)
+            for s in ALL_STRATEGIES}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="16,32,64,128,256,512")
@@ -62,8 +77,16 @@ def main() -> int:
     parser.add_argument("--fs", default=str(REPO / "lmdbio" / "scale" / "lustre.yaml"))
     parser.add_argument("--out", default=str(RESULTS / "scale"))
     parser.add_argument("--dbs", default="cifar,imagenet")
+    parser.add_argument("--tables", action="store_true",
+                        help="print the tables of OUT/projection.json and stop")
+    parser.add_argument("--trace-cache", default=None,
+                        help="folder keeping the traces (a rerun with other costs skips "
+                             "the tracing)")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.tables:
+        print(tables(json.loads((out / "projection.json").read_text())))
+        return 0
     out.mkdir(parents=True, exist_ok=True)
     costs = load_costs(args.fs)
     fitted = out / "fitted-costs.yaml"
@@ -77,7 +100,8 @@ def main() -> int:
         for r in [int(x) for x in args.ranks.split(",")]:
             t0 = time.perf_counter()
             job = Job(r, max(1, r // PER_NODE), max(1, GLOBAL_BATCH // r), None, 1)
-            tr = make_traces(db, job, ALL_STRATEGIES)
+            tr = job_traces(db, job, Path(args.trace_cache) if args.trace_cache else None)
+            traced = time.perf_counter() - t0
             res = {s: summarize(epoch_time(t, costs)) for s, t in tr.items()}
             for s, t in tr.items():
                 res[s].pop("pages_per_reader")
@@ -96,12 +120,39 @@ def main() -> int:
                                    "batch": job.batch, "records": any_t.n_records,
                                    "iterations": any_t.epoch_iterations,
                                    "strategies": res, "sensitivity": sens})
-            print(f"{name} R={r}: {time.perf_counter() - t0:.1f} s  " + "  ".join(
+            print(f"{name} R={r}: {time.perf_counter() - t0:.1f} s (traces {traced:.1f} s)  "
+                  + "  ".join(
                 f"{s} {res[s]['samples_per_second']:.0f}/s x{res[s]['extra_pages_total']}"
                 for s in res), flush=True)
             write_json(out / "projection.json", result, default=float)
     plot(result)
     return 0
+
+
+def tables(result: dict) -> str:
+    """Markdown tables of a projection, one per database: per rank count, each strategy's
+    samples/s and extra pages per epoch (all readers), and the DM chains' samples/s if
+    their readers blocked in MPI's receive; then dm-spec's lead over LMM and the band of
+    dm-spec's samples/s over the cost ranges."""
+    out = []
+    for name in sorted({r["db"] for r in result["runs"]}):
+        runs = [r for r in result["runs"] if r["db"] == name]
+        out.append(f"{name}-like: samples/s (extra pages per epoch)\n")
+        out.append("| ranks (nodes) | " + " | ".join(ALL_STRATEGIES) +
+                   " | dm-serial, dm-spec if blocking | dm-spec / lmm | dm-spec band |")
+        out.append("|---" * (len(ALL_STRATEGIES) + 4) + "|")
+        for r in runs:
+            st, sens = r["strategies"], r["sensitivity"]
+            cells = [f"{st[s]['samples_per_second']:,.0f} ({st[s]['extra_pages_total']:,})"
+                     for s in ALL_STRATEGIES]
+            block = ", ".join(f"{st[s]['samples_per_second_blocking_wait']:,.0f}"
+                              for s in ("dm-serial", "dm-spec"))
+            lead = st["dm-spec"]["samples_per_second"] / st["lmm"]["samples_per_second"]
+            band = f"{sens['dm-spec']['low']:,.0f}-{sens['dm-spec']['high']:,.0f}"
+            out.append(f"| {r['ranks']} ({r['nodes']}) | " + " | ".join(cells) +
+                       f" | {block} | {lead:.2f}x | {band} |")
+        out.append("")
+    return "\n".join(out)
 
 
 def plot(result: dict) -> None:

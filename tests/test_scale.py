@@ -208,6 +208,19 @@ def test_a_waiting_reader_notices_its_cursor_at_its_next_test() -> None:
         Costs(poll_first_sleep_s=1e-3, poll_max_sleep_s=5e-4)
 
 
+def test_the_model_waits_for_the_cursor_as_the_dm_readers_do() -> None:
+    """The model's default polling is lmdbio's own (``dm.wait_for_cursor``): the same
+    longest sleep, and an overshoot that is more than the timer slack the readers ask for
+    (the slack is how late a sleep may end; the wake-up comes on top)."""
+    from lmdbio.plan.strategies import dm
+
+    costs = Costs()
+    assert costs.poll_max_sleep_s == dm.CURSOR_MAX_SLEEP_S
+    assert costs.poll_first_sleep_s == 5e-5  # wait_with_timeout's first sleep
+    if dm.CURSOR_SLEEP_SLACK_S is not None:
+        assert costs.poll_overshoot_s >= dm.CURSOR_SLEEP_SLACK_S
+
+
 def test_the_chain_pays_for_polling_one_reader_does_not(cifar: Path) -> None:
     """Longer sleeps between a waiting reader's tests slow a chain of readers that wait
     for each other, never a lone reader (it receives no cursor)."""
@@ -234,3 +247,34 @@ def test_speculation_costs_dm_spec_per_read_and_contention_scales_all_cpu(cifar:
     cpu = FS.replace(cpu_speculate_s=1e-4, consume_s_per_record=1e-7)
     assert actor_cpu_seconds(spec, cpu.replace(cpu_contention_factor=1.5)) == \
         pytest.approx(1.5 * actor_cpu_seconds(spec, cpu))
+
+
+def test_a_cached_trace_is_the_trace_and_the_model_gives_the_same_epoch(
+        cifar: Path, tmp_path: Path) -> None:
+    """``cached_trace`` keeps a trace per database and arguments and gives it back
+    unchanged; other arguments are another trace. Evaluating a trace twice (its page
+    unions kept from the first) gives the same epoch."""
+    from lmdbio.scale.trace import cached_trace
+
+    cache = tmp_path / "traces"
+    first = cached_trace(cache, cifar, "lmm", 4, 2, 16, iterations=6)
+    assert len(list(cache.glob("*.pickle"))) == 1
+    again = cached_trace(cache, cifar, "lmm", 4, 2, 16, iterations=6)
+    assert again.page_totals() == first.page_totals() == \
+        trace(cifar, "lmm", 4, 2, 16, iterations=6).page_totals()
+    cached_trace(cache, cifar, "lmm", 4, 2, 16, iterations=5)
+    assert len(list(cache.glob("*.pickle"))) == 2
+    a, b = epoch_time(again, FS), epoch_time(again, FS)
+    assert a.seconds == b.seconds == epoch_time(first, FS).seconds
+    assert a.pages == b.pages
+
+
+def test_page_accounting_costs_every_read_the_files_pages(cifar: Path) -> None:
+    """``cpu_account_s_per_file_page`` is paid once per read per page of the file (bench
+    read's accounting scans a bitmap of the whole file at every read), by every strategy,
+    whatever the read's size."""
+    per_page = Costs(cpu_account_s_per_file_page=1.0)
+    for s in ("naive-stride", "lmm", "dm-spec", "indexed"):
+        tr = trace(cifar, s, 2, 2, 16, iterations=6, batches_per_slot=2)
+        got = actor_cpu_seconds(tr, per_page)
+        assert list(got) == [tr.n_pages * len(tr.actor_steps(a.index)) for a in tr.actors]

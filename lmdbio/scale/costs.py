@@ -43,11 +43,12 @@ class Costs:
     #: ``poll_first_sleep_s``, doubling up to ``poll_max_sleep_s``, between tests, so a
     #: cursor is noticed at the first test after it arrived, not when it arrived
     poll_first_sleep_s: float = 5e-5
-    poll_max_sleep_s: float = 5e-4
-    #: how much longer than asked each of those sleeps lasts (the kernel's timer slack,
-    #: 50 us by default on Linux, and the wake-up; measured by bench/scale_calibrate.py's
-    #: ping-pong: 82 us on this project's quiet host, 66 us loaded)
-    poll_overshoot_s: float = 8.2e-5
+    poll_max_sleep_s: float = 1e-4
+    #: how much longer than asked each of those sleeps lasts (the thread's timer slack,
+    #: which the DM readers set to 1 us while they wait, and the wake-up; measured by
+    #: bench/pingpong.py on the sleeps alone: 14 us on this project's quiet host, 62-84 us
+    #: at Linux's default slack of 50 us)
+    poll_overshoot_s: float = 1.4e-5
     #: CPU per record a cursor steps over one at a time (walk_collect)
     cpu_walk_s: float = 0.0
     #: CPU per record passed leaf by leaf (walk_skip, the DM chain)
@@ -59,6 +60,12 @@ class Costs:
     cpu_step_s: float = 0.0
     #: CPU per distinct page a read touches (mapping it, parsing a leaf)
     cpu_page_s: float = 0.0
+    #: CPU per read per page of the *file*: ``bench read``'s page accounting (on by
+    #: default there, off in a training job) clears and scans a bitmap of every page of
+    #: the file at each read, whatever the read's size. Measured apart from the fit
+    #: (bench/scale_calibrate.py ``--only copy``: about 1 ns a page on this host); 0 for a
+    #: job that does not count pages
+    cpu_account_s_per_file_page: float = 0.0
     #: CPU per read of a reader that speculates (dm-spec), besides its walk: estimating
     #: the next share's pages, checking whether they are resident before asking for
     #: them, and observing what the walk read (the estimators, dm-spec's compiled

@@ -14,7 +14,8 @@ What a read costs depends on how the strategy reads:
 
 Bandwidth is shared: each reading rank gets ``min(node / readers on its node, aggregate /
 readers in the job)``. CPU is per record walked, skipped or located, per page touched, per
-read (and per read that speculates, dm-spec), and per byte each consumer copies and per
+read (and per read that speculates, dm-spec; and per page of the file when the reads
+count pages, as ``bench read`` does), and per byte each consumer copies and per
 record it takes (plus a hand-off per slot from a
 node's reader to each of its workers). Actors that do not communicate run side by side: a
 node's time is the longer of its reader's path (reads, CPU, its own share of consuming
@@ -123,14 +124,12 @@ class NodePageCache:
         if window <= 1:
             self.resident[new] = True
             return int(new.size), int(new.size)
-        n = self.n_pages
         starts = np.unique(new // window) * window
-        read = 0
-        for s in starts.tolist():
-            e = min(s + window, n)
-            seg = self.resident[s:e]
-            read += int(seg.size - np.count_nonzero(seg))
-            seg[:] = True
+        # the windows are aligned, so disjoint: all of them at once
+        pages_read = (starts[:, None] + np.arange(window)).ravel()
+        pages_read = pages_read[pages_read < self.n_pages]
+        read = int(pages_read.size - np.count_nonzero(self.resident[pages_read]))
+        self.resident[pages_read] = True
         return read, int(starts.size)
 
 
@@ -175,7 +174,7 @@ def _step_io(trace: Trace, step: Step, costs: Costs, node: NodePageCache, window
     adv_pages, c.async_requests = node.ask(step.advised, max_req)
     chain_pages, chain_reqs = (node.fault(step.chain_pages, window)
                                if trace.chained else (0, 0))
-    rest_pages, rest_reqs = node.fault(_touched(step), window)
+    rest_pages, rest_reqs = node.fault(step.touched(), window)
     c.sync_requests = chain_reqs + rest_reqs
     c.fetched_pages = adv_pages + chain_pages + rest_pages
     lat = costs.fs_latency_s
@@ -191,23 +190,19 @@ def _step_io(trace: Trace, step: Step, costs: Costs, node: NodePageCache, window
     return c
 
 
-def _touched(step: Step) -> np.ndarray:
-    """The distinct pages a step's walk and values touch."""
-    return np.union1d(step.tree_pages, step.value_pages)
-
-
 def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: int) -> None:
     """The CPU side of one step, into ``c``: the chain's walk, the rest of the read (per
-    record, per page touched, per read, per speculating read), the cursor message, and
+    record, per page touched, per read, per page of the file when pages are counted, per
+    speculating read), the cursor message, and
     the consuming (a copy per byte, a decode and a take per record, shared among the
     node's ``consumers``, plus the slot's hand-off on a node ring), all of it times the
     host's contention factor."""
     c.chain_cpu = step.chain_walked * costs.cpu_walk_s + \
         step.chain_skipped * costs.cpu_skip_s
     c.cpu = step.walked * costs.cpu_walk_s + step.skipped * costs.cpu_skip_s + \
-        step.located * costs.cpu_locate_s + _touched(step).size * costs.cpu_page_s + \
-        costs.cpu_step_s + (costs.cpu_speculate_s if trace.speculates else 0.0) - \
-        c.chain_cpu
+        step.located * costs.cpu_locate_s + step.touched().size * costs.cpu_page_s + \
+        costs.cpu_step_s + trace.n_pages * costs.cpu_account_s_per_file_page + \
+        (costs.cpu_speculate_s if trace.speculates else 0.0) - c.chain_cpu
     c.message = step.messages * costs.mpi_latency_s + \
         step.message_bytes / costs.mpi_bandwidth_bps
     c.consume = (step.bytes * costs.copy_s_per_byte

@@ -76,6 +76,14 @@ class Step:
     prefetched_pages: int = 0
     missed_pages: int = 0
     redundant_pages: int = 0
+    #: :meth:`touched`, once computed (the model asks for it on every evaluation)
+    touched_pages: np.ndarray | None = field(default=None, repr=False, compare=False)
+
+    def touched(self) -> np.ndarray:
+        """The distinct pages the step's walk and values touch (sorted), computed once."""
+        if self.touched_pages is None:
+            self.touched_pages = np.union1d(self.tree_pages, self.value_pages)
+        return self.touched_pages
 
 
 @dataclass
@@ -117,6 +125,8 @@ class Trace:
     #: a chain whose readers ask ahead for the pages they expect (dm-spec): every read
     #: also estimates, checks residency and observes (``Costs.cpu_speculate_s``)
     speculates: bool = False
+    #: :meth:`page_totals`, once computed (the model reports them on every evaluation)
+    totals: list[dict[str, int]] | None = field(default=None, repr=False, compare=False)
 
     def actor_steps(self, actor: int) -> list[Step]:
         return [s for s in self.steps if s.actor == actor]
@@ -124,7 +134,14 @@ class Trace:
     def page_totals(self) -> list[dict[str, int]]:
         """Per actor, over the traced iterations, the figures ``bench read`` reports per
         rank: distinct pages touched, pages holding its records, touched pages holding none
-        of them (``extra``), and the pages read outside every iteration (``setup``)."""
+        of them (``extra``), and the pages read outside every iteration (``setup``).
+        Computed once; each call returns fresh dicts."""
+        if self.totals is None:
+            self.totals = self.count_pages()
+        return [dict(p) for p in self.totals]
+
+    def count_pages(self) -> list[dict[str, int]]:
+        """:meth:`page_totals`, counted from the steps."""
         out = []
         for a in self.actors:
             steps = self.actor_steps(a.index)
@@ -426,3 +443,38 @@ class _Tracer:
                     message_bytes=rec.message_bytes - b0,
                     prefetched_pages=stats.prefetched_pages,
                     missed_pages=stats.missed_pages, redundant_pages=stats.redundant_pages)
+
+
+def cached_trace(cache: Path | None, path: str | Path, strategy: str, ranks: int,
+                 nodes: int, batch: int, **kwargs: Any) -> Trace:
+    """:func:`trace`, kept in the folder ``cache`` (one pickle per database and arguments)
+    and read back from it on a later call with the same arguments; ``None``: no cache.
+
+    A trace depends on the costs of nothing, only on the file and the strategies' code, so
+    a projection or a calibration rerun with other costs need not trace again. The key
+    holds the file's size and modification time (a regenerated database is traced
+    again), not the code's version: empty the folder after changing a strategy."""
+    import hashlib
+    import pickle
+
+    if cache is None:
+        return trace(path, strategy, ranks, nodes, batch, **kwargs)
+    from lmdbio.lmdb.snapshot import resolve_file
+
+    file = resolve_file(path)
+    stat = file.stat()
+    key = repr((str(file), stat.st_size, stat.st_mtime_ns, strategy, ranks, nodes, batch,
+                sorted(kwargs.items())))
+    name = f"{file.parent.name}-{strategy}-r{ranks}-n{nodes}-b{batch}-" \
+        f"{hashlib.sha256(key.encode()).hexdigest()[:16]}.pickle"
+    kept = Path(cache) / name
+    if kept.exists():
+        got = pickle.loads(kept.read_bytes())
+        if isinstance(got, Trace):
+            return got
+    got = trace(path, strategy, ranks, nodes, batch, **kwargs)
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    part = kept.with_suffix(".part")
+    part.write_bytes(pickle.dumps(got, protocol=pickle.HIGHEST_PROTOCOL))
+    part.replace(kept)  # whole or absent, even if this process is stopped mid-write
+    return got
