@@ -38,7 +38,7 @@ class Costs:
     #: one MPI message (the DM cursor hand-off): latency and bandwidth
     mpi_latency_s: float = 2e-6
     mpi_bandwidth_bps: float = 3e9
-    #: how a DM reader waits for its cursor (``DmSerial._receive`` through
+    #: how a DM reader waits for its cursor (``DmSerial.receive_cursor`` through
     #: :func:`lmdbio.mpiutil.wait_with_timeout`): it tests the request, then sleeps
     #: ``poll_first_sleep_s``, doubling up to ``poll_max_sleep_s``, between tests, so a
     #: cursor is noticed at the first test after it arrived, not when it arrived

@@ -203,26 +203,27 @@ def _traced_class(cls: type, recorder_attr: str = "_rec") -> type:
 
     body: dict[str, Any] = {"advise_pages": advise_pages, "cached_sample": cached_sample}
     if issubclass(cls, DmSerial):
-        def _receive(self, iteration, stats) -> None:
+        def receive_cursor(self, iteration, stats) -> None:
             r, n = self.ctx.reader_index, self.ctx.n_readers
             if n == 1 or (r == 0 and iteration == self.first_iteration):
                 return
             data = self._mail.pop(r)
-            self._at = int.from_bytes(data[:8], "little")
+            self.cursor_record = int.from_bytes(data[:8], "little")
             self.cursor = self.db.cursor_from_bytes(data[8:])
 
-        def _send(self, last_iteration) -> None:
+        def send_cursor(self, last_iteration) -> None:
             rec = self._rec
             rec.chain = (np.flatnonzero(self.db.accounting.touched), rec.walked, rec.skipped)
             r, n = self.ctx.reader_index, self.ctx.n_readers
             if n == 1 or (r == n - 1 and last_iteration == self.iterations - 1):
                 return
-            msg = self._at.to_bytes(8, "little") + self.cursor.to_bytes()
+            msg = self.cursor_record.to_bytes(8, "little") + self.cursor.to_bytes()
             self._mail[(r + 1) % n] = msg
             rec.messages += 1
             rec.message_bytes += len(msg)
 
-        body.update(_receive=_receive, _send=_send, _drain=lambda self: None,
+        body.update(receive_cursor=receive_cursor, send_cursor=send_cursor,
+                    drain_cursor=lambda self: None,
                     close=lambda self: None)
     return type(f"Traced{cls.__name__}", (cls,), body)
 

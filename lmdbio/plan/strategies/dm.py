@@ -79,17 +79,18 @@ class DmSerial(ReadStrategy):
     walks_slots = True
 
     def begin_epoch(self, plan: EpochPlan) -> None:
-        self._drain()
+        self.drain_cursor()
         self.cursor = self.db.cursor()
         if self.ctx.reader_index == 0:
             self.cursor.first()
         self.iterations = plan.iterations
         self.first_iteration = 0
         self._last: int | None = None
-        self._at = 0  # the record the cursor stands on (reader 0's, or as received)
+        #: the index of the record the cursor stands on (reader 0's, or as received)
+        self.cursor_record = 0
         self._pending = getattr(self, "_pending", [])
 
-    def _drain(self) -> None:
+    def drain_cursor(self) -> None:
         """Reader 0: take the cursor the last reader sent after the last iteration read when
         no iteration of this epoch will use it (the epoch was left early, or the session
         ends mid-epoch), so that it is never taken for the cursor of a later epoch or of a
@@ -110,9 +111,14 @@ class DmSerial(ReadStrategy):
         if self.ctx.reader_index != 0 or first_id == 0:
             return
         self.cursor.first()
-        self._at = self.walk_to(self.cursor, int(first_id), 0)
+        self.cursor_record = self.walk_to(self.cursor, int(first_id), 0)
 
-    def _receive(self, iteration: int, stats: IterationStats) -> None:
+    def receive_cursor(self, iteration: int, stats: IterationStats) -> None:
+        """Take the chain's cursor and :attr:`cursor_record` from the reader before (not
+        alone, and not reader 0 at the epoch's first iteration). With
+        :meth:`send_cursor` and :meth:`drain_cursor`, the chain's transport: a subclass
+        may carry the same messages otherwise (the scale model's trace replays the
+        chain through a mailbox in one process, :mod:`lmdbio.scale.trace`)."""
         r, n = self.ctx.reader_index, self.ctx.n_readers
         if n == 1 or (r == 0 and iteration == self.first_iteration):
             return
@@ -124,14 +130,17 @@ class DmSerial(ReadStrategy):
             # that much per hop
             data = wait_for_cursor(req, self.ctx.timeout,
                                    f"cursor for iteration {iteration} from reader {src}")
-        self._at = int.from_bytes(data[:8], "little")
+        self.cursor_record = int.from_bytes(data[:8], "little")
         self.cursor = self.db.cursor_from_bytes(data[8:])
 
-    def _send(self, last_iteration: int) -> None:
+    def send_cursor(self, last_iteration: int) -> None:
+        """Hand the cursor and :attr:`cursor_record` to the next reader, after this
+        reader's walk up to ``last_iteration`` (not the last reader after the epoch's
+        last iteration: the next epoch starts from the first record)."""
         r, n = self.ctx.reader_index, self.ctx.n_readers
         if n == 1 or (r == n - 1 and last_iteration == self.iterations - 1):
             return  # the next epoch starts from the first record again
-        msg = self._at.to_bytes(8, "little") + self.cursor.to_bytes()
+        msg = self.cursor_record.to_bytes(8, "little") + self.cursor.to_bytes()
         req = self.ctx.readers.isend(msg, dest=(r + 1) % n, tag=_TAG)
         self._pending.append(req)
         self._pending = [q for q in self._pending if not q.Test()]
@@ -146,18 +155,18 @@ class DmSerial(ReadStrategy):
         and branch pages an LMDB cursor reads), and the records' references are collected
         from a copy of the start after the cursor has gone on, off the chain's critical
         path (measured in docs/reading.md)."""
-        self._receive(iteration, stats)
+        self.receive_cursor(iteration, stats)
         self._before_walk(ids, stats)
         start = None
         with Timer(stats, "walk"):
             if ids.size:
                 # past records before this reader's share (an epoch resumed in a slot group)
-                self.walk_to(self.cursor, int(ids[0]), self._at)
+                self.walk_to(self.cursor, int(ids[0]), self.cursor_record)
                 start = self.cursor.copy()
                 self.db.walk_skip(self.cursor, ids.size, wrap=True)
-                self._at = (int(ids[-1]) + 1) % len(self.db)
+                self.cursor_record = (int(ids[-1]) + 1) % len(self.db)
         last = iteration + iterations - 1
-        self._send(last)
+        self.send_cursor(last)
         self._last = last
         if start is None:
             return RecordRefs.empty(0)
@@ -173,7 +182,7 @@ class DmSerial(ReadStrategy):
         """Called with the cursor received, before the walk over ``ids``: nothing here."""
 
     def close(self) -> None:
-        self._drain()
+        self.drain_cursor()
         if getattr(self, "_pending", None):
             wait_with_timeout(self._pending, self.ctx.timeout, "cursor sends")
 
@@ -429,11 +438,12 @@ class DmSpec(DmSerial):
             return None
         if regular and self._leaf_first is None:  # counted, not read: the cursor agrees?
             stack, ordered = self.cursor.stack, self.tree.ordered_leaves
-            if len(stack) < 2 or first_id < self._at:
+            if len(stack) < 2 or first_id < self.cursor_record:
                 return None
             leaf, slot = (int(x) for x in stack[-1])
-            k = int(np.searchsorted(starts, self._at, side="right")) - 1
-            if k >= ordered.size or int(ordered[k]) != leaf or self._at - starts[k] != slot:
+            k = int(np.searchsorted(starts, self.cursor_record, side="right")) - 1
+            if k >= ordered.size or int(ordered[k]) != leaf \
+                    or self.cursor_record - starts[k] != slot:
                 return None
         return self._place(starts, first_id, count)
 
@@ -464,7 +474,7 @@ class DmSpec(DmSerial):
     def _receives(self) -> bool:
         """Whether this reader's next walk starts from a cursor another reader sent (its
         whole path is then read again: :meth:`KnownTreePages.walk_branches`), as
-        :meth:`DmSerial._receive` decides: not alone, and not reader 0 at the first
+        :meth:`DmSerial.receive_cursor` decides: not alone, and not reader 0 at the first
         iteration it reads this epoch."""
         r, n = self.ctx.reader_index, self.ctx.n_readers
         return n > 1 and not (r == 0 and self._last is None)
@@ -474,11 +484,11 @@ class DmSpec(DmSerial):
         first_id + count - 1`` probably reads, where the leaves' counts do not place them
         (:meth:`_placement`), and the branch pages it moves into.
 
-        From where this reader's cursor stopped (record ``self._at``), the leaves as many
-        on in key order (:meth:`KnownTreePages.learn_tree`) as the records between fill, at
-        the larger of the cursor leaf's record count and the file's average. No margin: a
-        leaf more at each end was 3 % of the pages needed in redundant pages on 64-record
-        shares.
+        From where this reader's cursor stopped (record :attr:`cursor_record`), the leaves
+        as many on in key order (:meth:`KnownTreePages.learn_tree`) as the records between
+        fill, at the larger of the cursor leaf's record count and the file's average. No
+        margin: a leaf more at each end was 3 % of the pages needed in redundant pages on
+        64-record shares.
 
         For overflow values the value ranges hold the leaves allocated among the values,
         but a commit copies the leaf being filled wherever the free list has room (Caffe
@@ -487,7 +497,7 @@ class DmSpec(DmSerial):
         inline values the leaves are the values' pages (:meth:`_predict`)."""
         none = (np.empty(0, np.int64), [])
         stack, ordered = self.cursor.stack, self.tree.ordered_leaves
-        if len(stack) < 2 or count < 1 or first_id < self._at:
+        if len(stack) < 2 or count < 1 or first_id < self.cursor_record:
             return none
         leaf, slot = (int(x) for x in stack[-1])
         at = np.flatnonzero(ordered == leaf)
@@ -497,7 +507,7 @@ class DmSpec(DmSerial):
         # records per leaf: the cursor's leaf's, or the file's average if that is more
         per_leaf = max(meta.entries / max(meta.leaf_pages, 1), self.db.page_entries(leaf), 1.0)
         base = int(at[0])
-        ahead = slot - self._at + first_id  # records from the cursor leaf's first on
+        ahead = slot - self.cursor_record + first_id  # records from the cursor leaf's first on
         lo = min(base + int(ahead / per_leaf), ordered.size)
         hi = min(base + int((ahead + count - 1) / per_leaf) + 1, ordered.size)
         parent = int(stack[-2][0])
