@@ -384,6 +384,9 @@ class Topology:
     #: the job's nodes before any reader groups were cut (hosts, or simulated nodes): what
     #: a report calls its nodes (``n_nodes`` counts the node rings)
     host_nodes: int
+    #: this rank's node before reader groups were cut, numbered as ``node_index`` numbers
+    #: nodes (the host, or the simulated node)
+    host_node: int
     simulated: bool
     hostname: str
     node_world_ranks: tuple[int, ...]
@@ -425,7 +428,7 @@ class Topology:
             world, simulate_nodes, readers_per_node, mode, simulate_nodes_at
         )
         whole, node_index, n_nodes, host_size = _split_nodes(world, simulate_nodes)
-        host_nodes = n_nodes
+        host_node, host_nodes = node_index, n_nodes
         whole_mode = auto_mode(whole.Get_size()) if mode == "auto" else mode
         groups = reader_groups(readers_per_node, whole_mode, whole.Get_size())
         node = whole
@@ -462,6 +465,7 @@ class Topology:
             n_workers=n_workers,
             readers_per_node=groups,
             host_nodes=host_nodes,
+            host_node=host_node,
             simulated=bool(simulate_nodes),
             hostname=socket.gethostname(),
             node_world_ranks=tuple(node.allgather(rank)),
@@ -499,6 +503,7 @@ class Topology:
             "mode": self.mode,
             "readers_per_node": self.readers_per_node,
             "host_nodes": self.host_nodes,
+            "host_node": self.host_node,
             "is_reader": self.is_reader,
             "is_worker": self.is_worker,
             "reader_rank": self.reader_rank,

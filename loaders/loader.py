@@ -272,7 +272,8 @@ class Loader:
     def summary(self) -> dict[str, Any]:
         """This rank's metrics and role, JSON-able; ``stages``: CPU and wall seconds per
         stage of the data path, where :attr:`stages` was enabled (see :mod:`lmdbio.stages`)."""
-        return {"rank": self.topo.rank, "node": self.topo.node_index,
+        return {"rank": self.topo.rank, "node": self.topo.host_node,
+                "node_ring": self.topo.node_index,
                 "worker": self.is_worker, "reader": self.session.reads,
                 **self.metrics.as_dict(), "stages": self.stages.as_dict()}
 

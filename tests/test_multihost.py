@@ -491,7 +491,7 @@ with abort_on_error(), loaders.open(cfg) as loader, env.begin() as txn:
             assert np.array_equal(row, want) and label == want_label, key
             if not pad:
                 keys.append(key.hex())
-emit({"keys": keys, "worker": loader.is_worker, "node": loader.topo.node_index})
+emit({"keys": keys, "worker": loader.is_worker, "node": loader.topo.host_node})
 """
 
 

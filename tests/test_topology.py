@@ -229,6 +229,9 @@ def _check_case(run, n: int, index: int, case) -> None:
         assert d["readers_per_node"] == len({per_rank[r][0] for r in host}), ctx
         assert d["simulated"] == bool(kwargs.get("simulate_nodes")), ctx
         assert d["host_nodes"] == (kwargs.get("simulate_nodes") or 1), ctx
+        bounds = simulated_node_bounds(n, kwargs.get("simulate_nodes") or 1)
+        assert d["host_node"] == next(i for i, (lo, hi) in enumerate(bounds)
+                                      if lo <= rank < hi), ctx
         # the device: this worker's index among the workers of its host (or simulated)
         # node, whatever reader groups cut it into
         host_workers = [r for r in _host_node(n, kwargs, rank) if per_rank[r][3]]
