@@ -387,6 +387,11 @@ class Topology:
     #: this rank's node before reader groups were cut, numbered as ``node_index`` numbers
     #: nodes (the host, or the simulated node)
     host_node: int
+    #: whether nodes may share a host (simulated nodes, or reader groups asked for:
+    #: ``readers_per_node`` other than 1): then one rank per host and file pins the
+    #: snapshot. From the arguments every rank agreed on, not from this node's own split,
+    #: so that every rank takes part in the exchange it decides alike
+    shares_host: bool
     simulated: bool
     hostname: str
     node_world_ranks: tuple[int, ...]
@@ -466,6 +471,7 @@ class Topology:
             readers_per_node=groups,
             host_nodes=host_nodes,
             host_node=host_node,
+            shares_host=bool(simulate_nodes) or readers_per_node != 1,
             simulated=bool(simulate_nodes),
             hostname=socket.gethostname(),
             node_world_ranks=tuple(node.allgather(rank)),
@@ -477,11 +483,6 @@ class Topology:
         )
 
     # ------------------------------------------------------------------ queries
-    @property
-    def shares_host(self) -> bool:
-        """Whether this rank's node shares its host with other nodes of the job (simulated
-        nodes, or reader groups): then one rank per host and file pins the snapshot."""
-        return self.simulated or self.readers_per_node > 1
 
     @property
     def closed(self) -> bool:

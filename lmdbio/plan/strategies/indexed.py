@@ -392,14 +392,15 @@ class Indexed(ReadStrategy):
         several reader groups of a node, meets records it has not located in most slots
         of its first epochs; locating the whole slot again for a few of them took about
         twice the reader's other work)."""
-        if self.table is None:
+        if self.table is None or not ids.size:
             return self.locate(ids)
         ids = np.ascontiguousarray(ids, np.int64)
         refs = self.table.lookup(ids)
-        if refs is None and ids.size:
+        if refs is None:  # some not located yet: those, then the slot from the table
             self.locate(np.unique(ids[~self.table.known[ids]]))
             refs = self.table.lookup(ids)
-        return refs if refs is not None else self.locate(ids)
+            assert refs is not None  # locate added every one of them
+        return refs
 
     def locate(self, ids: np.ndarray) -> RecordRefs:
         """Records ``ids`` located through their leaf pages (:meth:`Database.locate`), and
