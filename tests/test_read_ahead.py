@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from bench.lmdbgen import random_items, uneven_key_items, write_db
+from lmdbio.errors import LmdbFormatError
 from lmdbio.io import prefetch as pf
 from lmdbio.io.gather import gather_refs
 from lmdbio.lmdb import Database, RecordRefs
@@ -127,34 +128,56 @@ def test_indexed_fetch_takes_what_read_ahead_located_and_counts_its_leaves(
     np.testing.assert_array_equal(got.val_off, db.locate(other).val_off)
 
 
-def test_indexed_locates_only_the_records_its_table_does_not_hold(cifar_like, open_strategy,
-                                                                monkeypatch) -> None:
-    """A slot of records the reader partly located before: only the others are located
-    (a reader of one of several groups meets a few new records in most slots of its first
-    shuffled epochs), and the slot's refs and pages are those of a locate of all of it."""
+def test_indexed_adds_the_whole_leaves_of_the_records_it_locates(cifar_like, open_strategy,
+                                                                 monkeypatch) -> None:
+    """Locating a record parses its whole leaf page into the record table (the page is
+    read anyway, for the key): a slot of records on leaves parsed before is served from
+    the table, one with records on other leaves parses only those leaves, once; the refs
+    and the pages counted are those of a locate of the whole slot."""
     db, s = open_strategy(Indexed, cifar_like)
+    first = db.leaf_directory()
+    assert first.shape[0] > 5  # several leaves
     plan = plan_epoch(len(db), 1, BATCH)
-    ids = plan.records(2, 0)
-    s.fetch(plan, 2, ids[::2], IterationStats(2))  # half of the slot located before
-    asked: list[np.ndarray] = []
-    locate = db.locate
-    monkeypatch.setattr(db, "locate", lambda i: asked.append(np.asarray(i)) or locate(i))
+    s.fetch(plan, 0, np.array([first[1] + 1]), IterationStats(0))  # one record of leaf 1
+    np.testing.assert_array_equal(np.flatnonzero(s.table.known),
+                                  np.arange(first[1], first[2]))
+    parsed: list[np.ndarray] = []
+    build = db.build_table
+    monkeypatch.setattr(db, "build_table",
+                        lambda tree, leaves, n: parsed.append(leaves.copy()) or
+                        build(tree, leaves, n))
+    # every record of leaf 1, shuffled, and one each of leaves 4 and 0
+    ids = np.concatenate([np.arange(first[1], first[2])[::-1], [first[4] + 2, first[0]]])
     db.accounting.enable()
     db.accounting.reset()
-    got = s.fetch(plan, 2, ids, IterationStats(2))
+    got = s.fetch(plan, 0, ids, IterationStats(0))
     pages = db.accounting.pages()
-    assert len(asked) == 1
-    np.testing.assert_array_equal(asked[0], np.unique(ids[1::2]))
-    monkeypatch.undo()
+    assert len(parsed) == 1
+    np.testing.assert_array_equal(parsed[0], db.leaves()[[0, 4]])
     db.accounting.reset()
     fresh = db.locate(ids)
     for f in ("val_off", "val_len", "leaf_pg", "ovf_pages", "key_off", "key_len"):
         np.testing.assert_array_equal(getattr(got, f), getattr(fresh, f))
     np.testing.assert_array_equal(pages, db.accounting.pages())
-    # all of them held now: nothing is located
-    monkeypatch.setattr(db, "locate", lambda i: asked.append(np.asarray(i)) or locate(i))
-    s.fetch(plan, 2, ids, IterationStats(2))
-    assert len(asked) == 1
+    # all of them held now: no leaf is parsed again
+    s.fetch(plan, 0, ids, IterationStats(0))
+    assert len(parsed) == 1
+
+
+def test_a_leaf_holding_other_records_than_the_directory_counted_is_refused(
+        cifar_like, open_strategy) -> None:
+    """A leaf directory that disagrees with the pages (a stale or edited sidecar the spot
+    check missed) makes the leaf parse fail naming the page, never misplace a record."""
+    db, s = open_strategy(Indexed, cifar_like)
+    first = db.leaf_directory().copy()
+    first[2] -= 1  # leaf 1 said to hold one record fewer, leaf 2 one more
+    db.set_leaf_directory(db.leaves(), first)
+    with pytest.raises(LmdbFormatError, match=f"page {int(db.leaves()[1])}"):
+        s.located(np.array([first[1]]))
+    # both leaves at once: as many records as counted, but not where the directory says
+    with pytest.raises(LmdbFormatError, match="other records than the leaf directory"):
+        s.located(np.array([first[1], first[2]]))
+    assert not s.table.known.any()  # nothing misplaced was kept
 
 
 @pytest.mark.parametrize("advise", [True, False])

@@ -215,12 +215,16 @@ class Database:
                 self.raise_format_error(code, page)
             nrecords = int(counts.sum())
         t = RecordTable.empty(nrecords)
-        code, page, _n = k.leaf_records(
+        code, page, found = k.leaf_records(
             self.buf, self.fmt, leaves, self.meta.last_pg, bool(db.flags & MDB_DUPSORT),
             t.leaf_pg, t.slot, t.key_off, t.key_len, t.val_off, t.val_len, t.ovf_pages,
             t.node_flags, self.accounting.touched, self.accounting.enabled)
         if code:
             self.raise_format_error(code, page)
+        if found != nrecords:  # fewer than counted: the table's last rows would be unset
+            raise LmdbFormatError(self.path, f"leaf pages {int(leaves[0])}.."
+                                  f"{int(leaves[-1])} hold {found} records, {nrecords} "
+                                  "were counted", page=int(leaves[-1]))
         return t
 
     # ----------------------------------------------------------------- structure
