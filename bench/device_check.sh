@@ -21,8 +21,8 @@
 #   service-r16  55 s  the same at 16 ranks
 #   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only, no streaming
 #                      (measured on this VM already; ~30 s): R = 2, 4, 8, 16: floor-R,
-#                      pylmdb-per-rank-R and lmdbio colocated, groups (a reader per rank:
-#                      readers.per_node R) and dedicated, 20 launches of 1-5 s; torch's three
+#                      pylmdb-per-rank-R and lmdbio colocated (a reader per rank, the
+#                      default), one-reader and dedicated, 20 launches of 1-5 s; torch's three
 #                      worker counts in one (~15 s)
 #   gpu          30 s  only where nvidia-smi lists a GPU: bench/gpu.py --target-gb 0.5
 #                      --repeat 2 --records 8000 --epochs 1 (pageable vs pinned vs pinned ring vs IBP

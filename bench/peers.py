@@ -35,10 +35,12 @@ bench/service.py launches it):
                          DataLoader with K workers, items converted to scaled float32 tensors
   lmdbio-1               ``loaders.open(cfg)`` in one process, one rank (colocated reader, indexed
                          strategy, global shuffle, ``transform.scale`` 1/255, CPU batches)
-  lmdbio-colocated-R,    lmdbio at R ranks (dedicated: one reader per node, the other ranks
-  lmdbio-dedicated-R     workers); B records per worker, so the global batch is B x workers
-  lmdbio-groups-R        colocated with ``readers.per_node: R``: a reader per rank, each
-                         locating and publishing its own records (no rank reads for others)
+  lmdbio-colocated-R,    lmdbio at R ranks as configured by default (colocated: a reader
+  lmdbio-dedicated-R     per rank, ``readers.per_node: 0``; dedicated: one reader per node,
+                         the other ranks workers); B records per worker, so the global batch
+                         is B x workers
+  lmdbio-one-reader-R    colocated with ``readers.per_node: 1``: one rank reads (locates,
+                         fills, publishes) for every worker of the node
 
 Figures per variant: samples/s (records delivered in the timed epoch over its wall time; for
 R ranks, delivered to all consumers over the slowest rank's wall time), CPU µs per sample
@@ -472,12 +474,12 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     nodes = comm.allreduce(1 if node.Get_rank() == 0 else 0)
     node.Free()
-    groups = nodes * p.get("per_node", 1)  # reader groups (one reader each)
+    per_node = p.get("per_node", 0)  # 0: the default (a reader per rank when colocated)
+    groups = nodes * (per_node or 1)  # reader groups of a dedicated node (one reader each)
     workers = comm.Get_size() - groups if p["mode"] == "dedicated" else comm.Get_size()
     cfg = {"dataset": {"path": p["db"], "layout": "caffe-datum"},
            "batch": {"size": p["batch"] * workers, "last": "pad"},
-           "readers": {"strategy": "indexed", "mode": p["mode"],
-                       "per_node": p.get("per_node", 1)},
+           "readers": {"strategy": "indexed", "mode": p["mode"], "per_node": per_node},
            "shuffle": {"mode": "global", "seed": p["seed"]}, "epochs": 3,
            "metrics": {"every": 0}, "transform": {"scale": SCALE},
            "workers": {"device": "cpu"}}
@@ -730,9 +732,10 @@ class Runner:
         p += [(f"streaming-w{k}", "streaming", {"workers": k}, 0) for k in (0, 2)]
         p.append(("lmdbio-1", "lmdbio", {"mode": "colocated"}, 1))
         for r in self.ranks:
+            # the default: a reader per rank, each locating and publishing its own records
             p.append((f"lmdbio-colocated-{r}", "lmdbio", {"mode": "colocated"}, r))
-            # a reader per rank (readers.per_node = R): every rank locates its own records
-            p.append((f"lmdbio-groups-{r}", "lmdbio", {"mode": "colocated", "per_node": r}, r))
+            p.append((f"lmdbio-one-reader-{r}", "lmdbio",
+                      {"mode": "colocated", "per_node": 1}, r))
             p.append((f"lmdbio-dedicated-{r}", "lmdbio", {"mode": "dedicated"}, r))
         return [v for v in p if self.wanted(v[0])]
 
