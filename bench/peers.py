@@ -17,6 +17,11 @@ bench/service.py launches it):
   floor-R                the floor in R processes at once under mpiexec, each converting its
                          share of the batches (batch i on rank i mod R): what this machine's
                          cores and memory allow R ranks, the ceiling of an R-rank loader
+  kernel, kernel-R       lmdbio's compute floor: the fused Datum kernel its CPU workers run
+                         (parse, convert, scale in one pass) on the same batches straight
+                         from the file's mapping, every record located beforehand, output
+                         in reused buffers; no reader, ring or loader (R processes at once
+                         as floor-R): what the loader adds is lmdbio-R against kernel-R
   sequential-read        data.mdb read once front to back in 8 MiB reads into one buffer
                          (bytes/s; samples/s = records / seconds): the storage path alone
   pylmdb-loop            one process: py-lmdb ``txn.get`` per key in shuffled order, Datum
@@ -219,6 +224,33 @@ def timed_epochs(epoch: Callable[[int, Check | None], int]) -> dict[str, Any]:
     return {"samples": n, "seconds": secs, "cpu_seconds": cpu, "check": check.as_dict()}
 
 
+def ranked_epochs(p: dict[str, Any],
+                  epoch: Callable[[int, int, int, Check | None], int]) -> dict[str, Any] | None:
+    """``epoch(e, rank, size, check)`` run as :func:`timed_epochs` in one process, or under
+    mpiexec (``p["ranks"]`` > 1) on every rank at once after a barrier: rank 0 returns
+    the totals (samples summed, the slowest rank's seconds, CPU summed), the others None."""
+    if p.get("ranks", 0) <= 1:
+        return timed_epochs(lambda e, check: epoch(e, 0, 1, check))
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    check = Check()
+    epoch(0, rank, size, check)
+    comm.Barrier()
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    n = epoch(1, rank, size, None)
+    mine = {"samples": n, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": cpu_seconds() - cpu0, "check": check.as_dict()}
+    every = comm.gather(mine, root=0)
+    if rank != 0:
+        return None
+    return {"samples": sum(r["samples"] for r in every),
+            "seconds": max(r["seconds"] for r in every),
+            "cpu_seconds": sum(r["cpu_seconds"] for r in every),
+            "check": Check.merge([r["check"] for r in every]), "per_rank": every}
+
+
 def child_floor(p: dict[str, Any]) -> dict[str, Any] | None:
     """The floor: gather, convert and scale from pixels already in memory. Under mpiexec
     (``floor-R``) every rank holds the pixels and converts its share of the epoch's
@@ -228,14 +260,8 @@ def child_floor(p: dict[str, Any]) -> dict[str, Any] | None:
     seconds, CPU summed)."""
     pix, lab = read_all(p["db"], p["parser"])
     scale = np.float32(SCALE)
-    comm = None
-    if p.get("ranks", 0) > 1:
-        from mpi4py import MPI
 
-        comm = MPI.COMM_WORLD
-    rank, size = (comm.Get_rank(), comm.Get_size()) if comm is not None else (0, 1)
-
-    def epoch(e: int, check: Check | None) -> int:
+    def epoch(e: int, rank: int, size: int, check: Check | None) -> int:
         n = 0
         for i, idx in enumerate(batches(pix.shape[0], p["batch"], p["seed"], e)):
             if i % size != rank:
@@ -248,22 +274,45 @@ def child_floor(p: dict[str, Any]) -> dict[str, Any] | None:
                 check.add(x, y)
         return n
 
-    if comm is None:
-        return timed_epochs(epoch)
-    check = Check()
-    epoch(0, check)
-    comm.Barrier()
-    cpu0, t0 = cpu_seconds(), time.perf_counter()
-    n = epoch(1, None)
-    mine = {"samples": n, "seconds": time.perf_counter() - t0,
-            "cpu_seconds": cpu_seconds() - cpu0, "check": check.as_dict()}
-    every = comm.gather(mine, root=0)
-    if rank != 0:
-        return None
-    return {"samples": sum(r["samples"] for r in every),
-            "seconds": max(r["seconds"] for r in every),
-            "cpu_seconds": sum(r["cpu_seconds"] for r in every),
-            "check": Check.merge([r["check"] for r in every]), "per_rank": every}
+    return ranked_epochs(p, epoch)
+
+
+def child_kernel(p: dict[str, Any]) -> dict[str, Any] | None:
+    """lmdbio's compute floor: the fused Datum kernel its CPU workers run
+    (:meth:`loaders.transform.DataTransformer.datums`: parse, convert, scale in one pass,
+    streaming stores for batches past the cache) over the epoch's batches straight from
+    the file's mapping, every record located before the timing, the output in two reused
+    buffers (as the loader's pool reuses them); no reader, ring or loader. Batches shared
+    among ranks as in :func:`child_floor`. Against ``lmdbio-R`` it separates what the
+    loader adds from what the kernel and the machine's memory allow R processes."""
+    from lmdbio.lmdb import Database
+    from loaders.decode import DatumSpans, datum_spans
+    from loaders.transform import DataTransformer
+
+    db = Database(p["db"])
+    refs = db.locate(np.arange(len(db), dtype=np.int64))
+    spans = datum_spans(db.buf, refs.val_off, refs.val_len)
+    if spans is None:
+        raise SystemExit(f"kernel: {p['db']}: the records are not raw uint8 Datums")
+    transform = DataTransformer(scale=SCALE)
+    outs = [np.empty((p["batch"], *spans.shape), np.float32) for _ in range(2)]
+
+    def epoch(e: int, rank: int, size: int, check: Check | None) -> int:
+        n = 0
+        for i, idx in enumerate(batches(len(db), p["batch"], p["seed"], e)):
+            if i % size != rank:
+                continue
+            out = outs[i % 2] if idx.size == p["batch"] else None
+            got = transform.datums(db.buf, DatumSpans(spans.starts[idx], spans.lengths[idx],
+                                                      spans.shape), out=out)
+            if got is None:
+                raise SystemExit(f"kernel: {p['db']}: a record of another shape")
+            n += idx.size
+            if check:
+                check.add(*got)
+        return n
+
+    return ranked_epochs(p, epoch)
 
 
 def child_seqread(p: dict[str, Any]) -> dict[str, Any]:
@@ -523,7 +572,8 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any] | None]] = {
-    "floor": child_floor, "sequential-read": child_seqread, "pylmdb-loop": child_pylmdb_loop,
+    "floor": child_floor, "kernel": child_kernel, "sequential-read": child_seqread,
+    "pylmdb-loop": child_pylmdb_loop,
     "torch": child_torch, "streaming-write": child_streaming_write,
     "streaming": child_streaming, "lmdbio": child_lmdbio,
 }
@@ -727,6 +777,8 @@ class Runner:
             ("floor", "floor", {}, 0), ("sequential-read", "sequential-read", {}, 0),
             ("pylmdb-loop", "pylmdb-loop", {}, 0)]
         p += [(f"floor-{r}", "floor", {"ranks": r}, r) for r in self.ranks]
+        p.append(("kernel", "kernel", {}, 0))
+        p += [(f"kernel-{r}", "kernel", {"ranks": r}, r) for r in self.ranks]
         p += [(f"pylmdb-per-rank-{r}", "baseline", {}, r) for r in self.ranks]
         p += [(f"torch-dataloader-w{k}", "torch", {"workers": k}, 0) for k in (0, 1, 2)]
         p += [(f"streaming-w{k}", "streaming", {"workers": k}, 0) for k in (0, 2)]
@@ -872,6 +924,10 @@ def variant_notes(variant: str, kind: str, p: dict[str, Any], ranks: int, cores:
     if kind == "floor" and ranks:
         notes.append(f"{ranks} processes converting their shares of the batches at once: "
                      "the ceiling of any loader at this rank count on this machine")
+    if kind == "kernel":
+        notes.append("lmdbio's fused Datum kernel alone on records located beforehand (no "
+                     "reader, ring or loader): lmdbio's compute floor"
+                     + (f", {ranks} processes at once" if ranks else ""))
     if kind == "sequential-read":
         notes.append("bytes from the page cache (read once before); no decoding, no output")
     if ranks > cores:
