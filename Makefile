@@ -14,6 +14,11 @@ export OMPI_MCA_rmaps_base_oversubscribe := 1
 export OMPI_MCA_osc ?= ^ucx
 # numba's on-disk cache of compiled kernels, kept out of the source tree.
 export NUMBA_CACHE_DIR ?= $(CURDIR)/$(BUILD)/numba-cache
+# Python's bytecode caches (__pycache__, git-ignored) are written even where the host turns
+# them off: without them every test process compiles each module it imports from source,
+# and each pytest worker rewrites every test file's asserts again (2-core VM: `make unit`
+# spent 28 CPU-s more, a worker's collection 15 CPU-s instead of 6).
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup run test lint unit kernel-signatures mpi bench clean
 
@@ -41,9 +46,9 @@ lint: setup
 # `make test` runs them), on up to 4 cores (pytest-xdist), by test file (a file's module
 # fixtures are built once). First the kernels these tests call are compiled into numba's
 # cache, once each, on all cores (tests/precompile_kernels.py), so the workers only load
-# them instead of compiling at first calls, some in both. Fresh clone on the 2-core VM:
-# 77 s, then the tests 62 s (212 s when they compiled as they went); a second time the
-# step returns at once and the tests take ~60 s.
+# them instead of compiling at first calls, some in both. Fresh clone on the 2-core VM
+# (2026-11-28, after setup): 67-73 s, then the tests 53-56 s (was 91 s + 75 s); a second
+# time the step returns at once and the tests take ~50 s (was 74 s).
 UNIT_TESTS = LMDBIO_TESTS_WITHOUT_MPIEXEC=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider \
 	-n auto --maxprocesses 4 --dist loadfile -m "not mpiexec and not slow" tests
 

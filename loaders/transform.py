@@ -391,11 +391,11 @@ class DataTransformer:
                               f"{out.shape} {out.dtype}")
         mode, mv, _ = self._kernel_mean(c)
         none = np.zeros(n)
-        k.transform_ragged(images.pixels, images.starts, shapes, train,
+        k.transform_ragged(read_only(images.pixels), images.starts, shapes, train,
                            none if draw.h_u is None else np.ascontiguousarray(draw.h_u),
                            none if draw.w_u is None else np.ascontiguousarray(draw.w_u),
-                           np.ascontiguousarray(draw.mirror, np.bool_), mode, mv, self.scale,
-                           out)
+                           np.ascontiguousarray(draw.mirror, np.bool_), mode, read_only(mv),
+                           self.scale, out)
         return out
 
     def _means_on(self, xp: Any, mean_values: np.ndarray | None) -> tuple[Any, Any]:
@@ -533,9 +533,9 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
         mode, mv, m = k.MEAN_NONE, np.zeros(c, np.float32), None
     if m is None:
         m = np.zeros((1, 1, 1), np.float32)
-    k.transform(np.ascontiguousarray(batch), h_off, w_off,
-                np.ascontiguousarray(draw.mirror, np.bool_), mode, m, mv, np.float32(scale), out,
-                streams(out))
+    k.transform(read_only(np.ascontiguousarray(batch)), h_off, w_off,
+                np.ascontiguousarray(draw.mirror, np.bool_), mode, m, read_only(mv),
+                np.float32(scale), out, streams(out))
     return out
 
 

@@ -1,10 +1,10 @@
 """Compile the kernels the quick test loop calls before it starts, once each, on every core.
 
-Why: from a fresh clone numba compiles ~215 CPU-seconds of kernels during ``make unit``
-(measured 2026-11-28: 92 compiles; the IBP kernels 69 s, TOC 52 s, the transform
-kernels 40 s, the LMDB kernels 26 s). Each pytest-xdist worker compiles a kernel at its
-first call, so the kernels two workers' test files share are compiled twice (25 s), and
-a test that is first to call a kernel waits for it. Compiled here first, every kernel
+Why: from a fresh clone numba compiles ~130 CPU-seconds of kernels during ``make unit``
+(measured 2026-11-28 on the 2-core VM: 115 signatures; the IBP kernels 41 s, TOC 30 s,
+the transform kernels 23 s, the LMDB kernels 18 s). Each pytest-xdist worker compiles a
+kernel at its first call, so the kernels two workers' test files share are compiled twice
+(25 s), and a test that is first to call a kernel waits for it. Compiled here first, every kernel
 reaches numba's on-disk cache once, on all cores, and the workers only load them.
 
 What: :data:`MANIFEST` lists each kernel specialisation (module, function, numba
@@ -20,8 +20,9 @@ Safety: numba's cache index is read, changed and written without a lock, so two
 processes must not save entries of one function at once (one could lose the other's
 entry, or both write one data file). Each module's signatures are compiled by one
 process; the kernels other kernel modules call (the shared building blocks) are compiled
-first, before the processes fan out, so a caller compiled later loads them from the
-cache instead of saving them again. A signature that no longer fits its kernel (the
+first, before the processes fan out (only a module that neither defines nor calls one
+compiles meanwhile), so a caller compiled later loads them from the cache instead of
+saving them again. A signature that no longer fits its kernel (the
 manifest is older than the code) is skipped and the tests compile it at first call, as
 without this step; nothing here changes what a test computes.
 """
@@ -90,17 +91,29 @@ def by_module_heaviest_first(signatures: Iterable[Signature]) -> list[list[Signa
                                                       group[0].module))
 
 
-def shared_kernels(modules: Iterable[str]) -> set[tuple[str, str]]:
-    """``(module, function)`` of every kernel that another kernel module imports: the
-    callees that processes compiling different modules would otherwise both save."""
+def kernel_imports(modules: Iterable[str]) -> dict[str, set[tuple[str, str]]]:
+    """For each of ``modules``, the ``(module, function)`` of every kernel it imports from
+    another kernel module: the shared callees, which processes compiling different modules
+    would otherwise both save."""
     from numba.core.dispatcher import Dispatcher
 
-    shared = set()
+    imports: dict[str, set[tuple[str, str]]] = {}
     for name in modules:
-        for value in vars(importlib.import_module(name)).values():
-            if isinstance(value, Dispatcher) and value.py_func.__module__ != name:
-                shared.add((value.py_func.__module__, value.py_func.__name__))
-    return shared
+        imports[name] = {(value.py_func.__module__, value.py_func.__name__)
+                         for value in vars(importlib.import_module(name)).values()
+                         if isinstance(value, Dispatcher) and value.py_func.__module__ != name}
+    return imports
+
+
+def independent_of_shared(groups: Sequence[list[Signature]],
+                          imports: dict[str, set[tuple[str, str]]]) -> list[Signature] | None:
+    """The first of ``groups`` (one module's signatures each) whose module neither defines
+    nor imports a shared kernel (see :func:`kernel_imports`): it can compile while another
+    process compiles the shared kernels, since the two save entries of no common function.
+    None when every module touches one."""
+    touching = {name for name, callees in imports.items() if callees}
+    touching |= {module for callees in imports.values() for module, _ in callees}
+    return next((group for group in groups if group[0].module not in touching), None)
 
 
 def parse_types(text: str) -> tuple[Any, ...]:
@@ -157,17 +170,23 @@ def compile_signatures(signatures: Sequence[Signature]) -> Compiled:
 
 def precompile(signatures: Sequence[Signature], workers: int) -> dict[str, Compiled]:
     """Compile ``signatures`` in ``workers`` processes: the shared kernels first, in one,
-    then each module's signatures in one, heaviest module first. Returns what each step
-    did, by module (the shared kernels under ``"shared"``)."""
-    modules = len({s.module for s in signatures})  # no process would have a module to take
-    with ProcessPoolExecutor(max_workers=max(1, min(workers, modules)),
+    alongside the heaviest module that touches none of them (so that no core waits), then
+    each module's signatures in one, heaviest module first. Returns what each step did, by
+    module (the shared kernels under ``"shared"``)."""
+    modules = sorted({s.module for s in signatures})
+    # no more processes than modules: a process without a module to take only starts up
+    with ProcessPoolExecutor(max_workers=max(1, min(workers, len(modules))),
                              mp_context=get_context("spawn")) as pool:
-        callees = pool.submit(shared_kernels, sorted({s.module for s in signatures})).result()
+        imports = pool.submit(kernel_imports, modules).result()
+        callees = set().union(*imports.values())
         first = [s for s in signatures if (s.module, s.function) in callees]
-        steps = {"shared": pool.submit(compile_signatures, first).result()}
-        rest = [s for s in signatures if s not in first]
-        jobs = {group[0].module: pool.submit(compile_signatures, group)
-                for group in by_module_heaviest_first(rest)}
+        groups = by_module_heaviest_first(s for s in signatures if s not in first)
+        shared = pool.submit(compile_signatures, first)
+        early = independent_of_shared(groups, imports)
+        jobs = {} if early is None else {early[0].module: pool.submit(compile_signatures, early)}
+        steps = {"shared": shared.result()}
+        jobs.update((group[0].module, pool.submit(compile_signatures, group))
+                    for group in groups if group is not early)
         steps.update((module, job.result()) for module, job in jobs.items())
     return steps
 

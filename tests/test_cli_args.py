@@ -47,6 +47,7 @@ def test_run_rejects_a_negative_step(capsys):
         ["run", "job.yaml", "--step-seconds", "-1"], capsys)
 
 
+@pytest.mark.slow  # a whole CLI run in a subprocess (make test runs it)
 def test_output_to_a_closed_pipe_ends_quietly(tmp_path: Path) -> None:
     """``lmdbio inspect DB | head -1``: once the reader of stdout is gone the command stops
     with the shell's SIGPIPE status and no traceback (here the pipe is closed before it

@@ -78,6 +78,7 @@ def lmdbio(*args: str, env: dict[str, str] | None = None, timeout: float = 120
 # --------------------------------------------------------------------------- 1. nodes
 
 
+@pytest.mark.slow  # whole loader jobs in two subprocesses (make test runs it)
 def test_simulate_nodes_defaults_to_the_launchers_variable(db: Path, tmp_path: Path) -> None:
     """``loaders.open`` in a process the launcher told ``LMDBIO_SIMULATE_NODES=1`` runs on
     one simulated node; a number in the config wins over the variable."""
@@ -392,6 +393,7 @@ def test_a_batch_larger_than_the_data_set(db: Path, tmp_path: Path) -> None:
         dropped.stderr
 
 
+@pytest.mark.slow  # a whole CLI run in a subprocess (make test runs it)
 def test_a_single_process_job_does_not_warn_about_its_one_rank(db: Path,
                                                                tmp_path: Path) -> None:
     done = lmdbio("run", str(write_job(tmp_path / "job.yaml", db, "batch: {size: 8}\n")))

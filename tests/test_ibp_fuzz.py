@@ -3,6 +3,7 @@ crash, hang or out-of-bounds read (hypothesis)."""
 
 from __future__ import annotations
 
+import functools
 import random
 import struct
 import zlib
@@ -24,7 +25,11 @@ SETTINGS = settings(max_examples=150, deadline=None,
 DECODERS = ("kernel", "xp", "mirror", "parallel")
 
 
-def _model(chunk: int) -> tuple[ibp.IBPModel, np.ndarray]:
+@functools.cache
+def model_and_rows(chunk: int) -> tuple[ibp.IBPModel, np.ndarray]:
+    """The model fitted with ``chunk``-byte chunks and the rows it was fitted on. Built at
+    first use, once per process, not at import: every pytest-xdist worker imports every
+    test file, and only the one that runs this file needs them."""
     from sklearn.datasets import load_breast_cancer
 
     x = load_breast_cancer().data[:60].astype(np.float32)
@@ -32,9 +37,17 @@ def _model(chunk: int) -> tuple[ibp.IBPModel, np.ndarray]:
     return ibp.fit(x, chunk_bytes=chunk), x
 
 
-MODELS = {c: _model(c) for c in (4, 8)}
-FRAMES = {(c, layout, crc): MODELS[c][0].compress(MODELS[c][1], layout).to_bytes(crc)
-          for c in (4, 8) for layout in ("inplace", "condensed") for crc in (False, True)}
+#: (chunk, layout, crc) of each valid frame the mutation test starts from
+FRAME_KEYS = tuple(sorted((c, layout, crc) for c in (4, 8)
+                          for layout in ("inplace", "condensed") for crc in (False, True)))
+
+
+@functools.cache
+def valid_frame(key: tuple[int, str, bool]) -> bytes:
+    """The frame of all of :func:`model_and_rows`' rows for ``key`` (built at first use)."""
+    chunk, layout, crc = key
+    model, x = model_and_rows(chunk)
+    return model.compress(x, layout).to_bytes(crc)
 
 
 def _decode_all(model: ibp.IBPModel, data: bytes) -> None:
@@ -114,7 +127,7 @@ def test_structured_fuzz_reaches_the_kernels(seed: int) -> None:
     tally = structfuzz.Tally("ibp", seed)
     for case in range(150):
         chunk = rng.choice([4, 8])
-        model, x = MODELS[chunk]
+        model, x = model_and_rows(chunk)
         rows = x[sorted(rng.sample(range(len(x)), rng.randint(1, 12)))]
         layout = rng.choice(packed_mod.LAYOUTS)
         frame = model.compress(rows, layout).to_bytes(rng.random() < 0.5)
@@ -139,10 +152,10 @@ def test_structured_fuzz_reaches_the_kernels(seed: int) -> None:
 
 
 @SETTINGS
-@given(st.sampled_from(sorted(FRAMES)), st.data())
+@given(st.sampled_from(FRAME_KEYS), st.data())
 def test_mutated_frames(key: tuple[int, str, bool], data: st.DataObject) -> None:
     chunk, _, crc = key
-    frame = bytearray(FRAMES[key])
+    frame = bytearray(valid_frame(key))
     kind = data.draw(st.sampled_from(["flip", "truncate", "extend", "splice"]))
     if kind == "flip":
         for _ in range(data.draw(st.integers(1, 4))):
@@ -156,8 +169,8 @@ def test_mutated_frames(key: tuple[int, str, bool], data: st.DataObject) -> None
         i = data.draw(st.integers(0, len(frame) - 1))
         chunk_bytes = data.draw(st.binary(min_size=1, max_size=32))
         frame[i:i + len(chunk_bytes)] = chunk_bytes
-    changed = bytes(frame) != FRAMES[key]
-    model = MODELS[chunk][0]
+    changed = bytes(frame) != valid_frame(key)
+    model = model_and_rows(chunk)[0]
     if crc and changed:
         with pytest.raises(CodecError):
             model.decompress(ibp.IBPPacked.from_bytes(bytes(frame)))
@@ -171,7 +184,7 @@ def test_mutated_frames(key: tuple[int, str, bool], data: st.DataObject) -> None
 @SETTINGS
 @given(st.sampled_from([4, 8]), st.data())
 def test_mutated_model_bytes(chunk: int, data: st.DataObject) -> None:
-    raw = bytearray(MODELS[chunk][0].to_bytes())
+    raw = bytearray(model_and_rows(chunk)[0].to_bytes())
     i = data.draw(st.integers(0, len(raw) - 1))
     raw[i] ^= data.draw(st.integers(1, 255))
     with pytest.raises(CodecError):
@@ -183,7 +196,7 @@ def test_mutated_model_bytes(chunk: int, data: st.DataObject) -> None:
 @SETTINGS
 @given(st.data())
 def test_mutated_records(data: st.DataObject) -> None:
-    model, x = MODELS[4]
+    model, x = model_and_rows(4)
     labels = np.arange(len(x), dtype=np.int16)
     rec = bytearray(encode_record(model.compress(x, "condensed").to_bytes(False), labels,
                                   len(x)))
@@ -202,7 +215,7 @@ def test_mutated_records(data: st.DataObject) -> None:
 def test_label_dtype_that_is_not_one_number_per_row(dtype: bytes) -> None:
     """A mutated label dtype string that numpy parses as a subarray or a record (found by
     the fuzzer above, which then got numpy's ValueError) is a CodecError."""
-    model, x = MODELS[4]
+    model, x = model_and_rows(4)
     rec = encode_record(model.compress(x, "condensed").to_bytes(False),
                         np.arange(len(x), dtype=np.int16), len(x))
     assert rec.count(b"<i2") == 1

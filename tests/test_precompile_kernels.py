@@ -1,6 +1,6 @@
 """The precompile step of ``make unit`` (tests/precompile_kernels.py): its manifest reads
-back into numba types, modules are handed out heaviest first, and a recording merges into
-one entry per signature."""
+back into numba types, modules are handed out heaviest first (one that touches no shared
+kernel beside those), and a recording merges into one entry per signature."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from tests.precompile_kernels import (
     Signature,
     by_module_heaviest_first,
+    independent_of_shared,
     kernel_module_names,
     merge_recording,
     parse_types,
@@ -40,6 +41,21 @@ def test_modules_are_handed_out_heaviest_first_each_whole() -> None:
             Signature("a", "h", "()", 1.5), Signature("c", "k", "()", 0.1)]
     groups = by_module_heaviest_first(sigs)
     assert [[s.function for s in group] for group in groups] == [["f", "h"], ["g"], ["k"]]
+
+
+def test_the_module_compiled_beside_the_shared_kernels_touches_none_of_them() -> None:
+    """The heaviest module that neither defines nor imports a shared kernel compiles while
+    they do; with none such, nothing does."""
+    groups = by_module_heaviest_first([Signature("a", "f", "()", 5.0),
+                                       Signature("b", "g", "()", 3.0),
+                                       Signature("c", "h", "()", 2.0),
+                                       Signature("d", "k", "()", 1.0)])
+    # a imports b's kernel x: a (a caller) and b (its owner) wait, c is the heaviest left
+    early = independent_of_shared(groups, {"a": {("b", "x")}, "b": set(), "c": set(),
+                                           "d": set()})
+    assert early is not None and [s.module for s in early] == ["c"]
+    assert independent_of_shared(groups, {"a": {("b", "x")}, "b": set(), "c": {("d", "y")},
+                                          "d": set()}) is None
 
 
 def test_a_recording_merges_into_one_entry_per_signature(tmp_path: Path) -> None:

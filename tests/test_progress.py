@@ -257,6 +257,7 @@ def test_run_draws_on_a_terminal_with_total_rate_and_time_left(job: Path, size) 
     assert "done: 120 samples" in out
 
 
+@pytest.mark.slow  # a whole CLI run in a subprocess (make test runs it)
 def test_run_is_silent_in_a_pipe(job: Path) -> None:
     done = lmdbio("run", str(job))
     assert done.returncode == 0, done.stderr
@@ -290,6 +291,7 @@ def test_under_mpi_one_rank_draws(job: Path, mode: str) -> None:
 # --------------------------------------------------------------------------- the summary
 
 
+@pytest.mark.slow  # a whole CLI run in a subprocess (make test runs it)
 def test_the_summary_leads_with_the_steady_state_figure(job: Path) -> None:
     done = lmdbio("run", str(job), "--quiet")
     line = next(x for x in done.stdout.splitlines() if x.startswith("[lmdbio] done:"))

@@ -273,6 +273,7 @@ def test_an_override_refused_after_loading_points_at_the_key_it_replaced(tmp_pat
         RunPlan.resolve(cfg, topology())
 
 
+@pytest.mark.slow  # a whole CLI run in a subprocess (make test runs it)
 def test_a_batch_the_data_set_cannot_fill_under_drop_names_its_file_and_line(tmp_path: Path
                                                                              ) -> None:
     """Refused by the session from the data set's size (one process, no mpiexec), at the

@@ -70,11 +70,13 @@ def test_widening_writes_exactly_the_row_at_any_alignment(n, src_off, dst_off, s
     """Streaming stores cover the 64-byte-aligned middle of a row; the scalar head and tail
     the rest: every length and misalignment gives ``astype(float32)`` and leaves the
     neighbours of the row untouched."""
+    from lmdbio.kernel_args import read_only
     from lmdbio.kernels import widen_u8_f32
 
     src = np.random.default_rng(seed).integers(0, 256, src_off + n + 5, dtype=np.uint8)
     dst = np.full(dst_off + n + 20, -1.0, np.float32)
-    widen_u8_f32(src, src_off, dst[dst_off:dst_off + n], streaming)  # same thread: no fence
+    # same thread: no fence
+    widen_u8_f32(read_only(src), src_off, dst[dst_off:dst_off + n], streaming)
     np.testing.assert_array_equal(dst[dst_off:dst_off + n],
                                   src[src_off:src_off + n].astype(np.float32))
     assert (dst[:dst_off] == -1).all() and (dst[dst_off + n:] == -1).all()

@@ -38,6 +38,7 @@ import numpy as np
 from lmdbio.errors import LmdbioError
 from lmdbio.io import libc
 from lmdbio.io.symmap import Mapping, map_file
+from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
 
 __all__ = [
@@ -106,7 +107,7 @@ def touch(target: Mapping | np.ndarray, offset: int = 0, length: int | None = No
 
     arr = _as_array(target)
     start, stop = _byte_range(arr.shape[0], offset, length, "touch")
-    return int(touch_range(arr, start, stop, OS_PAGE_SIZE))
+    return int(touch_range(read_only(arr), start, stop, OS_PAGE_SIZE))
 
 
 def touch_pages(
@@ -135,7 +136,7 @@ def touch_page_ranges(
     s, c = _checked_page_ranges("touch_page_ranges", arr.shape[0], starts, counts, page_size)
     byte_start = s * page_size
     byte_stop = (s + c) * page_size
-    return int(touch_ranges(arr, byte_start, byte_stop, OS_PAGE_SIZE))
+    return int(touch_ranges(read_only(arr), byte_start, byte_stop, OS_PAGE_SIZE))
 
 
 # --------------------------------------------------------------------------- advice

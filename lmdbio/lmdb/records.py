@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
 
 
@@ -172,7 +173,7 @@ class LocatedRecords:
         if not ids.size:
             return None
         out = np.empty((self.rows.shape[1], ids.shape[0]), np.int64)
-        if take_rows(self.rows, self.known, ids, out) >= 0:
+        if take_rows(self.rows, self.known, read_only(ids), out) >= 0:
             return None
         return RecordRefs(*out)
 

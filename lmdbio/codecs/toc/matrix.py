@@ -52,6 +52,7 @@ from lmdbio.codecs.toc.format import (
     section_sizes,
 )
 from lmdbio.errors import CodecError
+from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
 
 __all__ = ["MAX_NNZ", "Buffer", "TocMatrix", "as_memoryview", "compress", "decompress", "stats"]
@@ -232,7 +233,7 @@ class TocMatrix:
             parse_header(mv, verify=True)  # raises, naming what is wrong
             raise CodecError("corrupt TOC payload")  # pragma: no cover - parse_header raised
         raw = np.frombuffer(mv, np.uint8)
-        meta, store = kernel_module("lmdbio.codecs.toc").decode_payload(raw)
+        meta, store = kernel_module("lmdbio.codecs.toc").decode_payload(read_only(raw))
         h = meta.tolist()
         if h[0]:
             if h[0] == _HEADER_ERROR:
