@@ -4,7 +4,7 @@ Databases: bench/read.py's generators (build/bench-data/read-{cifar,imagenet,mni
 20,000 x 3,072 B, 1,600 x 150 KB, 60,000 x 784 B, py-lmdb, 1,000 records a commit), and
 :data:`SIZE_SHAPES` (read-size-48k: 2,000 x 48 KB, the split "databases+sizes" only).
 
-Stages (``--only pages,fit``; the fit runs first; ``io`` and ``copy`` on request):
+Stages (``--only pages,fit``; the fit runs first; ``io``, ``copy`` and ``ring`` on request):
   pages  every strategy at 1, 2, 4, 8 ranks on max(1, R/2) simulated nodes (oversubscribed
          on this host: page counts only, never speed), one batch per slot (the paper's
          regime) on cifar, and imagenet at 2 ranks: the model's pages per rank (touched,
@@ -51,11 +51,20 @@ Stages (``--only pages,fit``; the fit runs first; ``io`` and ``copy`` on request
   copy   the consumer's copy alone (:func:`copy_probe`), on every calibration database
          and the projection's two (bench/scale_project.py): CPU seconds per byte and per
          record by record size, apart from every fit.
+  ring   the node ring's hand-off alone (:mod:`bench.ring_handoff`, kept in
+         ``ring-handoff.json``): CPU per slot and per record by slot size on every
+         calibration database; the per-slot intercept (median over the databases) is the
+         model's ``handoff_s_per_slot``, which ``fit`` then takes as known (with the page
+         accounting of ``copy``), as it cannot tell it from a cost per record.
+         ``--rerun-held-out DIR`` (with ``fit``): the configurations some split holds out
+         measured again into DIR, ``--rerun-repeats`` interleaved repeats each, fitted and
+         evaluated with those runs as their rows (``fit_rerun`` in calibration.json; the
+         fit and fitted-costs.yaml stay the runs of ``runs/``).
 
 Output: bench/results/scale/calibration.json, bench/results/scale/fitted-costs.yaml and
 one JSON per bench read run (bench/results/scale/runs/, the delivered record ids left out).
 
-Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit,io,copy] [--quick]
+Run: .venv/bin/python -m bench.scale_calibrate [--only pages,fit,io,copy,ring] [--quick]
      [--repeats 3] [--trace-cache build/scale-calib-traces]
 """
 
@@ -87,10 +96,12 @@ from lmdbio.scale.trace import Trace, cached_trace
 STRATEGIES = bench_read.STRATEGIES
 #: the costs fitted (the file system's are 0 on a warm page cache)
 FITTED = ("cpu_walk_s", "cpu_skip_s", "cpu_locate_s", "cpu_page_s", "cpu_step_s",
-          "cpu_speculate_s", "copy_s_per_byte", "consume_s_per_record",
-          "handoff_s_per_slot")
-#: CPU costs measured by a probe of their own (``--only copy``), taken as known in the fit
-MEASURED_APART = ("cpu_account_s_per_file_page",)
+          "cpu_speculate_s", "copy_s_per_byte", "consume_s_per_record")
+#: CPU costs measured by probes of their own, taken as known in the fit: the page
+#: accounting (``--only copy``) and the ring's cost per slot (``--only ring``,
+#: :mod:`bench.ring_handoff`: a fit on slots of 222-4,000 records cannot tell it from a
+#: cost per record)
+MEASURED_APART = ("cpu_account_s_per_file_page", "handoff_s_per_slot")
 #: the databases the splits "databases" and "ranks+databases" fit on; the rest is held out
 FIT_DBS = ("cifar", "mnist")
 #: databases of other record sizes, measured at 1 rank for the split "databases+sizes"
@@ -375,10 +386,20 @@ def error_summary(rows: list[dict]) -> dict[str, Any]:
     return out
 
 
+def held_out_somewhere(cfg: Config) -> bool:
+    """Whether some split holds ``cfg`` out (every configuration but the 1-rank runs of
+    the fit databases and the databases measured for one split only)."""
+    return any(cfg.role(split) == "held-out" for split in SPLITS)
+
+
 def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace,
         measured_apart: Costs | None = None) -> dict:
     """Measure (probe, interleaved repeats), then per split fit on its fit set and
-    evaluate every run (``measured_apart``: see :func:`fit_costs`)."""
+    evaluate every run (``measured_apart``: see :func:`fit_costs`). With
+    ``args.rerun_held_out`` (a folder), the configurations some split holds out are
+    measured again there, ``args.rerun_repeats`` interleaved repeats each with the epochs
+    of their probe runs in ``res``, and their rows are those runs (the other rows, the
+    contention factor and the ping-pong stay ``res``'s)."""
     cfgs = time_configs(args.quick, sizes=True)
     traces = epoch_traces(dbs, cfgs, Path(args.trace_cache) if args.trace_cache else None)
     epochs = choose_epochs(res, dbs, cfgs, traces, args.target)
@@ -386,6 +407,16 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace,
     stats = {c: measured(got) for c, got in runs.items() if got}
     contention = corun(res, dbs, traces, epochs,
                        {c: m["cpu_s_per_rank"][0] for c, m in stats.items() if c.ranks == 1})
+    rerun: dict[str, Any] = {}
+    if args.rerun_held_out:
+        folder = Path(args.rerun_held_out)
+        folder.mkdir(parents=True, exist_ok=True)
+        again = {c: e for c, e in epochs.items() if held_out_somewhere(c)}
+        got_again, rerun_passes = measure(folder, dbs, list(again), traces, again,
+                                          args.rerun_repeats)
+        stats.update({c: measured(got) for c, got in got_again.items() if got})
+        rerun = {"folder": str(folder), "repeats": args.rerun_repeats,
+                 "passes": rerun_passes, "configs": len(again)}
     # the cursor wait the measured runs had (kept from their session: re-evaluating them
     # must not take a later policy's figures)
     pingpong = pingpong_run(res / "pingpong.json", ["chain", "blocking"])
@@ -410,6 +441,7 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace,
     for r in rows:
         r.pop("config")
     return {"fitted": list(FITTED), "target_loop_s": args.target, "passes": passes,
+            "rerun_held_out": rerun,
             "measured_apart": {k: v for k, v in dataclasses.asdict(
                 measured_apart or Costs()).items() if k in MEASURED_APART},
             "contention": contention, "pingpong": pingpong, "runs": rows,
@@ -643,8 +675,25 @@ def write_fitted(res: Path, f: dict) -> None:
          "host_cpu_contention_factor": f["contention"]["factor"],
          # bench read's page accounting (a training job does not count pages)
          "host_cpu_account_s_per_file_page": costs["cpu_account_s_per_file_page"],
-         "costs": {k: costs[k] for k in FITTED}},
+         # the fitted costs, and the ring's per slot (measured apart: a job has a ring)
+         "costs": {k: costs[k] for k in (*FITTED, "handoff_s_per_slot")}},
         sort_keys=False))
+
+
+def measured_apart_costs(result: dict, dbs: dict[str, Path]) -> Costs | None:
+    """The CPU costs of :data:`MEASURED_APART` from the probes in ``result`` (the page
+    accounting: the median over the calibration databases of ``copy``; the ring's per
+    slot: ``ring``), None when neither probe ran."""
+    probed, ring = result.get("copy", {}), result.get("ring", {})
+    if not probed and not ring:
+        return None
+    known: dict[str, float] = {}
+    if probed:
+        known["cpu_account_s_per_file_page"] = float(np.median(
+            [probed[d]["account_s_per_file_page"] for d in dbs if d in probed]))
+    if ring:
+        known["handoff_s_per_slot"] = float(ring["handoff_s_per_slot"])
+    return Costs(mpi_latency_s=0.0).replace(**known)
 
 
 def main() -> int:
@@ -658,6 +707,12 @@ def main() -> int:
     parser.add_argument("--out", default=str(RESULTS / "scale"))
     parser.add_argument("--trace-cache", default=None,
                         help="folder keeping the traces of the measured configurations")
+    parser.add_argument("--rerun-held-out", default=None, metavar="DIR",
+                        help="fit: measure the configurations some split holds out again "
+                             "into DIR (their rows are then those runs), kept as fit_rerun "
+                             "beside the fit (fitted-costs.yaml stays the fit's)")
+    parser.add_argument("--rerun-repeats", type=int, default=5,
+                        help="interleaved repeats of each configuration rerun")
     args = parser.parse_args()
     res = Path(args.out)
     (res / "runs").mkdir(parents=True, exist_ok=True)
@@ -674,14 +729,23 @@ def main() -> int:
                                           scale_project.GLOBAL_BATCH // 512)
         result["copy"] = copy_probe(probe_dbs)
         write_json(out_file, result, default=float)
+    if "ring" in only:  # before the fit too: it takes the ring's per-slot cost as known
+        from bench import ring_handoff
+
+        probe = ring_handoff.run(res / "ring-handoff.json", list(ring_handoff.DATABASES),
+                                 Path(args.data))
+        result["ring"] = {"file": "ring-handoff.json",
+                          "handoff_s_per_slot": ring_handoff.handoff_s_per_slot(probe),
+                          **{k: v["fit"] for k, v in probe.items()
+                             if isinstance(v, dict) and "fit" in v}}
+        write_json(out_file, result, default=float)
     if "fit" in only:
-        probed = result.get("copy", {})
-        measured_apart = Costs(mpi_latency_s=0.0).replace(cpu_account_s_per_file_page=float(
-            np.median([probed[d]["account_s_per_file_page"] for d in dbs if d in probed]))
-        ) if probed else None
-        result["fit"] = fit(res / "runs", dbs, args, measured_apart)
-        print_errors(result["fit"])
-        write_fitted(res, result["fit"])
+        # a rerun of the held-out configurations is kept beside the fit, not instead of it
+        key = "fit_rerun" if args.rerun_held_out else "fit"
+        result[key] = fit(res / "runs", dbs, args, measured_apart_costs(result, dbs))
+        print_errors(result[key])
+        if key == "fit":
+            write_fitted(res, result["fit"])
         write_json(out_file, result, default=float)
     if "io" in only:
         fitted = result.get("fit", {}).get("splits", {}).get(next(iter(SPLITS)), {})

@@ -278,3 +278,36 @@ def test_page_accounting_costs_every_read_the_files_pages(cifar: Path) -> None:
         tr = trace(cifar, s, 2, 2, 16, iterations=6, batches_per_slot=2)
         got = actor_cpu_seconds(tr, per_page)
         assert list(got) == [tr.n_pages * len(tr.actor_steps(a.index)) for a in tr.actors]
+
+
+def test_the_ring_probe_line_and_the_costs_the_fit_takes_as_known() -> None:
+    """bench/ring_handoff.py's per-slot intercept and per-record slope come from a line
+    over its slot sizes; the fit takes that intercept (median over the databases) and the
+    page accounting as known, and fits neither (issue 38, third pass)."""
+    from bench import ring_handoff, scale_calibrate
+
+    sizes = [{"records_per_slot": n, "cpu_s_per_slot": 2e-4 + 5e-8 * n}
+             for n in ring_handoff.SLOT_RECORDS]
+    line = ring_handoff.fit_line(sizes)
+    assert line["intercept_s"] == pytest.approx(2e-4)
+    assert line["slope_s_per_record"] == pytest.approx(5e-8)
+    assert line["worst_residual"] < 1e-9
+    probe = {"slots": 400, "cifar": {"fit": {"intercept_s": 1e-4}},
+             "mnist": {"fit": {"intercept_s": 3e-4}}, "imagenet": {"fit": {"intercept_s": 2e-4}}}
+    assert ring_handoff.handoff_s_per_slot(probe) == pytest.approx(2e-4)
+    assert "handoff_s_per_slot" in scale_calibrate.MEASURED_APART
+    assert not set(scale_calibrate.MEASURED_APART) & set(scale_calibrate.FITTED)
+    dbs = {"cifar": Path("c"), "mnist": Path("m")}
+    known = scale_calibrate.measured_apart_costs(
+        {"copy": {"cifar": {"account_s_per_file_page": 1e-9},
+                  "mnist": {"account_s_per_file_page": 3e-9}},
+         "ring": {"handoff_s_per_slot": 2e-4}}, dbs)
+    assert known is not None
+    assert known.cpu_account_s_per_file_page == pytest.approx(2e-9)
+    assert known.handoff_s_per_slot == pytest.approx(2e-4)
+    assert scale_calibrate.measured_apart_costs({}, dbs) is None
+    # the configurations a rerun of the held-out runs measures again
+    held = [c for c in scale_calibrate.time_configs(False, sizes=True)
+            if scale_calibrate.held_out_somewhere(c)]
+    assert {(c.db, c.ranks) for c in held} == {("cifar", 2), ("mnist", 2), ("imagenet", 1),
+                                               ("imagenet", 2)}
