@@ -21,8 +21,9 @@
 #   service-r16  55 s  the same at 16 ranks
 #   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only, no streaming
 #                      (measured on this VM already; ~30 s): R = 2, 4, 8, 16: floor-R,
-#                      pylmdb-per-rank-R and lmdbio colocated (a reader per rank, the
-#                      default), one-reader and dedicated, 20 launches of 1-5 s; torch's three
+#                      kernel-R (lmdbio's fused kernel alone), pylmdb-per-rank-R and
+#                      lmdbio colocated (a reader per rank, the default), one-reader and
+#                      dedicated, 24 launches of 1-5 s; torch's three
 #                      worker counts in one (~15 s)
 #   gpu          30 s  only where nvidia-smi lists a GPU: bench/gpu.py --target-gb 0.5
 #                      --repeat 2 --records 8000 --epochs 1 (pageable vs pinned vs pinned ring vs IBP
@@ -126,7 +127,7 @@ if [ "$QUICK" = "1" ]; then
 else
     R_LOW=8; R_HIGH=16; BATCHES=300
     PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1
-                --variants floor,sequential-read,pylmdb,torch,lmdbio)
+                --variants floor,kernel,sequential-read,pylmdb,torch,lmdbio)
 fi
 
 echo "device check: $REPO -> $OUT (quick=$QUICK)"
