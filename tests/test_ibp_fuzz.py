@@ -117,6 +117,7 @@ def _decode_every_way(model: ibp.IBPModel, packed: ibp.IBPPacked) -> list[np.nda
     return got
 
 
+@pytest.mark.slow  # a fuzzer (pyproject's markers): make test runs it, make unit does not
 @pytest.mark.parametrize("seed", structfuzz.fuzz_seeds(IBP_REGRESSION_SEEDS))
 def test_structured_fuzz_reaches_the_kernels(seed: int) -> None:
     """Valid frames of random row subsets, one header field or section mutated (CRC
@@ -151,6 +152,7 @@ def test_structured_fuzz_reaches_the_kernels(seed: int) -> None:
     tally.require(("ok", "error:decode"), 0.45)
 
 
+@pytest.mark.slow  # a fuzzer
 @SETTINGS
 @given(st.sampled_from(FRAME_KEYS), st.data())
 def test_mutated_frames(key: tuple[int, str, bool], data: st.DataObject) -> None:
@@ -181,6 +183,7 @@ def test_mutated_frames(key: tuple[int, str, bool], data: st.DataObject) -> None
                 ibp.IBPPacked.from_bytes(bytes(frame))
 
 
+@pytest.mark.slow  # a fuzzer
 @SETTINGS
 @given(st.sampled_from([4, 8]), st.data())
 def test_mutated_model_bytes(chunk: int, data: st.DataObject) -> None:
@@ -193,6 +196,7 @@ def test_mutated_model_bytes(chunk: int, data: st.DataObject) -> None:
         ibp.IBPModel.from_bytes(bytes(raw[: data.draw(st.integers(0, len(raw) - 1))]))
 
 
+@pytest.mark.slow  # a fuzzer
 @SETTINGS
 @given(st.data())
 def test_mutated_records(data: st.DataObject) -> None:
