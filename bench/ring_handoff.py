@@ -123,7 +123,6 @@ def measure_db(path: str, slots: int, rounds: int, run_slot: tuple[int, int]
     and the phases' shares; and at the slot of the database's calibration runs
     (``run_slot``: batch, batches per slot) the cycle with the consumer's copy against
     the cycle without it, as CPU seconds per byte copied."""
-    from lmdbio.lmdb.records import RecordRefs
     from lmdbio.reader import SLOT_BATCHES_SHIFT
 
     session = open_session(path, max(*SLOT_RECORDS, run_slot[0] * run_slot[1]))
@@ -132,9 +131,7 @@ def measure_db(path: str, slots: int, rounds: int, run_slot: tuple[int, int]
     cycles = {}
     for size in SLOT_RECORDS:
         idx = np.arange(size) % n
-        refs = RecordRefs(*(np.ascontiguousarray(getattr(table, f)[idx], np.int64)
-                            for f in ("val_off", "val_len", "leaf_pg", "ovf_pages", "key_off",
-                                      "key_len")))
+        refs = table.refs(idx)
         batches = max(1, size // 4)
         cycles[size] = slot_cycle(session, refs, idx.astype(np.int64),
                                   np.array([size], np.int64),
@@ -189,15 +186,12 @@ def copy_in_cycle(session: Any, table: Any, run_slot: tuple[int, int], slots: in
     calibration runs' size, the cycle with and without the copy interleaved ``rounds``
     times (fewer slots when a slot is large: about 2.4 GB copied per round), the fastest
     of each kept."""
-    from lmdbio.lmdb.records import RecordRefs
     from lmdbio.reader import SLOT_BATCHES_SHIFT
 
     batch, per_slot = run_slot
     size = batch * per_slot
     idx = np.arange(size) % len(session.db)
-    refs = RecordRefs(*(np.ascontiguousarray(getattr(table, f)[idx], np.int64)
-                        for f in ("val_off", "val_len", "leaf_pg", "ovf_pages", "key_off",
-                                  "key_len")))
+    refs = table.refs(idx)
     slot_bytes = int(refs.val_len.sum())
     count = max(10, min(slots, int(2.4e9 // max(slot_bytes, 1))))
     args = (session, refs, idx.astype(np.int64), np.array([size], np.int64),

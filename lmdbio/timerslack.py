@@ -4,7 +4,7 @@ Linux lets every sleep of a (non-real-time) thread end up to its *timer slack* a
 time asked for, so that wake-ups can be batched; the default is 50 microseconds. A rank
 that waits for a message by sleeping between tests (:func:`lmdbio.mpiutil.
 wait_with_timeout`) notices the message that much later on every sleep: on the DM
-reader's cursor hand-off, measured by ``bench/scale_calibrate.py``'s ping-pong, each
+reader's cursor hand-off, measured by ``bench/pingpong.py``, each
 sleep of 50 us to 0.5 ms lasted 66-82 us longer than asked. ``prctl(PR_SET_TIMERSLACK)``
 sets the slack of the calling thread only; :func:`timer_slack` sets it for a block and
 puts the thread's own value back after, so nothing else the thread does changes.

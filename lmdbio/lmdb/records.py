@@ -49,6 +49,13 @@ class RecordTable:
             np.empty(n, np.int32), np.empty(n, np.uint16),
         )
 
+    def refs(self, rows: np.ndarray | None = None) -> RecordRefs:
+        """Its records (or those at positions ``rows``) as :class:`RecordRefs`, every
+        field int64, as a locate gives them."""
+        pick = slice(None) if rows is None else rows
+        return RecordRefs(*(np.asarray(getattr(self, f)[pick], np.int64)
+                            for f in RecordRefs._FIELDS))
+
     def subset(self, lo: int, hi: int) -> RecordTable:
         """Records ``lo .. hi - 1`` of this table (global indices ``start + lo ...``)."""
         return RecordTable(

@@ -419,17 +419,14 @@ class Indexed(ReadStrategy):
         counts = first[js + 1] - first[js]
         total = int(counts.sum())
         table = db.build_table(db.db, leaves[js], total)
-        # record index of each row: leaf j's records are first[j] .. first[j + 1] - 1
-        starts = np.repeat(first[js] - (np.cumsum(counts) - counts), counts)
-        records = starts + np.arange(total, dtype=np.int64)
+        # row r holds node `slot` of its leaf, record first[leaf] + slot
+        slot = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(counts) - counts, counts)
         pages = np.repeat(leaves[js], counts)
-        wrong = np.flatnonzero((table.leaf_pg != pages)
-                               | (table.slot != records - np.repeat(first[js], counts)))
+        wrong = np.flatnonzero((table.leaf_pg != pages) | (table.slot != slot))
         if wrong.size:  # the directory and the pages disagree: never a misplaced record
             raise LmdbFormatError(db.path, "a leaf page holds other records than the leaf "
                                   "directory counted", page=int(pages[wrong[0]]))
-        self.table.add(records, RecordRefs(table.val_off, table.val_len, table.leaf_pg,
-                                           table.ovf_pages, table.key_off, table.key_len))
+        self.table.add(np.repeat(first[js], counts) + slot, table.refs())
 
     def locate(self, ids: np.ndarray) -> RecordRefs:
         """Records ``ids`` located through their leaf pages (:meth:`Database.locate`), and
