@@ -12,8 +12,10 @@ Stages (``--only pages,fit``; the fit runs first; ``io``, ``copy`` and ``ring`` 
   fit    1. warm runs (every page in the page cache: the file system costs nothing here)
          of every strategy and database at 1 rank and at 2 ranks on 2 simulated nodes
          (never more ranks than this host's 2 cores), ``--batches-per-slot 0`` (a job's
-         default), whole epochs: a probe run of 3 epochs per configuration sets how many
-         epochs reach ``--target`` seconds of loop, then ``--repeats`` runs of every
+         default), and the node-level strategies at 1 rank on the fit databases at 1 and
+         4 batches a slot (:data:`FIT_SLOT_SIZES`: a cost per slot), whole epochs: a
+         probe run of 3 epochs per configuration sets how many epochs reach
+         ``--target`` seconds of loop, then ``--repeats`` runs of every
          configuration interleaved (A B C .. A B C ..), the load average before each
          pass; medians kept, spreads reported.
          2. every 1-rank configuration run twice at once (two independent jobs, one per
@@ -96,7 +98,7 @@ from lmdbio.scale.trace import Trace, cached_trace
 STRATEGIES = bench_read.STRATEGIES
 #: the costs fitted (the file system's are 0 on a warm page cache)
 FITTED = ("cpu_walk_s", "cpu_skip_s", "cpu_locate_s", "cpu_page_s", "cpu_step_s",
-          "cpu_speculate_s", "copy_s_per_byte", "consume_s_per_record")
+          "cpu_speculate_s", "cpu_slot_s", "copy_s_per_byte", "consume_s_per_record")
 #: CPU costs measured by probes of their own, taken as known in the fit: the page
 #: accounting (``--only copy``) and the ring's cost per slot (``--only ring``,
 #: :mod:`bench.ring_handoff`: a fit on slots of 222-4,000 records cannot tell it from a
@@ -109,6 +111,13 @@ FIT_DBS = ("cifar", "mnist")
 #: cifar and mnist spans 784-3,072 B records, too little to tell a cost per byte from one
 #: per record or per page, and the held-out imagenet's are 150 KB
 SIZE_SHAPES = {"size-48k": (2_000, 48_000, 8)}
+#: slot sizes (batches a slot) of the extra fit runs: every node-level strategy at 1 rank
+#: on the fit databases. A job's default slots hold 2,000-4,000 of their records, so a
+#: cost per slot (``cpu_slot_s``) hides in the costs per record there, and the held-out
+#: imagenet's slots hold 80; slots of 1 and 4 batches (32-256 records) pin it
+FIT_SLOT_SIZES = (1, 4)
+#: the node-level strategies (one reader per node hands slots through a ring)
+NODE_STRATEGIES = ("lmm", "dm-serial", "dm-spec", "indexed")
 #: the fit / held-out splits: name -> (what it fits on, what it holds out). The first
 #: gives bench/results/scale/fitted-costs.yaml
 SPLITS = {
@@ -135,11 +144,13 @@ IO_READS = {"readahead_bytes": 128 << 10, "fs_max_request_bytes": 1 << 40,
 
 @dataclass(frozen=True)
 class Config:
-    """One measured configuration: a database, a strategy, ranks on as many nodes."""
+    """One measured configuration: a database, a strategy, ranks on as many nodes, and
+    batches a slot (0: a job's default)."""
 
     db: str
     strategy: str
     ranks: int
+    batches_per_slot: int = 0
 
     def role(self, split: str) -> str:
         """``fit`` for the runs split ``split`` fits the costs on, ``held-out`` for those
@@ -154,15 +165,21 @@ class Config:
         return "fit" if fits else "held-out"
 
     def file(self, kind: str, epochs: int, repeat: int = 0) -> str:
-        return f"{kind}-{self.db}-{self.strategy}-r{self.ranks}-e{epochs}-{repeat}.json"
+        slot = f"-s{self.batches_per_slot}" if self.batches_per_slot else ""
+        return f"{kind}-{self.db}-{self.strategy}-r{self.ranks}{slot}-e{epochs}-{repeat}.json"
 
 
 def time_configs(quick: bool, sizes: bool = False) -> list[Config]:
-    """Every database and strategy at 1 rank and 2 ranks (on 2 nodes: cores = 2); with
-    ``sizes``, the databases of :data:`SIZE_SHAPES` at 1 rank too."""
+    """Every database and strategy at 1 rank and 2 ranks (on 2 nodes: cores = 2), a job's
+    slot size; the node-level strategies at 1 rank on :data:`FIT_DBS` at each of
+    :data:`FIT_SLOT_SIZES` too (fit runs in every split); with ``sizes``, the databases of
+    :data:`SIZE_SHAPES` at 1 rank."""
     dbs = ("cifar", "mnist") if quick else ("cifar", "mnist", "imagenet")
+    slots = [Config(d, s, 1, k) for d in FIT_DBS for s in NODE_STRATEGIES
+             for k in FIT_SLOT_SIZES]
     extra = [Config(d, s, 1) for d in SIZE_SHAPES for s in STRATEGIES] if sizes else []
-    return [Config(d, s, r) for d in dbs for r in (1, 2) for s in STRATEGIES] + extra
+    return [Config(d, s, r) for d in dbs for r in (1, 2) for s in STRATEGIES] + slots + \
+        extra
 
 
 def batch_of(db: str) -> int:
@@ -209,14 +226,16 @@ def timed_run(res: Path, dbs: dict[str, Path], cfg: Config, per_epoch: int, epoc
     return run_bench(res / cfg.file(kind, epochs, repeat), cfg.ranks, dbs[cfg.db],
                      cfg.strategy, "--batch-size", str(batch), "--iters",
                      str(per_epoch * epochs), "--simulate-nodes", str(cfg.ranks),
-                     "--batches-per-slot", "0", "--transfer", "spans")
+                     "--batches-per-slot", str(cfg.batches_per_slot), "--transfer", "spans")
 
 
 def epoch_traces(dbs: dict[str, Path], cfgs: list[Config], cache: Path | None = None
                  ) -> dict[Config, Trace]:
-    """One traced epoch per configuration (a job's default slot size, as measured), kept
-    in ``cache`` when given (:func:`~lmdbio.scale.trace.cached_trace`)."""
-    return {c: cached_trace(cache, dbs[c.db], c.strategy, c.ranks, c.ranks, batch_of(c.db))
+    """One traced epoch per configuration (its slot size, as measured), kept in ``cache``
+    when given (:func:`~lmdbio.scale.trace.cached_trace`)."""
+    return {c: cached_trace(cache, dbs[c.db], c.strategy, c.ranks, c.ranks, batch_of(c.db),
+                            **({"batches_per_slot": c.batches_per_slot}
+                               if c.batches_per_slot else {}))
             for c in cfgs}
 
 
@@ -272,7 +291,8 @@ def corun(res: Path, dbs: dict[str, Path], traces: dict[Config, Trace],
     sharing caches and memory bandwidth with a busy neighbour core costs, measured
     without the 2-rank runs the model is checked against."""
     rows = []
-    for c in [c for c in epochs if c.ranks == 1 and c in alone and c.db not in SIZE_SHAPES]:
+    for c in [c for c in epochs if c.ranks == 1 and c in alone and c.db not in SIZE_SHAPES
+              and not c.batches_per_slot]:
         per_epoch = traces[c].epoch_iterations
         with ThreadPoolExecutor(2) as pool:
             got = list(pool.map(lambda k, c=c, n=per_epoch: timed_run(
@@ -422,7 +442,7 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace,
     pingpong = pingpong_run(res / "pingpong.json", ["chain", "blocking"])
     cores = os.cpu_count() or 1
     rows = [{"config": c, "db": c.db, "strategy": c.strategy, "ranks": c.ranks,
-             "nodes": c.ranks, "epochs": epochs[c],
+             "nodes": c.ranks, "slot_asked": c.batches_per_slot, "epochs": epochs[c],
              "iterations": epochs[c] * traces[c].epoch_iterations,
              "model_batches_per_slot": traces[c].batches_per_slot,
              # a rank on every core of the host: the neighbours' contention applies
@@ -434,7 +454,7 @@ def fit(res: Path, dbs: dict[str, Path], args: argparse.Namespace,
         costs = fit_costs(rows, traces, split, measured_apart).replace(
             **pingpong["model_costs"])
         models = [{"db": r["db"], "strategy": r["strategy"], "ranks": r["ranks"],
-                   "role": r["config"].role(split),
+                   "slot_asked": r["slot_asked"], "role": r["config"].role(split),
                    **evaluate(r, traces[r["config"]], costs)} for r in rows]
         splits[split] = {"fit": fits, "held-out": held, "costs": dataclasses.asdict(costs),
                          "models": models, "errors": error_summary(models)}
@@ -483,7 +503,7 @@ def io(res: Path, dbs: dict[str, Path], args: argparse.Namespace, cpu: Costs,
     """The cold runs (see the module docstring), the fitted I/O costs and, per run, the
     model against them (``cpu``: the fitted CPU costs; ``contention``: the host's factor,
     for the runs with a rank on every core)."""
-    cfgs = time_configs(args.quick)
+    cfgs = [c for c in time_configs(args.quick) if not c.batches_per_slot]
     traces = epoch_traces(dbs, cfgs, Path(args.trace_cache) if args.trace_cache else None)
     print(f"cold runs: load average {os.getloadavg()}", flush=True)
     rows = []

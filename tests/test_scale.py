@@ -311,3 +311,26 @@ def test_the_ring_probe_line_and_the_costs_the_fit_takes_as_known() -> None:
             if scale_calibrate.held_out_somewhere(c)]
     assert {(c.db, c.ranks) for c in held} == {("cifar", 2), ("mnist", 2), ("imagenet", 1),
                                                ("imagenet", 2)}
+
+
+def test_a_node_rings_slot_costs_once_per_slot_and_the_fit_varies_the_slot(cifar: Path
+                                                                            ) -> None:
+    """``cpu_slot_s`` is charged once per slot a node-level strategy's reader builds,
+    whatever the slot's size, and never to a naive rank; the calibration's fit set holds
+    1-rank runs at several slot sizes so that it can tell that cost from a cost per
+    record, and none of them is held out by any split."""
+    from bench import scale_calibrate
+
+    per_slot = Costs(mpi_latency_s=0.0, cpu_slot_s=1.0)
+    for slot in (1, 4):
+        lmm = trace(cifar, "lmm", 1, 1, 16, iterations=12, batches_per_slot=slot)
+        assert actor_cpu_seconds(lmm, per_slot)[0] == pytest.approx(12 / slot)
+    naive = trace(cifar, "naive-stride", 1, 1, 16, iterations=12)
+    assert actor_cpu_seconds(naive, per_slot)[0] == 0.0
+    assert "cpu_slot_s" in scale_calibrate.FITTED
+    sized = [c for c in scale_calibrate.time_configs(False, sizes=True) if c.batches_per_slot]
+    assert {c.batches_per_slot for c in sized} == set(scale_calibrate.FIT_SLOT_SIZES)
+    assert {c.strategy for c in sized} == set(scale_calibrate.NODE_STRATEGIES)
+    assert all(c.role(split) == "fit" for c in sized for split in scale_calibrate.SPLITS)
+    assert len({c.file("time", 3) for c in scale_calibrate.time_configs(False, sizes=True)}
+               ) == len(scale_calibrate.time_configs(False, sizes=True))

@@ -80,6 +80,12 @@ class Costs:
     consume_s_per_record: float = 0.0
     #: a ring slot handed from a node's reader to one of its workers (shared memory)
     handoff_s_per_slot: float = 0.0
+    #: CPU per slot of a node-level strategy besides the ring's hand-off and the read's
+    #: ``cpu_step_s``, whatever the slot's size: the reader finding its node's share of
+    #: the slot and the records' spans, asking ahead for the next slot, filling the
+    #: slot's tables; the worker taking the slot apart. Slots of 2,000-4,000 records hide
+    #: it (bench/scale_calibrate.py fits it on runs at 1 and 4 batches a slot too)
+    cpu_slot_s: float = 0.0
     #: every CPU cost above is multiplied by this: how much longer the same work takes a
     #: core when the host's other cores are busy too (shared caches, memory bandwidth).
     #: The CPU costs are fitted on one rank with the host's other core idle (1); a job

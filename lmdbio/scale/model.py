@@ -14,8 +14,9 @@ What a read costs depends on how the strategy reads:
 
 Bandwidth is shared: each reading rank gets ``min(node / readers on its node, aggregate /
 readers in the job)``. CPU is per record walked, skipped or located, per page touched, per
-read (and per read that speculates, dm-spec; and per page of the file when the reads
-count pages, as ``bench read`` does), and per byte each consumer copies and per
+read (and per read that speculates, dm-spec; per slot a node's reader builds; and per
+page of the file when the reads count pages, as ``bench read`` does), and per byte each
+consumer copies and per
 record it takes (plus a hand-off per slot from a
 node's reader to each of its workers). Actors that do not communicate run side by side: a
 node's time is the longer of its reader's path (reads, CPU, its own share of consuming
@@ -193,7 +194,7 @@ def _step_io(trace: Trace, step: Step, costs: Costs, node: NodePageCache, window
 def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: int) -> None:
     """The CPU side of one step, into ``c``: the chain's walk, the rest of the read (per
     record, per page touched, per read, per page of the file when pages are counted, per
-    speculating read), the cursor message, and
+    speculating read, per slot of a node's ring), the cursor message, and
     the consuming (a copy per byte, a decode and a take per record, shared among the
     node's ``consumers``, plus the slot's hand-off on a node ring), all of it times the
     host's contention factor."""
@@ -202,7 +203,8 @@ def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: in
     c.cpu = step.walked * costs.cpu_walk_s + step.skipped * costs.cpu_skip_s + \
         step.located * costs.cpu_locate_s + step.touched().size * costs.cpu_page_s + \
         costs.cpu_step_s + trace.n_pages * costs.cpu_account_s_per_file_page + \
-        (costs.cpu_speculate_s if trace.speculates else 0.0) - c.chain_cpu
+        (costs.cpu_speculate_s if trace.speculates else 0.0) + \
+        (costs.cpu_slot_s if trace.shared else 0.0) - c.chain_cpu
     c.message = step.messages * costs.mpi_latency_s + \
         step.message_bytes / costs.mpi_bandwidth_bps
     c.consume = (step.bytes * costs.copy_s_per_byte
