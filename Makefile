@@ -47,8 +47,9 @@ lint: setup
 # fixtures are built once). First the kernels these tests call are compiled into numba's
 # cache, once each, on all cores (tests/precompile_kernels.py), so the workers only load
 # them instead of compiling at first calls, some in both. Fresh clone on the 2-core VM
-# (2026-11-28, after setup): 67-73 s, then the tests 53-56 s (was 91 s + 75 s); a second
-# time the step returns at once and the tests take ~50 s (was 74 s).
+# (2026-11-28, after setup, 3 runs): 60-64 s, then the tests 46-54 s, 108-119 s in all
+# (129-131 s with IBP's parfors decoders, 115 signatures; at first 91 s + 75 s); a second
+# time the step returns at once and the tests take ~48 s (was 74 s).
 UNIT_TESTS = LMDBIO_TESTS_WITHOUT_MPIEXEC=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider \
 	-n auto --maxprocesses 4 --dist loadfile -m "not mpiexec and not slow" tests
 

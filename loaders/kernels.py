@@ -241,8 +241,9 @@ def transform_ragged(src, starts, shapes, train, h_u, w_u, mirror, mean_mode, me
         width = shapes[i, 2]
         ho = _crop_offset(height, oh, train, h_u[i])
         wo = _crop_offset(width, ow, train, w_u[i])
+        # no streaming, as a run-time bool (not omitted): transform's specialisation
         _image(src, starts[i], c, height, width, ho, wo, mirror[i], mean_mode, no_mean,
-               mean_values, scale, dst, i * c * oh * ow, oh, ow)
+               mean_values, scale, dst, i * c * oh * ow, oh, ow, np.bool_(False))
 
 
 @njit(cache=True, nogil=True)
@@ -278,8 +279,9 @@ def transform_datums_ragged(buf, starts, lengths, train, h_u, w_u, mirror, mean_
         width = row[COL_WIDTH]
         ho = _crop_offset(height, oh, train, h_u[i])
         wo = _crop_offset(width, ow, train, w_u[i])
+        # no streaming, as a run-time bool (not omitted): transform_datums' specialisation
         _image(buf, row[COL_DATA_OFF], c, height, width, ho, wo, mirror[i], mean_mode,
-               no_mean, mean_values, scale, dst, i * c * oh * ow, oh, ow)
+               no_mean, mean_values, scale, dst, i * c * oh * ow, oh, ow, np.bool_(False))
         labels[i] = row[COL_LABEL]
     return -1
 

@@ -1,8 +1,8 @@
 """Compile the kernels the quick test loop calls before it starts, once each, on every core.
 
 Why: from a fresh clone numba compiles ~130 CPU-seconds of kernels during ``make unit``
-(measured 2026-11-28 on the 2-core VM: 115 signatures; the IBP kernels 41 s, TOC 30 s,
-the transform kernels 23 s, the LMDB kernels 18 s). Each pytest-xdist worker compiles a
+(measured 2026-11-28 on the 2-core VM: 109 signatures; the TOC, transform, LMDB and IBP
+kernels 25-35 s each). Each pytest-xdist worker compiles a
 kernel at its first call, so the kernels two workers' test files share are compiled twice
 (25 s), and a test that is first to call a kernel waits for it. Compiled here first, every kernel
 reaches numba's on-disk cache once, on all cores, and the workers only load them.

@@ -282,6 +282,33 @@ def test_corrupt_stream_detected_without_checksum() -> None:
             decode(model, bad, how)
 
 
+def test_parallel_shares_decode_and_fail_as_serial(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``parallel=True`` cuts the rows into shares, one per thread: on 4 threads every layout
+    decodes exactly, and a damaged row in a later share is reported as the serial decoder
+    reports it (not the shares' own checks that their rows end the data section)."""
+    from sklearn.datasets import load_digits
+
+    from lmdbio.codecs.ibp import packed as packed_module
+
+    monkeypatch.setattr(packed_module, "decode_threads", lambda: 4)
+    assert packed_module.row_shares(43, 4) == [(0, 16), (16, 32), (32, 43)]
+    x = load_digits().data[:43].astype(np.float32)
+    model = ibp.fit(x)
+    for layout in ("inplace", "condensed"):
+        packed = model.compress(x, layout)
+        assert np.array_equal(_bits(decode(model, packed, "parallel")), _bits(x))
+    packed = model.compress(x, "condensed")
+    assert packed.lengths is not None
+    row = 16 + int(np.flatnonzero(packed.lengths[16:] < model.nchunks)[0])
+    frame = bytearray(packed.to_bytes(checksum=False))
+    at = len(frame) - packed.data.nbytes + int(packed.row_offsets()[row]) * 4
+    frame[at:at + 4] = (~np.frombuffer(frame, np.uint32, 1, at)).tobytes()
+    bad = ibp.IBPPacked.from_bytes(bytes(frame))
+    for how in ("kernel", "parallel"):
+        with pytest.raises(CodecError, match=f"row {row}:"):
+            decode(model, bad, how)
+
+
 def test_padding_bits_checked() -> None:
     x = np.zeros((4, 3), np.float32)  # 3 chunks: stream of a row is 3 free-bit groups
     model = ibp.fit(np.r_[x, np.ones((1, 3), np.float32)])

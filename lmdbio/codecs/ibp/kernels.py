@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
@@ -539,74 +539,6 @@ def decode_rows64(words, inplace, bitmask, lengths, cids, nclusters, frees, bitv
     """:func:`decode_rows32` for 64-bit chunks (the pair tables are unused)."""
     return _decode_all(words, inplace, bitmask, lengths, cids, nclusters, frees, bitvals, pcu,
                        pfm, pbv, pk, meta_words, out, 64)
-
-
-@njit(inline="always")
-def _decode_all_parallel(words, inplace, bitmask, lengths, cids, nclusters, frees, bitvals, pcu,
-                         pfm, pbv, pk, meta_words, row_off, out, codes, width):
-    # as _decode_all, one row per iteration with no early exit (prange): the row's error code
-    # goes to codes[i]
-    nrows = out.shape[0]
-    n = out.shape[1]
-    nw = words.shape[0]
-    for i in prange(nrows):
-        base = row_off[i]
-        code = 0
-        c = 0
-        if cids.shape[0] > 0:
-            c = np.int64(cids[i])
-            if c >= nclusters:
-                code = 4
-        if inplace:
-            comp = ((bitmask[i >> 3] >> (i & 7)) & 1) == 1
-            rowlen = n
-        else:
-            rowlen = np.int64(lengths[i])
-            comp = rowlen < n
-            if rowlen > n or (comp and rowlen < meta_words):
-                code = 6
-        if code == 0 and base + rowlen > nw:
-            code = 1
-        if code == 0 and not comp:
-            ub = np.uint64(base)
-            for j in range(n):
-                out[i, np.uint64(j)] = words[ub + np.uint64(j)]
-        elif code == 0:
-            if base + meta_words + n + 3 > nw:
-                stream = _decode_row_padded(words, base, meta_words, n, width, frees, bitvals,
-                                            pcu, pfm, pbv, pk, c, out, i)
-            elif width == 32:
-                stream = _decode_row32(words, base, meta_words, n, frees, bitvals, pcu, pfm,
-                                       pbv, pk, c, out, i)
-            else:
-                stream = _decode_row64(words, base, meta_words, n, frees, bitvals, pcu, c, out,
-                                       i)
-            if stream < 0:
-                code = 1
-            else:
-                used = meta_words + (stream + width - 1) // width
-                if (inplace and used >= n) or (not inplace and used != rowlen):
-                    code = 2
-                elif not _check_tail(words, base, meta_words, n, width, stream):
-                    code = 5
-        codes[i] = code
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def decode_rows_parallel32(words, inplace, bitmask, lengths, cids, nclusters, frees, bitvals,
-                           pcu, pfm, pbv, pk, meta_words, row_off, out, codes):
-    """:func:`decode_rows32` over threads: row ``i`` starts at word ``row_off[i]`` (from the
-    lengths); ``codes[i]`` receives the row's error code."""
-    _decode_all_parallel(words, inplace, bitmask, lengths, cids, nclusters, frees, bitvals, pcu,
-                         pfm, pbv, pk, meta_words, row_off, out, codes, 32)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def decode_rows_parallel64(words, inplace, bitmask, lengths, cids, nclusters, frees, bitvals,
-                           pcu, pfm, pbv, pk, meta_words, row_off, out, codes):
-    """:func:`decode_rows_parallel32` for 64-bit chunks."""
-    _decode_all_parallel(words, inplace, bitmask, lengths, cids, nclusters, frees, bitvals, pcu,
-                         pfm, pbv, pk, meta_words, row_off, out, codes, 64)
 
 
 # --------------------------------------------------------------------------------------------

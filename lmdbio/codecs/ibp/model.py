@@ -258,9 +258,10 @@ class IBPModel:
 
         ``method``: ``"kernel"`` (numba on CPU, the CUDA kernel on a GPU), ``"xp"`` (whole-array
         code on ``xp``), ``"mirror"`` (the CPU model of the CUDA kernel, numpy only) or
-        ``"auto"`` (the kernel of ``xp``'s device). ``parallel`` decodes rows on all numba
-        threads. ``out``: a preallocated array of the rows (CPU kernel only) to decode into,
-        e.g. a batch buffer in shared memory; it is returned.
+        ``"auto"`` (the kernel of ``xp``'s device). ``parallel`` decodes shares of the rows on
+        a pool of threads, one per numba thread (the CPU kernel releases the GIL). ``out``: a
+        preallocated array of the rows (CPU kernel only) to decode into, e.g. a batch buffer
+        in shared memory; it is returned.
         """
         from lmdbio.codecs.ibp.packed import decompress
 

@@ -31,8 +31,11 @@ The CRC covers the header (with its CRC field zero) and everything after it.
 
 from __future__ import annotations
 
+import functools
+import os
 import struct
 import zlib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -481,29 +484,105 @@ def decode_words_cpu(model: IBPModel, packed: IBPPacked, parallel: bool = False,
             read_only(packed.bitmask) if inplace else _NO_U8, read_only(lengths), read_only(cids),
             model.nclusters, model.frees64, model.bitvals64, model.pcs64, pfm, pbv, pk,
             model.meta_words)
+    kern = kernels.decode_rows32 if model.width == 32 else kernels.decode_rows64
     if parallel:
         packed.validate_rows()  # row offsets come from the lengths
-        codes = np.zeros(packed.nrows, np.int32)
-        kern = (kernels.decode_rows_parallel32 if model.width == 32
-                else kernels.decode_rows_parallel64)
-        kern(*args, packed.row_offsets(), out, codes)
-        bad = np.flatnonzero(codes)
-        if bad.size:
-            raise_decode_error(int(codes[bad[0]]), int(bad[0]))
+        code, row = decode_shares_threaded(kern, args, packed.row_offsets(), out,
+                                           decode_threads())
     else:
-        kern = kernels.decode_rows32 if model.width == 32 else kernels.decode_rows64
         code, row = kern(*args, out)
-        if code:
-            raise_decode_error(int(code), int(row))
+    if code:
+        raise_decode_error(int(code), int(row))
     return out
 
 
+#: the kernels' error code for rows that end before the data section does (``ERRORS[3]``
+#: of :mod:`lmdbio.codecs.ibp.kernels`)
+CODE_ROWS_END_EARLY = 3
+#: a thread's share of rows starts at a multiple of this: the in-place layout's bitmask
+#: holds 8 rows a byte, so a share's bitmask is a slice of whole bytes
+SHARE_ROW_ALIGN = 8
+
+
+def decode_threads() -> int:
+    """How many threads ``parallel=True`` decodes on: ``NUMBA_NUM_THREADS`` when set, else
+    one per core this process may run on (numba's own thread count, read without importing
+    numba here: only kernel modules import it)."""
+    configured = os.environ.get("NUMBA_NUM_THREADS", "").strip()
+    if configured:
+        return max(1, int(configured))
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
+
+
+@functools.cache
+def decode_pool(threads: int, pid: int) -> ThreadPoolExecutor:
+    """The pool of ``threads`` threads that ``parallel=True`` decodes on in process ``pid``
+    (``os.getpid()``), started at its first use and kept for the process (a decode then pays
+    no thread start-up). Keyed by the process: a child forked after a decode inherits the
+    pool without its threads, and must start its own."""
+    return ThreadPoolExecutor(max_workers=threads, thread_name_prefix="ibp-decode")
+
+
+def row_shares(nrows: int, parts: int) -> list[tuple[int, int]]:
+    """``nrows`` rows cut into at most ``parts`` near-equal ``[start, end)`` shares, each
+    start a multiple of :data:`SHARE_ROW_ALIGN`."""
+    size = -(-nrows // max(1, parts))
+    size = max(SHARE_ROW_ALIGN, -(-size // SHARE_ROW_ALIGN) * SHARE_ROW_ALIGN)
+    return [(start, min(start + size, nrows)) for start in range(0, nrows, size)]
+
+
+def decode_share(kern: Any, args: tuple[Any, ...], row_off: np.ndarray, out: np.ndarray,
+                 start: int, end: int) -> tuple[int, int]:
+    """Decode rows ``start:end`` with the serial kernel ``kern`` (``args`` as
+    :func:`decode_words_cpu` builds them for all rows); returns its ``(code, row)`` with
+    ``row`` counted from the first row of the batch.
+
+    The share's words run from its first row to the end of the data section, as for the
+    whole batch, so that every row is checked exactly as the whole-batch call checks it
+    (a stream running past its row reads on into the next one and fails the length
+    check). The price: the kernel's check that the rows end where the data section ends
+    (code 3) fails for every share but the last."""
+    words, inplace, bitmask, lengths, cids, *tables = args
+    code, row = kern(words[int(row_off[start]):] if start else words, inplace,
+                     bitmask[start // SHARE_ROW_ALIGN:] if inplace else bitmask,
+                     lengths[start:end] if lengths.size else lengths,
+                     cids[start:end] if cids.size else cids, *tables, out[start:end])
+    return int(code), start + int(row) if code else -1
+
+
+def decode_shares_threaded(kern: Any, args: tuple[Any, ...], row_off: np.ndarray,
+                           out: np.ndarray, threads: int) -> tuple[int, int]:
+    """Decode every row into ``out`` as ``kern(*args, out)`` does, in :func:`row_shares` on
+    ``threads`` threads of :func:`decode_pool` (the kernels are ``nogil``); returns the same
+    ``(code, row)``: that of the first share with an error (its first bad row, the lowest
+    of the batch), or ``(0, -1)``. ``row_off``: the word offset of every row."""
+    shares = row_shares(out.shape[0], threads)
+    if len(shares) <= 1:
+        code, row = kern(*args, out)
+        return int(code), int(row)
+    results = list(decode_pool(threads, os.getpid()).map(
+        lambda share: decode_share(kern, args, row_off, out, *share), shares))
+    last = len(results) - 1
+    for index, (code, row) in enumerate(results):
+        if code and not (code == CODE_ROWS_END_EARLY and index < last):
+            return code, row
+    return 0, -1
+
+
 def decode_words_mirror(model: IBPModel, packed: IBPPacked, addr0: int = 0) -> np.ndarray:
-    """Decode with the CPU model of the CUDA kernel (``addr0``: device address mod 128)."""
+    """Decode with the CPU model of the CUDA kernel (``addr0``: device address mod 128).
+
+    The model writes 64-bit words whatever the chunk width (a 32-bit chunk's value fits in
+    the low half), narrowed to the words dtype at the end: one compiled specialisation of
+    the model serves both widths, where a uint32 ``out`` would compile a second (the model
+    checks the GPU algorithm where there is no GPU; it is no production decoder, so the
+    copy costs nothing that matters)."""
     kernels = kernel_module("lmdbio.codecs.ibp")
 
     packed.validate_rows()
-    out = np.empty((packed.nrows, model.nchunks), model.words_dtype)
+    out = np.empty((packed.nrows, model.nchunks), np.uint64)
     inplace = packed.layout == "inplace"
     code, row = kernels.decode_rows_mirror(
         read_only(np.ascontiguousarray(packed.data)), int(addr0),
@@ -516,7 +595,7 @@ def decode_words_mirror(model: IBPModel, packed: IBPPacked, addr0: int = 0) -> n
         model.width, out)
     if code:
         raise_decode_error(int(code), int(row))
-    return out
+    return out.astype(model.words_dtype, copy=False)
 
 
 def _out_words(model: IBPModel, nrows: int, out: np.ndarray) -> np.ndarray | None:
