@@ -91,6 +91,7 @@ import numpy as np
 from bench import read as bench_read
 from bench.common import BENCH_DATA, RESULTS, random_db, write_json
 from bench.pingpong import run as pingpong_run
+from lmdbio.plan.strategies import strategy_class
 from lmdbio.scale import Costs, epoch_time, trace
 from lmdbio.scale.model import actor_cpu_seconds, step_costs
 from lmdbio.scale.trace import Trace, cached_trace
@@ -116,8 +117,9 @@ SIZE_SHAPES = {"size-48k": (2_000, 48_000, 8)}
 #: cost per slot (``cpu_slot_s``) hides in the costs per record there, and the held-out
 #: imagenet's slots hold 80; slots of 1 and 4 batches (32-256 records) pin it
 FIT_SLOT_SIZES = (1, 4)
-#: the node-level strategies (one reader per node hands slots through a ring)
-NODE_STRATEGIES = ("lmm", "dm-serial", "dm-spec", "indexed")
+#: the node-level strategies (a node's reader hands slots through a ring), from the
+#: strategy registry
+NODE_STRATEGIES = tuple(s for s in STRATEGIES if strategy_class(s).shared)
 #: the fit / held-out splits: name -> (what it fits on, what it holds out). The first
 #: gives bench/results/scale/fitted-costs.yaml
 SPLITS = {
@@ -234,8 +236,7 @@ def epoch_traces(dbs: dict[str, Path], cfgs: list[Config], cache: Path | None = 
     """One traced epoch per configuration (its slot size, as measured), kept in ``cache``
     when given (:func:`~lmdbio.scale.trace.cached_trace`)."""
     return {c: cached_trace(cache, dbs[c.db], c.strategy, c.ranks, c.ranks, batch_of(c.db),
-                            **({"batches_per_slot": c.batches_per_slot}
-                               if c.batches_per_slot else {}))
+                            batches_per_slot=c.batches_per_slot)
             for c in cfgs}
 
 
