@@ -1,7 +1,7 @@
 """``lmdbio bench read`` on namespaced hosts: page traffic, link traffic and time per host.
 
 The first measurement where nodes do not share a page cache path *and* talk over a network:
-N hosts made by tests/multihost.py (network namespaces on a bridge, each with its own host
+N hosts made by bench/multihost.py (network namespaces on a bridge, each with its own host
 name and /dev/shm), each node reading through its own O_DIRECT cache (``--direct``), the
 links optionally shaped like a cluster's (``--rate``: ``tc tbf``; ``--delay``: ``tc netem``,
 where the kernel has it). For each strategy and read-around window one ``mpiexec`` run of
@@ -46,7 +46,7 @@ import time
 from pathlib import Path
 
 from bench.common import NUMBA_CACHE, REPO, random_db, write_json
-from tests.multihost import Hosts, make_hosts, unavailable
+from bench.multihost import Hosts, make_hosts, unavailable
 
 STRATEGIES = ("naive-stride", "lmm", "dm-spec", "indexed")
 RANKS_PER_HOST = 2

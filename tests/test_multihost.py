@@ -1,4 +1,4 @@
-"""lmdbio's cross-node paths on real hosts: namespaced hosts on this machine (tests/multihost.py).
+"""lmdbio's cross-node paths on real hosts: namespaced hosts on this machine (bench/multihost.py).
 
 Elsewhere the cross-node paths run on *simulated* nodes; here two hosts ``h1``, ``h2`` (own
 network stack, host name and /dev/shm each; Open MPI's daemons started through a launch
@@ -23,7 +23,7 @@ the real ``Split_type(COMM_TYPE_SHARED)``, no ``simulate_nodes``:
 
 The first three launches cost 45-50 s on the 2-core project machine (17 + 16 + 11 s at a
 load average of 7-9 from other jobs), the bench runs 10-20 s more; the hosts are made once
-per module and removed whatever happens (tests/multihost.py sweeps what a killed run
+per module and removed whatever happens (bench/multihost.py sweeps what a killed run
 left). The mpiexec lines of
 ``lmdbio launch --hosts`` and its lost-host report are also checked without hosts.
 Skipped where network namespaces cannot be made (not root, no iproute2).
@@ -45,10 +45,10 @@ import numpy as np
 import pytest
 from engine_helpers import check_cursor_hand_off, check_symmetric_mapping
 from mpi_harness import REPO, CompletedRun, require_mpiexec, run_mpi
-from multihost import Hosts, make_hosts, sweep_stale, unavailable
 from test_read_strategies import Generated, check_case, check_pages
 
 from bench.lmdbgen import random_items, read_pylmdb, write_db
+from bench.multihost import Hosts, make_hosts, sweep_stale, unavailable
 from launch import mpirun
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.errors import ConfigError
@@ -103,9 +103,9 @@ def test_what_a_killed_run_left_is_swept() -> None:
     why = unavailable()
     if why:
         pytest.skip(why)
-    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); import multihost; "
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]); from bench import multihost; "
             "h = multihost.make_hosts(2); print(h.tag, flush=True); time.sleep(600)")
-    child = subprocess.Popen([sys.executable, "-c", code, str(REPO / "tests")],
+    child = subprocess.Popen([sys.executable, "-c", code, str(REPO)],
                              stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None

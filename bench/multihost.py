@@ -35,7 +35,10 @@ hosts cannot be made here (not root, no iproute2, namespaces refused); tests ski
 Links can be shaped like a cluster's (:meth:`Hosts.shape`: a rate with ``tc tbf``, a delay
 with ``tc netem`` where the kernel has it).
 
-By hand (root): ``python tests/multihost.py --hosts 2 [--rate 1gbit --delay 100us] --
+Shared by the tests (tests/test_multihost.py) and the benchmarks (bench/multihost_read.py),
+so it lives in ``bench`` (tests import bench helpers; bench never imports tests).
+
+By hand (root): ``python -m bench.multihost --hosts 2 [--rate 1gbit --delay 100us] --
 COMMAND ...`` makes the hosts, runs COMMAND with ``MULTIHOST_HOSTS`` (``h1:2,h2:2``),
 ``MULTIHOST_HOSTFILE`` and the ``PRTE_MCA_*``/``OMPI_MCA_*`` settings in its environment,
 and tears everything down.
@@ -407,7 +410,7 @@ def hosts_up(n: int = 2, slots: int = 2) -> Iterator[Hosts]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python tests/multihost.py --hosts N [--slots S] -- COMMAND...``: run COMMAND with
+    """``python -m bench.multihost --hosts N [--slots S] -- COMMAND...``: run COMMAND with
     N namespaced hosts up (see the module docstring), then remove them."""
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--hosts", type=int, default=2)
