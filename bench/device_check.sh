@@ -19,7 +19,8 @@
 #   service-r8   50 s  bench/service.py --ranks 8 --repeat 1 --no-stall, CIFAR-like only, 300
 #                      batches per consuming rank (7 mpiexec runs of a few seconds each)
 #   service-r16  55 s  the same at 16 ranks
-#   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1, CIFAR-like only, no streaming
+#   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1 --epochs 3 (at 16 ranks an epoch
+#                      is ~1 ms a rank: three timed as one window), CIFAR-like only, no streaming
 #                      (measured on this VM already; ~30 s): R = 2, 4, 8, 16: floor-R,
 #                      kernel-R (lmdbio's fused kernel alone), pylmdb-per-rank-R and
 #                      lmdbio colocated (a reader per rank, the default), one-reader and
@@ -126,7 +127,7 @@ if [ "$QUICK" = "1" ]; then
     R_LOW=2; R_HIGH=2; BATCHES=20; PEERS_ARGS=(--quick --max-ranks 2 --repeat 1)
 else
     R_LOW=8; R_HIGH=16; BATCHES=300
-    PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1
+    PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1 --epochs 3
                 --variants floor,kernel,sequential-read,pylmdb,torch,lmdbio)
 fi
 

@@ -4,6 +4,9 @@ A benchmark, not a test: it asserts nothing about speed. Every variant delivers 
 thing: one shuffled epoch of float32 NCHW batches scaled by 1/255 with int64 labels, timed
 after one untimed warm-up epoch (the warm-up also collects a check of what was delivered:
 dtype, shape, mean pixel value, value range; so "the same output" is visible in the JSON).
+``--epochs K`` times K shuffled epochs as one window instead (each epoch's wall time is kept
+in the JSON): the ImageNet-like and photograph sets last about 10 ms an epoch on the 2-core
+VM, so that one descheduled moment of one rank decides a single-epoch 2-rank figure.
 
 Variants (each in a fresh process, so that imports and compiles of one do not weigh on
 another, except that one process runs a peer's worker counts one after another, paying the
@@ -47,7 +50,7 @@ bench/service.py launches it):
   lmdbio-one-reader-R    colocated with ``readers.per_node: 1``: one rank reads (locates,
                          fills, publishes) for every worker of the node
 
-Figures per variant: samples/s (records delivered in the timed epoch over its wall time; for
+Figures per variant: samples/s (records delivered in the timed epochs over their wall time; for
 R ranks, delivered to all consumers over the slowest rank's wall time), CPU µs per sample
 (process CPU time, user + system, of every process involved: getrusage SELF + CHILDREN in
 one-process variants and DataLoader parents, which reap their workers within the epoch;
@@ -214,14 +217,20 @@ def dataloader_epoch(dl: Any) -> Any:
     return epoch
 
 
-def timed_epochs(epoch: Callable[[int, Check | None], int]) -> dict[str, Any]:
-    """Run ``epoch(0, check)`` untimed, then ``epoch(1, None)`` timed (wall and CPU)."""
+def timed_epochs(epoch: Callable[[int, Check | None], int], epochs: int = 1) -> dict[str, Any]:
+    """Run ``epoch(0, check)`` untimed, then epochs ``1..epochs`` timed as one window (wall
+    and CPU); each timed epoch's wall time is kept too."""
     check = Check()
     epoch(0, check)
+    n, each = 0, []
     cpu0, t0 = cpu_seconds(), time.perf_counter()
-    n = epoch(1, None)
+    for e in range(1, epochs + 1):
+        a = time.perf_counter()
+        n += epoch(e, None)
+        each.append(time.perf_counter() - a)
     secs, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
-    return {"samples": n, "seconds": secs, "cpu_seconds": cpu, "check": check.as_dict()}
+    return {"samples": n, "seconds": secs, "cpu_seconds": cpu, "epoch_seconds": each,
+            "check": check.as_dict()}
 
 
 def ranked_epochs(p: dict[str, Any],
@@ -230,7 +239,7 @@ def ranked_epochs(p: dict[str, Any],
     mpiexec (``p["ranks"]`` > 1) on every rank at once after a barrier: rank 0 returns
     the totals (samples summed, the slowest rank's seconds, CPU summed), the others None."""
     if p.get("ranks", 0) <= 1:
-        return timed_epochs(lambda e, check: epoch(e, 0, 1, check))
+        return timed_epochs(lambda e, check: epoch(e, 0, 1, check), p["epochs"])
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD
@@ -238,10 +247,15 @@ def ranked_epochs(p: dict[str, Any],
     check = Check()
     epoch(0, rank, size, check)
     comm.Barrier()
+    n, each = 0, []
     cpu0, t0 = cpu_seconds(), time.perf_counter()
-    n = epoch(1, rank, size, None)
+    for e in range(1, p["epochs"] + 1):
+        a = time.perf_counter()
+        n += epoch(e, rank, size, None)
+        each.append(time.perf_counter() - a)
     mine = {"samples": n, "seconds": time.perf_counter() - t0,
-            "cpu_seconds": cpu_seconds() - cpu0, "check": check.as_dict()}
+            "cpu_seconds": cpu_seconds() - cpu0, "epoch_seconds": each,
+            "check": check.as_dict()}
     every = comm.gather(mine, root=0)
     if rank != 0:
         return None
@@ -316,7 +330,8 @@ def child_kernel(p: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def child_seqread(p: dict[str, Any]) -> dict[str, Any]:
-    """data.mdb read front to back into one reused 8 MiB buffer (a warm-up pass, then timed)."""
+    """data.mdb read front to back into one reused 8 MiB buffer (a warm-up pass, then one
+    timed pass per timed epoch)."""
     path = Path(p["db"]) / "data.mdb" if Path(p["db"]).is_dir() else Path(p["db"])
     buf = bytearray(READ_CHUNK)
 
@@ -329,10 +344,10 @@ def child_seqread(p: dict[str, Any]) -> dict[str, Any]:
 
     once()
     cpu0, t0 = cpu_seconds(), time.perf_counter()
-    nbytes = once()
+    nbytes = sum(once() for _ in range(p["epochs"]))
     secs, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
-    return {"samples": p["records"], "seconds": secs, "cpu_seconds": cpu, "bytes": nbytes,
-            "bytes_per_second": nbytes / secs if secs > 0 else 0.0}
+    return {"samples": p["records"] * p["epochs"], "seconds": secs, "cpu_seconds": cpu,
+            "bytes": nbytes, "bytes_per_second": nbytes / secs if secs > 0 else 0.0}
 
 
 def child_pylmdb_loop(p: dict[str, Any]) -> dict[str, Any]:
@@ -363,7 +378,7 @@ def child_pylmdb_loop(p: dict[str, Any]) -> dict[str, Any]:
                 check.add(x, y)
         return n
 
-    r = timed_epochs(epoch)
+    r = timed_epochs(epoch, p["epochs"])
     txn.abort()
     env.close()
     return {**r, "parser": parser}
@@ -418,7 +433,7 @@ def child_torch(p: dict[str, Any]) -> dict[str, Any]:
         epoch = dataloader_epoch(dl)
 
         t0 = time.perf_counter()
-        r = timed_epochs(epoch)
+        r = timed_epochs(epoch, p["epochs"])
         results.append({**r, "run_seconds": time.perf_counter() - t0,
                         "parser": make_getitem(p["parser"])[0], "torch": torch.__version__,
                         "torch_threads": torch.get_num_threads()})
@@ -503,7 +518,7 @@ def child_streaming(p: dict[str, Any]) -> dict[str, Any]:
         epoch = dataloader_epoch(dl)
 
         t0 = time.perf_counter()
-        r = timed_epochs(epoch)
+        r = timed_epochs(epoch, p["epochs"])
         results.append({**r, "run_seconds": time.perf_counter() - t0, "import_note": note})
         del epoch, dl, ds
         gc.collect()
@@ -529,7 +544,7 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
     cfg = {"dataset": {"path": p["db"], "layout": "caffe-datum"},
            "batch": {"size": p["batch"] * workers, "last": "pad"},
            "readers": {"strategy": "indexed", "mode": p["mode"], "per_node": per_node},
-           "shuffle": {"mode": "global", "seed": p["seed"]}, "epochs": 3,
+           "shuffle": {"mode": "global", "seed": p["seed"]}, "epochs": p["epochs"] + 2,
            "metrics": {"every": 0}, "transform": {"scale": SCALE},
            "workers": {"device": "cpu"}}
     check = Check()
@@ -538,22 +553,26 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
         for b in L:
             check.add(b.data, b.label)
         comm.Barrier()
-        cpu0, t0 = cpu_seconds(), time.perf_counter()
-        L.set_epoch(1)
         n = pad = 0
-        for b in L:
-            n += len(b)
-            pad += int(np.count_nonzero(b.padding))
+        each = []
+        cpu0, t0 = cpu_seconds(), time.perf_counter()
+        for e in range(1, p["epochs"] + 1):
+            a = time.perf_counter()
+            L.set_epoch(e)
+            for b in L:
+                n += len(b)
+                pad += int(np.count_nonzero(b.padding))
+            each.append(time.perf_counter() - a)
         secs, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
         # one more epoch, untimed, with every stage of the data path timed (the spans'
         # clock reads would cost the timed epoch a few percent on small records)
         L.stages.enabled = True
-        L.set_epoch(2)
+        L.set_epoch(p["epochs"] + 1)
         for _ in L:
             pass
         L.stages.enabled = False
         mine = {"rank": comm.Get_rank(), "worker": bool(L.is_worker), "samples": n,
-                "padding": pad, "seconds": secs, "cpu_seconds": cpu,
+                "padding": pad, "seconds": secs, "cpu_seconds": cpu, "epoch_seconds": each,
                 "stages": L.stages.as_dict(),
                 "check": check.as_dict() if L.is_worker else None}
     every = comm.gather(mine, root=0)
@@ -810,14 +829,14 @@ class Runner:
         return run_child(argv, result, self.args.timeout, ranks, env)
 
     def baseline(self, p: dict[str, Any], ranks: int) -> tuple[dict[str, Any] | None, str]:
-        """lmdbio.pylmdb_per_rank at ``ranks`` ranks, launched as bench/service.py launches it: two
-        epochs of full batches per rank, the first its warm-up."""
+        """lmdbio.pylmdb_per_rank at ``ranks`` ranks, launched as bench/service.py launches it:
+        ``1 + epochs`` epochs of full batches per rank, the first its warm-up."""
         per_epoch = -(-p["records"] // ranks) // p["batch"]
         if per_epoch < 1:
             return None, f"a rank's share of {p['records']} records is under one batch"
         out = self.tmp / "baseline.json"
         argv = [sys.executable, "-m", "lmdbio.pylmdb_per_rank", p["db"],
-                "--batch-size", str(p["batch"]), "--batches", str(2 * per_epoch),
+                "--batch-size", str(p["batch"]), "--batches", str((1 + p["epochs"]) * per_epoch),
                 "--warmup", str(per_epoch), "--seed", str(p["seed"]),
                 "--parser", p["parser"], "--json", str(out)]
         r, why = run_child(argv, out, self.args.timeout, ranks)
@@ -1033,6 +1052,10 @@ def main() -> int:
     parser.add_argument("--variants", default="",
                         help="comma-separated variant names or prefixes (default: all)")
     parser.add_argument("--repeat", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--epochs", type=int, default=1,
+                        help="shuffled epochs timed as one window after the warm-up epoch "
+                        "(default 1); on small data sets a single epoch lasts milliseconds "
+                        "and one scheduling hiccup decides a multi-rank figure")
     parser.add_argument("--max-ranks", type=int, default=None,
                         help="largest R of the multi-rank variants (default min(2, cores))")
     parser.add_argument("--out", default=str(RESULTS))
@@ -1075,10 +1098,10 @@ def main() -> int:
         "machine": machine_info(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
         "arguments": {k: v for k, v in vars(args).items()
                       if k not in ("child", "params", "result")},
-        "output": "one timed shuffled epoch (after one untimed warm-up epoch) of float32 NCHW "
-                  "batches scaled by 1/255 and int64 labels; `check` is what the warm-up epoch "
-                  "delivered",
-        "notes": ["samples/s: records delivered in the timed epoch over its wall time (under "
+        "output": f"{args.epochs} timed shuffled epoch(s) (after one untimed warm-up epoch) of "
+                  "float32 NCHW batches scaled by 1/255 and int64 labels; `check` is what the "
+                  "warm-up epoch delivered",
+        "notes": ["samples/s: records delivered in the timed epochs over their wall time (under "
                   "mpiexec: delivered to all consumers over the slowest rank's time); CPU: "
                   "user + system time of every process involved (getrusage SELF + CHILDREN; "
                   "summed over ranks; the mpiexec launcher not counted)",
@@ -1101,7 +1124,7 @@ def main() -> int:
                                          "variants": {}}
             continue
         p = {"db": str(db.resolve()), "records": spec["records"], "batch": spec["batch"],
-             "seed": 0, "parser": args.parser}
+             "seed": 0, "parser": args.parser, "epochs": args.epochs}
         specs[name] = p
         results["datasets"][name] = {
             "records": spec["records"], "shape": list(spec["shape"]), "batch": spec["batch"],
