@@ -38,7 +38,10 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin
 from lmdbio.codecs.registry import BATCH_CODECS
 from lmdbio.errors import ConfigError
 from lmdbio.layouts import LAYOUTS, layout_names
+from lmdbio.plan.epoch import LastBatch, ShuffleMode
 from lmdbio.plan.strategies import STRATEGIES
+from lmdbio.shm.layout import SlotChecksum
+from lmdbio.topology import ReaderMode
 
 __all__ = [
     "BatchConfig",
@@ -59,13 +62,13 @@ __all__ = [
     "setting_error",
 ]
 
-LastBatch = Literal["pad", "drop", "partial"]
-ReaderMode = Literal["auto", "dedicated", "colocated"]
-ShuffleMode = Literal["none", "global", "block"]
+# The closed vocabularies the code below them implements are declared there, once, and read
+# here: LastBatch and ShuffleMode with the epoch plan (lmdbio.plan.epoch), ReaderMode with the
+# topology (lmdbio.topology), SlotChecksum with the slot format (lmdbio.shm.layout). None of
+# those modules imports this one, so the imports stay acyclic.
 Phase = Literal["train", "test"]
 Device = Literal["auto", "cpu", "cuda"]
 OnError = Literal["raise", "skip", "substitute"]
-SlotChecksum = Literal["xxh64", "crc32", "none"]
 Transfer = Literal["auto", "copy", "spans"]
 
 

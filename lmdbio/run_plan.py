@@ -169,8 +169,9 @@ def slot_checksum(value: bool | str) -> str:
         return "xxh64" if value else "none"
     if isinstance(value, str) and value in CHECKSUM_NAMES:
         return value
-    problem = ConfigProblem("readers.checksum", "must be 'xxh64', 'crc32' or 'none' (or True / "
-                            f"False), got {value!r}")  # an override: no line of the file
+    *rest, last = (repr(name) for name in CHECKSUM_NAMES)
+    problem = ConfigProblem("readers.checksum", f"must be {', '.join(rest)} or {last} (or "
+                            f"True / False), got {value!r}")  # an override: no line of the file
     raise ConfigError(f"invalid job configuration: {problem}")
 
 

@@ -44,7 +44,7 @@ import operator
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from launch.detect import LauncherInfo, detect_launcher
 from lmdbio.errors import ConfigError, LmdbioError
@@ -53,13 +53,15 @@ from lmdbio.mpiutil import agree, start_mpi
 if TYPE_CHECKING:  # pragma: no cover
     from mpi4py import MPI
 
-__all__ = ["MODES", "LauncherInfo", "Topology", "detect_launcher", "reader_groups",
+__all__ = ["MODES", "LauncherInfo", "ReaderMode", "Topology", "detect_launcher", "reader_groups",
            "simulated_node_bounds"]
 
 log = logging.getLogger(__name__)
 
-#: the role layouts a node can run in
-MODES = ("auto", "dedicated", "colocated")
+#: the role layouts a node can run in (``readers.mode`` of a job): the one declaration
+ReaderMode = Literal["auto", "dedicated", "colocated"]
+#: the role layouts, from :data:`ReaderMode`
+MODES: tuple[str, ...] = get_args(ReaderMode)
 #: ``mode="auto"``: a node of at least this many ranks gets a dedicated reader, a smaller
 #: one runs colocated (see :func:`auto_mode`)
 DEDICATED_FROM_RANKS = 8

@@ -348,3 +348,32 @@ def test_reference_doc_is_generated_from_the_schema():
     assert "`transform.crop_size` | integer, >= 0 | `0` |" in text
     for value in ("dm-spec", "indexed", "naive-stride", "substitute", "caffe-datum"):
         assert f"- `{value}`: " in text
+
+
+def test_closed_vocabularies_are_declared_once():
+    """Last-batch policies, shuffle modes, reader modes and slot checksums are declared
+    once, as the Literal types of the code that implements them; the schema's fields and
+    that code's tuples and tables all come from those declarations."""
+    from lmdbio import plan, topology
+    from lmdbio.plan import epoch
+    from lmdbio.run_plan import slot_checksum
+    from lmdbio.shm import layout
+
+    fields = {
+        "batch.last": epoch.LastBatch,
+        "shuffle.mode": epoch.ShuffleMode,
+        "readers.mode": topology.ReaderMode,
+        "readers.checksum": layout.SlotChecksum,
+    }
+    hints = typing.get_type_hints(JobConfig)
+    for dotted, declared in fields.items():
+        section, key = dotted.split(".")
+        assert typing.get_type_hints(hints[section])[key] is declared, dotted
+    assert plan.LAST_POLICIES == typing.get_args(epoch.LastBatch)
+    assert plan.SHUFFLE_MODES == typing.get_args(epoch.ShuffleMode)
+    assert topology.MODES == typing.get_args(topology.ReaderMode)
+    assert tuple(layout.CHECKSUM_NAMES) == typing.get_args(layout.SlotChecksum)
+    assert layout.CHECKSUM_NAMES["xxh64"] == layout.CHECKSUM_XXH64
+    assert layout.CHECKSUM_NAMES["none"] == layout.CHECKSUM_NONE
+    with pytest.raises(ConfigError, match="must be 'xxh64', 'crc32' or 'none'"):
+        slot_checksum("md5")

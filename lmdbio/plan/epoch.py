@@ -31,11 +31,18 @@ before the stop then depends on it too).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal, get_args
 
 import numpy as np
 
-LAST_POLICIES = ("pad", "drop", "partial")
-SHUFFLE_MODES = ("none", "global", "block")
+#: what becomes of an epoch's last, incomplete global batch (``batch.last``; see above)
+LastBatch = Literal["pad", "drop", "partial"]
+#: the epoch orders (``shuffle.mode``; see :func:`plan_epoch`)
+ShuffleMode = Literal["none", "global", "block"]
+#: the last-batch policies, from :data:`LastBatch` (the one declaration)
+LAST_POLICIES: tuple[str, ...] = get_args(LastBatch)
+#: the shuffle modes, from :data:`ShuffleMode` (the one declaration)
+SHUFFLE_MODES: tuple[str, ...] = get_args(ShuffleMode)
 
 
 @dataclass(frozen=True)

@@ -56,7 +56,7 @@ import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 
@@ -86,6 +86,7 @@ __all__ = [
     "VERSION",
     "PackedFormat",
     "SlotBuffers",
+    "SlotChecksum",
     "SlotLayout",
     "as_int64_array",
     "check_offset_table",
@@ -123,8 +124,11 @@ MODE_FLAGS = FLAG_PART_ENCODED | FLAG_SPANS | FLAG_KEY_SPANS
 CHECKSUM_NONE = 0
 CHECKSUM_CRC32 = 1
 CHECKSUM_XXH64 = 2
-#: the slot checksums by name (``readers.checksum``) and the kind a slot header names
-CHECKSUM_NAMES = {"none": CHECKSUM_NONE, "crc32": CHECKSUM_CRC32, "xxh64": CHECKSUM_XXH64}
+#: the slot checksums by name (``readers.checksum`` of a job): the one declaration
+SlotChecksum = Literal["xxh64", "crc32", "none"]
+#: the kind a slot header names, by checksum name (in :data:`SlotChecksum`'s order)
+CHECKSUM_NAMES: dict[str, int] = dict(zip(
+    get_args(SlotChecksum), (CHECKSUM_XXH64, CHECKSUM_CRC32, CHECKSUM_NONE), strict=True))
 #: every checksum kind a slot header may name
 CHECKSUM_KINDS = frozenset(CHECKSUM_NAMES.values())
 
