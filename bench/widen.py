@@ -11,7 +11,9 @@ repeats) and the ratio ordinary / streaming (above 1: streaming is faster).
 
 Shapes: ``imagenet`` 32 x 3x224x224 (19.3 MB per batch: the service benchmark's ImageNet-like
 worker batch) and ``cifar`` 128 x 3x32x32 (1.6 MB: below
-``loaders.transform.STREAMING_MIN_BYTES``, where the loader keeps ordinary stores).
+``loaders.stores.MIN_BYTES``, where the loader keeps ordinary stores). Each process fixes the
+store kind (``loaders.stores.set_policy``); the loader itself measures both on its first large
+batches and keeps the faster (``loaders.stores``).
 
 Writes bench/results/widen.json.
 Run: .venv/bin/python -m bench.widen [--repeat 2] [--seconds 3]   (from the repository root)
@@ -43,7 +45,7 @@ def child(shape_name: str, buffers: int, streaming: bool, seconds: float, seed: 
     import numpy as np
 
     import loaders.decode as dec
-    import loaders.transform as transform
+    import loaders.stores as stores
     from lmdbio.codecs.datum import datum_from_array, encode_datum
     from lmdbio.codecs.record_batch import pack_values
 
@@ -61,7 +63,7 @@ def child(shape_name: str, buffers: int, streaming: bool, seconds: float, seed: 
         turn[0] += 1
         return outs[turn[0] % buffers]
 
-    transform.STREAMING_MIN_BYTES = 0 if streaming else 1 << 62
+    stores.set_policy("always" if streaming else "never")
     ids = rng.integers(0, records, batch)
     got = dec.uniform_datums_float32(buf, starts[ids], alloc, lengths[ids])  # compile
     assert got is not None and np.array_equal(got[0], pixels[ids].astype(np.float32))

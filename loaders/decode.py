@@ -24,7 +24,8 @@ from lmdbio.config import setting_error
 from lmdbio.errors import ConfigError, LmdbioError, RecordError
 from lmdbio.kernel_cache import kernel_module
 from lmdbio.layouts import LAYOUTS, get_layout, layout_names
-from loaders.transform import RaggedImages, streams
+from loaders.stores import run_with_stores
+from loaders.transform import RaggedImages
 
 #: layouts whose decoders give one output row per record, in record order: the loader may
 #: decode the records of several batches in one call and split the rows (PCR, IBP and TOC
@@ -349,11 +350,11 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     n = len(spans)
     out = alloc((n, *spans.shape), np.float32)
     labels = np.empty(n, np.int64)
-    streaming = streams(out)
     table = np.empty((n, k.NCOLS), np.int64)
-    if widen_datums(payload, spans.starts, spans.lengths, spans.shape_array(),
-                    out.reshape(n, -1), labels, table,
-                    NO_HEADER_CHECK if header_fmt is None else header_fmt, streaming) >= 0:
+    fmt = NO_HEADER_CHECK if header_fmt is None else header_fmt
+    if run_with_stores(out.nbytes, lambda streaming: widen_datums(
+            payload, spans.starts, spans.lengths, spans.shape_array(), out.reshape(n, -1),
+            labels, table, fmt, streaming)) >= 0:
         return None
     return out, labels
 
@@ -393,7 +394,7 @@ def toc_decoder(cfg: Any, **_: Any) -> Decoder:
 
 def ibp_decoder(cfg: Any, **_: Any) -> Decoder:
     """IBP records, a group of rows each, with the model of the data set's sidecar."""
-    from lmdbio.convert.ibp import decode_record, load_model
+    from lmdbio.codecs.ibp.format import decode_record, load_model
 
     model = load_model(cfg.dataset.path)
 

@@ -21,9 +21,9 @@ indices the row loops vectorize; measured on the 2-core VM on a CIFAR-like batch
 arithmetic, and 1.9 us for numpy's gather + convert + scale of the same bytes (the
 ``bench/peers.py`` floor). Callers check every offset and shape: these kernels do not.
 
-A batch too large for the cache (:func:`loaders.transform.streams`) is written with
-non-temporal stores, a cache line at a time (:func:`_stream_run`): ordinary stores would
-read every output line first. Same values; half the CPU per image on ImageNet-like batches.
+A batch too large for the cache may be written with non-temporal stores, a cache line at a
+time (:func:`_stream_run`): ordinary stores read every output line first. Same values;
+which is faster depends on the host, and :mod:`loaders.stores` measures it.
 
 Decode: when the transform is the identity (Caffe's output is the pixels as float32),
 decoding to uint8 and then converting writes and reads the batch once more than needed;
@@ -149,7 +149,9 @@ def _image(src, base, c, height, width, ho, wo, flip, mode, mean, mean_values, s
     for ch in range(c):
         mv = mean_values[ch]
         if whole:  # uncropped, unmirrored: the channel is one contiguous run
-            _run(src, base + ch * plane, dst, d0 + ch * plane, plane, False, mode, mean,
+            # ``flip`` is False here; passed as the variable, not the literal, so that
+            # :func:`_stream_run` compiles one specialisation per source dtype, not two
+            _run(src, base + ch * plane, dst, d0 + ch * plane, plane, flip, mode, mean,
                  ch * plane, mv, scale, streaming)
             continue
         for h in range(oh):

@@ -39,6 +39,7 @@ from lmdbio.codecs.binaryproto import read_mean_file
 from lmdbio.errors import ConfigError
 from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
+from loaders.stores import run_with_stores
 
 __all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch",
            "transform_rng"]
@@ -171,22 +172,6 @@ class TransformDraw:
     mirror: np.ndarray
     h_u: np.ndarray | None = None
     w_u: np.ndarray | None = None
-
-
-#: float32 batches at least this large are written with streaming (non-temporal) stores:
-#: larger than a core's L2 cache, and with several workers per host larger than their share
-#: of the last-level cache, so ordinary stores would only evict (``bench/widen.py``). Smaller
-#: ones stay with ordinary stores: one process, CIFAR-like batches of 64 (786 KB), streaming
-#: them took 3.9 against 3.0 us of CPU a sample (alternate epochs, 2-core VM)
-STREAMING_MIN_BYTES = 8 << 20
-
-
-def streams(out: np.ndarray) -> bool:
-    """Whether the kernels write the float32 batch ``out`` with streaming (non-temporal)
-    stores: a batch too large to stay in the cache (:data:`STREAMING_MIN_BYTES`), which
-    ordinary stores would first read line by line (read for ownership). The values are the
-    same either way."""
-    return out.nbytes >= STREAMING_MIN_BYTES
 
 
 @functools.cache
@@ -435,9 +420,10 @@ class DataTransformer:
         labels = np.empty(n, np.int64)
         table = np.empty((n, ncols), np.int64)
         fmt = no_check if header_fmt is None else header_fmt
-        if k.transform_datums(read_only(buf), spans.starts, spans.lengths, dims, draw.h_off,
-                              draw.w_off, draw.mirror, mode, mean, mv, self.scale,
-                              out, labels, table, fmt, streams(out)) >= 0:
+        bad = run_with_stores(out.nbytes, lambda streaming: k.transform_datums(
+            read_only(buf), spans.starts, spans.lengths, dims, draw.h_off, draw.w_off,
+            draw.mirror, mode, mean, mv, self.scale, out, labels, table, fmt, streaming))
+        if bad >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
             # records of several sizes, each cropped as Caffe crops it: its own pass
@@ -533,9 +519,15 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
         mode, mv, m = k.MEAN_NONE, np.zeros(c, np.float32), None
     if m is None:
         m = np.zeros((1, 1, 1), np.float32)
-    k.transform(read_only(np.ascontiguousarray(batch)), h_off, w_off,
-                np.ascontiguousarray(draw.mirror, np.bool_), mode, m, read_only(mv),
-                np.float32(scale), out, streams(out))
+    # the kernel converts each value to float32 before any arithmetic, so a batch of another
+    # dtype than uint8 or float32 is converted first, with the same values: one compiled
+    # specialisation each fewer, at the cost of a copy on an uncommon path
+    if batch.dtype not in (np.uint8, np.float32):
+        batch = batch.astype(np.float32)
+    src = read_only(np.ascontiguousarray(batch))
+    mirror = np.ascontiguousarray(draw.mirror, np.bool_)
+    run_with_stores(out.nbytes, lambda streaming: k.transform(
+        src, h_off, w_off, mirror, mode, m, read_only(mv), np.float32(scale), out, streaming))
     return out
 
 

@@ -82,15 +82,14 @@ def test_widening_writes_exactly_the_row_at_any_alignment(n, src_off, dst_off, s
     assert (dst[:dst_off] == -1).all() and (dst[dst_off + n:] == -1).all()
 
 
-@pytest.mark.parametrize("streaming_from", [0, 1 << 62], ids=["streaming", "ordinary"])
-def test_float32_batches_equal_with_streaming_and_ordinary_stores(monkeypatch,
-                                                                   streaming_from):
+@pytest.mark.parametrize("policy", ["always", "never"], ids=["streaming", "ordinary"])
+def test_float32_batches_equal_with_streaming_and_ordinary_stores(monkeypatch, policy):
     """Both store kinds the decoder picks between (by batch size) give the reference
     pixels, also for rows whose length is no multiple of a cache line."""
     import loaders.decode as dec
-    import loaders.transform
+    import loaders.stores
 
-    monkeypatch.setattr(loaders.transform, "STREAMING_MIN_BYTES", streaming_from)
+    monkeypatch.setattr(loaders.stores, "STORES", loaders.stores.StoreChoice(policy))
     for shape in [(3, 32, 32), (3, 17, 13), (1, 1, 1)]:
         buf, bounds, _ = _batch([(shape, i) for i in range(7)], seed=sum(shape))
         got = dec.uniform_datums_float32(buf, bounds, lambda s, d: np.full(s, np.nan, d))

@@ -250,10 +250,10 @@ def test_streaming_stores_give_caffes_values(crop, mirror, mean, monkeypatch):
     """Batches too large for the cache are written with non-temporal stores, 16 values a
     cache line (mirrored rows reversed in registers): forced here on images whose rows
     and planes start at every alignment, both kernels give Caffe's values bit for bit."""
-    import loaders.transform
+    import loaders.stores
     from loaders.decode import datum_spans
 
-    monkeypatch.setattr(loaders.transform, "STREAMING_MIN_BYTES", 0)
+    monkeypatch.setattr(loaders.stores, "STORES", loaders.stores.StoreChoice("always"))
     rng = np.random.default_rng(zlib.crc32(repr((crop, mirror, mean)).encode()))
     N, C, H, W = 6, 3, 40, 53  # odd widths: runs of 35 and 53 values at any alignment
     images = rng.integers(0, 256, (N, C, H, W), dtype=np.uint8)
