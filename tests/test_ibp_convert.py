@@ -9,13 +9,8 @@ import numpy as np
 import pytest
 
 from lmdbio.cli import main as cli_main
-from lmdbio.convert.ibp import (
-    decode_record,
-    encode_record,
-    iter_records,
-    load_model,
-    load_source,
-)
+from lmdbio.codecs.ibp.format import decode_record, encode_record, load_model
+from lmdbio.convert.ibp import iter_records, load_source
 from lmdbio.errors import CodecError, LmdbioError
 
 

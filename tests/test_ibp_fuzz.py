@@ -17,7 +17,7 @@ from hypothesis.extra import numpy as hnp
 
 from lmdbio.codecs import ibp
 from lmdbio.codecs.ibp import packed as packed_mod
-from lmdbio.convert.ibp import decode_record, encode_record
+from lmdbio.codecs.ibp.format import decode_record, encode_record
 from lmdbio.errors import CodecError
 
 SETTINGS = settings(max_examples=150, deadline=None,

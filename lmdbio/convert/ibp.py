@@ -13,22 +13,17 @@ The model is fitted once (``--sample`` fraction, ``--clusters``), then every rec
 ``--rows-per-record`` rows as one condensed frame (see :mod:`lmdbio.codecs.ibp.packed`, with
 a CRC-32 unless ``--no-checksum``) plus their labels. Keys are ``%010d`` record numbers.
 The model is stored base64-encoded in the ``lmdbio.json`` sidecar (``meta["ibp"]["model"]``),
-read back with :func:`load_model`.
+read back with :func:`~lmdbio.codecs.ibp.format.load_model`.
 
-Record value, little-endian::
-
-    0 "IBPR"  4 version u8 (1)  5 flags u8 (bit 0: labels)  6 label dtype length u8  7 0
-    8 nrows u32  12 label dtype (ASCII numpy dtype string), zero padding to 8,
-    labels (nrows x itemsize), zero padding to 8, the IBP frame
+The record's bytes are declared in :mod:`lmdbio.codecs.ibp.format` (with the parser and
+the decoder readers use); this module only makes records.
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
-import binascii
 import os
-import struct
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -36,16 +31,10 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs import ibp
-from lmdbio.codecs.ibp import IBPModel
-from lmdbio.codecs.ibp.packed import IBPPacked
-from lmdbio.convert.writer import read_dataset_meta, write_dataset_meta, write_records
-from lmdbio.errors import CodecError, LmdbioError
+from lmdbio.codecs.ibp.format import KEY_FORMAT, encode_record
+from lmdbio.convert.writer import write_dataset_meta, write_records
+from lmdbio.errors import LmdbioError
 
-RECORD_MAGIC = b"IBPR"
-RECORD_VERSION = 1
-#: the head of an IBP record: magic, version, flags, dtype name length, reserved, rows
-RECORD_HEAD = struct.Struct("<4sBBBBI")
-KEY_FORMAT = b"%010d"
 BUNDLED = ("sklearn:digits", "sklearn:breast_cancer", "sklearn:wine", "sklearn:iris",
            "sklearn:diabetes", "skimage:lfw")
 
@@ -142,76 +131,6 @@ def load_source(src: str, array_key: str | None = None,
 
 # ------------------------------------------------------------------------------------------
 # records
-
-
-def encode_record(frame: bytes, labels: np.ndarray | None, nrows: int) -> bytes:
-    """One LMDB value: header, labels, the IBP frame (see the module docstring)."""
-    if labels is None:
-        dt = b""
-        lab = b""
-    else:
-        labels = np.ascontiguousarray(labels)
-        if labels.shape != (nrows,):
-            raise LmdbioError(f"labels of shape {labels.shape} for {nrows} rows")
-        dt = labels.dtype.str.encode("ascii")
-        lab = labels.tobytes()
-    head = RECORD_HEAD.pack(RECORD_MAGIC, RECORD_VERSION, 1 if labels is not None else 0,
-                          len(dt), 0, nrows) + dt
-    head += b"\0" * (-len(head) % 8)
-    lab += b"\0" * (-len(lab) % 8)
-    return head + lab + frame
-
-
-def decode_record(value: Any, model: Any, xp: Any = np,
-                  method: str = "auto") -> tuple[Any, Any]:
-    """(rows, labels) of one record, decoded on ``xp``'s device (labels as ``xp`` array or
-    None). ``value`` may be bytes or a memoryview into the LMDB map (not copied)."""
-    buf = np.frombuffer(value, np.uint8)
-    if buf.nbytes < RECORD_HEAD.size:
-        raise CodecError(f"IBP record: {buf.nbytes} bytes is too short")
-    magic, version, flags, dtlen, res, nrows = RECORD_HEAD.unpack_from(buf)
-    if magic != RECORD_MAGIC or version != RECORD_VERSION or flags > 1 or res:
-        raise CodecError(f"IBP record: bad header (magic {magic!r}, version {version})")
-    pos = RECORD_HEAD.size + dtlen
-    pos += -pos % 8
-    labels = None
-    if flags & 1:
-        try:
-            ldt = np.dtype(bytes(buf[RECORD_HEAD.size:RECORD_HEAD.size + dtlen]).decode("ascii"))
-        except (UnicodeDecodeError, TypeError, ValueError) as exc:
-            raise CodecError(f"IBP record: bad label dtype ({exc})") from None
-        if ldt.hasobject or ldt.itemsize == 0 or ldt.subdtype is not None \
-                or ldt.fields is not None:
-            raise CodecError(f"IBP record: unsupported label dtype {ldt} (labels are one "
-                             "plain number per row)")
-        nlab = nrows * ldt.itemsize
-        if pos + nlab > buf.nbytes:
-            raise CodecError("IBP record: labels run past the end of the record")
-        labels = buf[pos:pos + nlab].view(ldt).copy()  # not a view into the LMDB map
-        pos += nlab + (-nlab % 8)
-    elif dtlen:
-        raise CodecError("IBP record: label dtype given without labels")
-    if pos > buf.nbytes:
-        raise CodecError("IBP record: truncated before its frame")
-    packed = IBPPacked.from_bytes(buf[pos:], validate=False)  # decoding validates rows
-    if packed.nrows != nrows:
-        raise CodecError(f"IBP record: frame holds {packed.nrows} rows, header says {nrows}")
-    rows = model.decompress(packed, xp=xp, method=method)
-    if labels is not None and xp is not np:
-        labels = xp.asarray(labels)
-    return rows, labels
-
-
-def load_model(path: str | os.PathLike) -> Any:
-    """The :class:`~lmdbio.codecs.ibp.IBPModel` stored with the IBP dataset at ``path``."""
-    meta = read_dataset_meta(path)
-    if meta.get("layout") != "ibp" or "ibp" not in meta:
-        raise LmdbioError(f"{path}: not an IBP dataset (no ibp model in its lmdbio.json)")
-    try:
-        raw = base64.b64decode(meta["ibp"]["model"], validate=True)
-    except (binascii.Error, KeyError, TypeError) as exc:
-        raise CodecError(f"{path}: unreadable IBP model in lmdbio.json ({exc})") from None
-    return IBPModel.from_bytes(raw)
 
 
 def iter_records(path: str | os.PathLike) -> Iterator[tuple[bytes, bytes]]:

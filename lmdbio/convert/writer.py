@@ -3,8 +3,9 @@
 Records are written in key order in commits of ``commit_every`` records (as Caffe's
 ``convert_imageset`` does), so the file is laid out close to key order; the map grows by
 doubling when full, so no size has to be guessed up front. Dataset metadata (layout, shape,
-codec parameters...) goes in a JSON sidecar ``lmdbio.json`` beside ``data.mdb``: it keeps the
-main database holding data records only, so Caffe and py-lmdb readers see exactly the records.
+codec parameters...) goes in a JSON sidecar ``lmdbio.json`` beside ``data.mdb``
+(:mod:`lmdbio.dataset_meta`): it keeps the main database holding data records only, so Caffe
+and py-lmdb readers see exactly the records.
 
 Progress: inside :func:`lmdbio.commands.progress.enabled` ``(True)`` (``lmdbio convert`` on a
 terminal) :func:`write_records` draws a bar of the records written, with the ``total`` the
@@ -13,7 +14,6 @@ layout passes (every layout's converter knows its record count before writing).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 from collections.abc import Iterable
@@ -21,44 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from lmdbio.commands import progress
+from lmdbio.dataset_meta import META_FILE, dataset_dir, read_dataset_meta, write_dataset_meta
 from lmdbio.errors import LmdbioError
 
-META_FILE = "lmdbio.json"
-
-def dataset_dir(path: str | os.PathLike) -> Path:
-    """The LMDB directory for ``path`` (a directory, or a ``data.mdb`` inside one)."""
-    p = Path(path)
-    return p.parent if p.is_file() else p
-
-
-def read_dataset_meta(path: str | os.PathLike) -> dict[str, Any]:
-    """The metadata sidecar of the LMDB at ``path``; ``{}`` where there is none."""
-    f = dataset_dir(path) / META_FILE
-    if not f.exists():
-        return {}
-    try:
-        meta = json.loads(f.read_text())
-    except (OSError, ValueError) as exc:
-        raise LmdbioError(f"{f}: unreadable dataset metadata ({exc})") from exc
-    if not isinstance(meta, dict):
-        raise LmdbioError(f"{f}: dataset metadata must be a JSON object")
-    return meta
-
-
-def write_dataset_meta(path: str | os.PathLike, meta: dict[str, Any]) -> None:
-    """Write the metadata sidecar atomically (write a temporary file, then rename)."""
-    d = dataset_dir(path)
-    tmp = d / (META_FILE + ".tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=_jsonable))
-    os.replace(tmp, d / META_FILE)
-
-
-def _jsonable(value: Any) -> Any:
-    if hasattr(value, "tolist"):
-        return value.tolist()
-    if isinstance(value, bytes):
-        return value.decode("latin-1")
-    raise TypeError(f"not JSON serializable: {type(value).__name__}")
+# the sidecar's home is lmdbio.dataset_meta (codecs and readers read it without importing the
+# converters); the converters, which write it with their records, import it from here too
+__all__ = ["META_FILE", "dataset_dir", "prepare_destination", "read_dataset_meta",
+           "write_dataset_meta", "write_records"]
 
 
 def prepare_destination(dst: str | os.PathLike, overwrite: bool) -> Path:

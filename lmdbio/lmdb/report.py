@@ -26,13 +26,13 @@ import numpy as np
 
 from lmdbio.codecs.btable.rows import record_nbytes
 from lmdbio.codecs.datum import decode_datum
+from lmdbio.codecs.ibp import format as ibp_format
 from lmdbio.codecs.pcr import KIND_JPEG
 from lmdbio.codecs.pcr import MAGIC as PCR_MAGIC
 from lmdbio.codecs.tensor import MAGIC as TENSOR_MAGIC
 from lmdbio.codecs.tensor import read_tensor_header
 from lmdbio.codecs.toc import BATCH_MAGIC, split_batch_value
-from lmdbio.convert.ibp import RECORD_HEAD, RECORD_MAGIC
-from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.dataset_meta import read_dataset_meta
 from lmdbio.errors import CodecError
 from lmdbio.lmdb.database import Database
 
@@ -286,25 +286,19 @@ def _toc(values: list[memoryview]) -> dict[str, Any] | None:
 
 
 def _ibp(values: list[memoryview]) -> dict[str, Any] | None:
-    if not all(bytes(v[:4]) == RECORD_MAGIC for v in values):
+    if not all(bytes(v[:4]) == ibp_format.RECORD_MAGIC for v in values):
         return None
     rows: list[int] = []
     labels: list[int] = []
     for v in values:
-        if len(v) < RECORD_HEAD.size:
+        try:
+            layout = ibp_format.parse_record(v)
+        except CodecError:
             return None
-        _, _, flags, dt_len, _, nrows = RECORD_HEAD.unpack_from(v, 0)
-        rows.append(nrows)
-        if flags & 1 and dt_len:
-            try:
-                start = RECORD_HEAD.size
-                dt = np.dtype(bytes(v[start:start + dt_len]).decode("ascii"))
-                at = start + dt_len + (-(start + dt_len) % 8)
-                lab = np.frombuffer(v, dt, count=nrows, offset=at)
-            except (ValueError, TypeError, UnicodeDecodeError):
-                return None
-            if dt.kind in "iub":
-                labels.extend(int(x) for x in lab.tolist())
+        rows.append(layout.nrows)
+        lab = ibp_format.record_labels(v, layout)
+        if lab is not None and lab.dtype.kind in "iub":
+            labels.extend(int(x) for x in lab.tolist())
     return {"type": "ibp", "rows_per_record": int(np.median(rows)),
             "description": f"lmdbio IBP records (IBP-compressed rows), {int(np.median(rows))} "
                            "rows per record typical",

@@ -38,7 +38,7 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from lmdbio.codecs.btable import rows as row_format
-from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.dataset_meta import read_dataset_meta
 from lmdbio.errors import CodecError
 
 VERSION = 0

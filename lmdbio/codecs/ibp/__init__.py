@@ -12,7 +12,8 @@ kernel in ``ibp_kernel.cu`` (in this package), or anywhere with whole-array code
 >>> same = model.decompress(packed)                 # doctest: +SKIP
 
 Formats: :mod:`lmdbio.codecs.ibp.model` (model bytes), :mod:`lmdbio.codecs.ibp.packed` (rows,
-layouts and frames). Transport between a node's reader and its workers:
+layouts and frames), :mod:`lmdbio.codecs.ibp.format` (an IBP dataset's LMDB records and the
+model in its sidecar). Transport between a node's reader and its workers:
 :mod:`lmdbio.codecs.ibp.transport` (:func:`compress_into`, :func:`decompress_from`).
 Importing this package does not import numba; the kernels compile on first use.
 """
