@@ -48,6 +48,9 @@ from lmdbio.plan.strategies import (
 from lmdbio.run_plan import RunPlan
 from lmdbio.shm import BatchRing, SlotCorruptError
 from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
+from lmdbio.slot_locator import SlotLocator
+from lmdbio.slot_locator import slot_groups as slot_groups  # where the reader's callers look
+from lmdbio.slot_locator import slot_length as slot_length
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
@@ -445,24 +448,6 @@ def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = 
     return max(1, min(by_records, by_bytes, SLOT_MAX_BATCHES))
 
 
-def slot_groups(start: int, end: int, per_slot: int) -> list[tuple[int, int]]:
-    """The ``(first iteration, batches)`` of the slots that carry iterations ``start ..
-    end - 1``: the epoch's runs of ``per_slot`` iterations from iteration 0 on (the slot
-    groups of the epoch plan), the last one shorter; an epoch resumed inside a run starts
-    with the rest of that run. Readers and workers derive the same runs from the same
-    arguments; iteration ``i`` travels in slot ``i // per_slot - start // per_slot``."""
-    per = max(per_slot, 1)
-    starts = [start, *range(start // per * per + per, end, per)] if start < end else []
-    return [(i, slot_length(i, end, per)) for i in starts]
-
-
-def slot_length(iteration: int, end: int, per_slot: int) -> int:
-    """Batches in the slot that starts at ``iteration`` (:func:`slot_groups`): up to the
-    next multiple of ``per_slot``, or to ``end``."""
-    per = max(per_slot, 1)
-    return min(per - iteration % per, end - iteration)
-
-
 class ReadSession:
     """One rank's part of reading: a strategy, the epoch plans, and (if shared) the ring.
 
@@ -501,13 +486,17 @@ class ReadSession:
             self.db.accounting.enable()
         self.strategy: ReadStrategy = self._open_strategy()
         self._set_up_transport()
+        #: which records this rank delivers per slot, where they are, what it reads ahead
+        self.locator = SlotLocator(self.strategy, self.db, rank=topo.rank, shared=self.shared,
+                                   first_consumer=self.first_consumer,
+                                   node_consumers=self.node_consumers,
+                                   batches_per_slot=self.batches_per_slot)
         self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0
         if self.db.accounting.enabled and self.run_plan.accounting:
             self.totals.add_setup(self.db.accounting.touched)
         self.db.accounting.reset()
         self.epoch = -1
-        self.epoch_stop = 0  # set by begin_epoch
         self.plan: EpochPlan | None = None
         self._unshuffled_plan: EpochPlan | None = None
 
@@ -757,6 +746,12 @@ class ReadSession:
         return plan
 
     @property
+    def epoch_stop(self) -> int:
+        """The iteration this epoch's run ends at (the epoch's end unless
+        :meth:`begin_epoch` was told to stop earlier; 0 before the first epoch)."""
+        return self.locator.epoch_stop
+
+    @property
     def epoch_iterations(self) -> int:
         """Iterations in every epoch of this session (what its plans hold)."""
         return scheme_iterations(len(self.db), self.consumers, self.run_plan.batch_size,
@@ -782,8 +777,7 @@ class ReadSession:
         the same stop."""
         self.epoch = epoch
         self.plan = self.plan_for(epoch, stop_iteration)
-        #: the iteration this epoch's run ends at (the epoch's end unless cut short)
-        self.epoch_stop = stop_iteration if 0 < stop_iteration < self.plan.iterations \
+        self.locator.epoch_stop = stop_iteration if 0 < stop_iteration < self.plan.iterations \
             else self.plan.iterations
         if self.node_cache is not None:
             # every epoch reads from storage again, as when the data set is larger than a
@@ -807,84 +801,6 @@ class ReadSession:
     def read_iteration(self, iteration: int) -> IterationStats:
         """Reader side of one iteration: locate, gather into a slot (or privately), publish."""
         return self.read_group(iteration, 1)
-
-    def node_share(self, plan: EpochPlan, first: int, count: int
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Records, padding flags and per-worker counts of iterations ``first .. first +
-        count - 1`` for this node's workers, worker after worker (each worker's records in
-        iteration order: a worker's part of the slot is its batches back to back)."""
-        c0, nc = self.first_consumer, self.node_consumers
-        if count == 1:
-            return (plan.group_records(first, c0, nc), plan.group_padding(first, c0, nc),
-                    plan.group_sizes(first, c0, nc))
-        ids, pad = plan.slot_records(first, count, c0, nc, worker_major=True)
-        return ids, pad, plan.sizes[first:first + count, c0:c0 + nc].sum(axis=0)
-
-    def fetch_group(self, plan: EpochPlan, first: int, count: int, ids: np.ndarray,
-                     stats: IterationStats) -> RecordRefs:
-        """Where the records of a slot are. A random-access strategy locates them in one
-        call; so does a walking one when the slot is one slot group of the plan (the node's
-        records of the slot are then one run: :meth:`EpochPlan.contiguous_slot`); otherwise
-        they read iteration by iteration. Records fetched in iteration order are then put
-        in worker-major order."""
-        if count == 1 or self.strategy.shuffles:
-            return self.strategy.fetch(plan, first, ids, stats)
-        c0, nc = self.first_consumer, self.node_consumers
-        if plan.contiguous_slot(first, count):
-            refs = self.strategy.fetch(plan, first, self.slot_run(plan, first, count), stats,
-                                       iterations=count)
-        else:
-            acc = self.db.accounting
-            slot_pages = acc.snapshot() if acc.enabled else None
-            parts = []
-            for i in range(first, first + count):
-                # per iteration, as dm-spec's estimator reads the pages one iteration walked
-                acc.reset()
-                parts.append(self.strategy.fetch(plan, i, plan.group_records(i, c0, nc),
-                                                 stats))
-                if slot_pages is not None:
-                    slot_pages |= acc.touched
-            if slot_pages is not None:  # the slot's pages, as the accounting reports them
-                acc.touched[:] = slot_pages
-            refs = RecordRefs.concat(parts)
-        if nc == 1:  # one worker: iteration-major is worker-major
-            return refs
-        # iteration-major (as fetched) -> worker-major (as the slot holds them)
-        sizes = plan.sizes[first:first + count, c0:c0 + nc]
-        start = np.zeros(sizes.size, np.int64)
-        np.cumsum(sizes.reshape(-1)[:-1], out=start[1:])
-        start = start.reshape(sizes.shape).T.reshape(-1)
-        lens = sizes.T.reshape(-1)
-        order = np.repeat(start - np.cumsum(lens) + lens, lens) + np.arange(int(lens.sum()))
-        return refs.take(order)
-
-    def slot_run(self, plan: EpochPlan, first: int, count: int) -> np.ndarray:
-        """This node's records of iterations ``first .. first + count - 1``, iteration
-        after iteration (one run of the order when the plan's slot group holds them)."""
-        c0, nc = self.first_consumer, self.node_consumers
-        if count == 1:
-            return plan.group_records(first, c0, nc)
-        return plan.slot_records(first, count, c0, nc)[0]
-
-    def read_ahead(self, plan: EpochPlan, iteration: int) -> None:
-        """Tell the strategy the records this reader fetches next, from ``iteration`` on
-        (the whole next slot for a random-access strategy and for a walking one that
-        fetches it in one call, else its first iteration), so that it can ask for their
-        pages while this slot is gathered and handed off
-        (:meth:`~lmdbio.plan.strategies.base.ReadStrategy.read_ahead`)."""
-        if iteration >= min(plan.iterations, self.epoch_stop) or not self.strategy.advising:
-            return
-        if not self.shared:
-            self.strategy.read_ahead(plan, iteration, plan.records(iteration, self.topo.rank))
-            return
-        count = slot_length(iteration, plan.iterations, self.batches_per_slot)
-        if self.strategy.shuffles:  # random access locates the whole slot in one call
-            ids = self.node_share(plan, iteration, count)[0]
-        else:
-            if not plan.contiguous_slot(iteration, count):
-                count = 1
-            ids = self.slot_run(plan, iteration, count)
-        self.strategy.read_ahead(plan, iteration, ids)
 
     def read_group(self, first: int, count: int) -> IterationStats:
         """Reader side of iterations ``first .. first + count - 1`` in one ring slot (count
@@ -915,18 +831,13 @@ class ReadSession:
         """The records this reader delivers for iterations ``first .. first + count - 1``:
         ids, padding flags, records per consuming worker and where they are (with PCR's
         value prefix applied); then asks for the next slot's pages."""
-        clock = self.stages
+        clock, locator = self.stages, self.locator
         with clock.span("locate"):
-            if self.shared:
-                ids, pad, sizes = self.node_share(plan, first, count)
-            else:
-                ids = plan.records(first, self.topo.rank)
-                sizes = np.array([ids.size])
-                pad = plan.padding(first, self.topo.rank)
-            refs = self.fetch_group(plan, first, count, ids, stats)
+            ids, pad, sizes = locator.share(plan, first, count)
+            refs = locator.fetch_group(plan, first, count, ids, stats)
         # the next slot's pages, asked for now
         with Timer(stats, "prefetch"), clock.span("read_ahead"):
-            self.read_ahead(plan, first + count)
+            locator.read_ahead(plan, first + count)
         if self.value_prefix is not None and len(refs):
             refs = self._prefixes(refs)
         if len(refs) != ids.size:

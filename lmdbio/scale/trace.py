@@ -2,10 +2,12 @@
 
 A projection is only as good as its page sets, so they are not derived from formulas: this
 module opens the real database once and runs each strategy's own code
-(:mod:`lmdbio.plan.strategies`) for every simulated reader, one after the other in one
-process, over the real epoch plan (:func:`~lmdbio.plan.epoch.plan_epoch`) and the same
-slot grouping, node split (:func:`~lmdbio.topology.simulated_node_bounds`) and page
-accounting (:class:`~lmdbio.io.accounting.PageAccounting`, reset per read as
+(:mod:`lmdbio.plan.strategies`) for every simulated reader, through the job reader's own
+:class:`~lmdbio.slot_locator.SlotLocator` (its share, the slot's fetch, the read-ahead),
+one after the other in one process, over the real epoch plan
+(:func:`~lmdbio.plan.epoch.plan_epoch`) and the same slot grouping, node split
+(:func:`~lmdbio.topology.simulated_node_bounds`) and page accounting
+(:class:`~lmdbio.io.accounting.PageAccounting`, reset per read as
 :meth:`lmdbio.reader.ReadSession.read_group` resets it) that ``lmdbio bench read`` runs
 under ``mpiexec``. What replaces MPI:
 
@@ -35,6 +37,7 @@ from lmdbio.errors import ConfigError
 
 if TYPE_CHECKING:
     from lmdbio.plan.strategies.base import ReadStrategy
+    from lmdbio.slot_locator import SlotLocator
 
 _EMPTY = np.empty(0, np.int64)
 
@@ -267,22 +270,6 @@ def default_batches_per_slot(db: Any, batch: int, node_ranks: tuple[int, ...]) -
                for c in node_ranks)
 
 
-class _Shim:
-    """The attributes :class:`lmdbio.reader.ReadSession`'s slot methods use, so that the
-    tracer runs those methods themselves (node share, slot run, fetch, read-ahead)."""
-
-    def __init__(self, **kw: Any) -> None:
-        self.__dict__.update(kw)
-
-
-def _session_methods() -> type:
-    from lmdbio.reader import ReadSession
-
-    return type("_SimSession", (_Shim,), {
-        name: getattr(ReadSession, name)
-        for name in ("node_share", "fetch_group", "slot_run", "read_ahead")})
-
-
 def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *,
           iterations: int | None = None, batches_per_slot: int = 0, last: str = "pad",
           subdb: str | None = None, max_ranks: int = 4096) -> Trace:
@@ -317,8 +304,9 @@ def trace(path: str | Path, strategy: str, ranks: int, nodes: int, batch: int, *
 
 
 class _Tracer:
-    """One traced job: the database, the strategy's traced class, and one simulated
-    session per reading actor, run slot by slot in chain order."""
+    """One traced job: the database, the strategy's traced class, and one slot locator
+    per reading actor (:class:`~lmdbio.slot_locator.SlotLocator`, as a job's reader runs
+    it), run slot by slot in chain order."""
 
     def __init__(self, db: Any, cls: type[ReadStrategy], ranks: int, batch: int,
                  bounds: list[tuple[int, int]], batches_per_slot: int) -> None:
@@ -337,19 +325,19 @@ class _Tracer:
             self.per_slot = 1
             self.actors = [Actor(r, r, k, 1) for k, (a, b) in enumerate(bounds)
                            for r in range(a, b)]
-        self.sims = self._sessions()
+        self.locators = self._locators()
         #: per actor, the pages its previous read asked for on behalf of its next one
         self.pending: list[np.ndarray] = [_EMPTY] * len(self.actors)
 
-    def _sessions(self) -> list[Any]:
-        """One session per actor, its strategy set up alone (its setup pages kept)."""
+    def _locators(self) -> list[SlotLocator]:
+        """One slot locator per actor, its strategy set up alone (its setup pages kept)."""
         from lmdbio.plan.strategies import ReaderContext
+        from lmdbio.slot_locator import SlotLocator
 
         traced = _traced_class(self.cls)
         mail: dict[int, bytes] = {}
-        session_class = _session_methods()
         acc = self.db.accounting
-        sims = []
+        locators = []
         for a in self.actors:
             ctx = ReaderContext(self.db, None, a.index, len(self.actors), 60.0, advise=True)
             strat = traced(ctx)
@@ -359,11 +347,10 @@ class _Tracer:
                 strat.setup()
             a.setup_pages = np.flatnonzero(acc.touched)
             first = self.bounds[a.node][0] if self.cls.shared else a.rank
-            sims.append(session_class(strategy=strat, db=self.db, shared=self.cls.shared,
-                                      batches_per_slot=self.per_slot, first_consumer=first,
-                                      node_consumers=a.consumers, topo=_Shim(rank=a.rank),
-                                      epoch_stop=0, plan=None))
-        return sims
+            locators.append(SlotLocator(strat, self.db, rank=a.rank, shared=self.cls.shared,
+                                    first_consumer=first, node_consumers=a.consumers,
+                                    batches_per_slot=self.per_slot))
+        return locators
 
     def run(self, nodes: int, iterations: int | None, last: str) -> Trace:
         """Every slot of ``iterations`` iterations (None: one epoch), every actor's read
@@ -383,7 +370,7 @@ class _Tracer:
                 epoch_now = epoch
                 plan = self._begin_epoch(epoch, stops.get(epoch, 0), last)
             steps.extend(self._read(a, sim, plan, slot_index, epoch, first, count)
-                         for a, sim in zip(self.actors, self.sims, strict=True))
+                         for a, sim in zip(self.actors, self.locators, strict=True))
         return Trace(strategy=cls.name, path=str(db.path), ranks=self.ranks, nodes=nodes,
                      batch=self.batch, psize=db.psize, n_pages=db.file_size // db.psize,
                      n_records=len(db), record_bytes=float(db.file_size) / len(db),
@@ -404,8 +391,7 @@ class _Tracer:
                           scheme=cls.scheme, group=group, node_consumers=self.node_ranks,
                           split=stop)
         acc = self.db.accounting
-        for a, sim in zip(self.actors, self.sims, strict=True):
-            sim.plan = plan
+        for a, sim in zip(self.actors, self.locators, strict=True):
             sim.epoch_stop = stop if 0 < stop < plan.iterations else plan.iterations
             acc.reset()
             with _alone(sim.strategy.ctx):
@@ -414,9 +400,9 @@ class _Tracer:
             self.rec.take_advised()
         return plan
 
-    def _read(self, a: Actor, sim: Any, plan: Any, slot_index: int, epoch: int, first: int,
-              count: int) -> Step:
-        """Actor ``a`` reads its share of one slot through the session's own methods; the
+    def _read(self, a: Actor, sim: SlotLocator, plan: Any, slot_index: int, epoch: int,
+              first: int, count: int) -> Step:
+        """Actor ``a`` reads its share of one slot through the reader's own slot locator; the
         :class:`Step` with what it touched, asked for, walked and sent."""
         from lmdbio.plan.strategies import IterationStats
 
@@ -425,8 +411,7 @@ class _Tracer:
         db.accounting.reset()
         w0, s0, m0, b0 = rec.walked, rec.skipped, rec.messages, rec.message_bytes
         rec.chain = None
-        ids = sim.node_share(plan, first, count)[0] if self.cls.shared else \
-            plan.records(first, a.rank)
+        ids = sim.share(plan, first, count)[0]
         refs = sim.fetch_group(plan, first, count, ids, stats)
         chain, cw, cs = rec.chain if rec.chain is not None else (_EMPTY, w0, s0)
         advised = _union([self.pending[a.index], rec.take_advised()])
