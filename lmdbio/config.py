@@ -306,7 +306,10 @@ class ShuffleConfig:
 @dataclass(frozen=True)
 class TransformConfig:
     """Caffe's `TransformationParameter`, applied by workers exactly as Caffe's
-    `DataTransformer` does: `(pixel - mean) * scale`, then crop and mirror."""
+    `DataTransformer` does: `(pixel - mean) * scale`, then crop and mirror, to the batches
+    of every image layout (see the rules across keys), as float32. With the defaults (the
+    identity) Caffe Datums and PCR images are still widened to float32; tensor records
+    keep their stored dtype."""
 
     scale: float = field(default=1.0, metadata=_meta("Multiplier applied after mean subtraction."))
     mean_values: tuple[float, ...] = field(
@@ -344,6 +347,18 @@ class TransformConfig:
             choices={"train": "random crop offsets", "test": "centred crops"},
         ),
     )
+
+    def active_keys(self) -> tuple[str, ...]:
+        """The keys set to change the values (scale, means, crop, mirror), in schema
+        order; none: the identity (``phase`` alone changes nothing)."""
+        active = {
+            "scale": self.scale != 1.0,
+            "mean_values": bool(self.mean_values),
+            "mean_file": self.mean_file is not None,
+            "crop_size": self.crop_size > 0,
+            "mirror": self.mirror,
+        }
+        return tuple(key for key, on in active.items() if on)
 
 
 @dataclass(frozen=True)
@@ -1003,19 +1018,14 @@ def _combination_problems(cfg: JobConfig) -> list[ConfigProblem]:
             f"only applies to dataset.layout: {' | '.join(_PROGRESSIVE)} (layout is "
             f"{cfg.dataset.layout!r}); remove it",
         )
-    if not layout.image:
-        for key, active in (
-            ("crop_size", t.crop_size > 0),
-            ("mirror", t.mirror),
-            ("mean_file", t.mean_file is not None),
-        ):
-            if active:
-                problems.add(
-                    f"transform.{key}",
-                    f"needs image records (dataset.layout one of "
-                    f"{', '.join(_IMAGES)}); layout {cfg.dataset.layout!r} holds "
-                    "table rows",
-                )
+    if not layout.image:  # the loader applies the transform to image batches only
+        for key in t.active_keys():
+            problems.add(
+                f"transform.{key}",
+                f"needs image records (dataset.layout one of {', '.join(_IMAGES)}); layout "
+                f"{cfg.dataset.layout!r} holds table rows, which the transform would leave "
+                "as they are: remove it",
+            )
     if cfg.codec.name == "none" and cfg.codec.options:
         names = ", ".join(k for k, _ in cfg.codec.options)
         problems.add(
@@ -1286,8 +1296,9 @@ def _render_rules() -> list[str]:
         "- `dataset.scan_groups` only applies to `dataset.layout: "
         + " | ".join(_PROGRESSIVE)
         + "`.",
-        "- `transform.crop_size`, `transform.mirror` and `transform.mean_file` need image "
-        "records: `dataset.layout` one of " + _code(_IMAGES) + ".",
+        "- a transform (" + _code(f"transform.{key}" for key in _TRANSFORM_KEYS) + ") "
+        "needs image records, to whose batches the workers apply it: `dataset.layout` one "
+        "of " + _code(_IMAGES) + ".",
         "- codec options need a `codec.name` other than `none`.",
         "- a job reads `dataset.layout` one of " + _code(_DECODABLE) + " (the loader has "
         "no decoder for the others).",
@@ -1300,6 +1311,10 @@ def _render_rules() -> list[str]:
         "data when the job starts).",
         "",
     ]
+
+
+#: the transform's keys that change the values (``phase`` alone changes nothing)
+_TRANSFORM_KEYS = tuple(f.name for f in dataclasses.fields(TransformConfig) if f.name != "phase")
 
 
 def _field_type_text(f: dataclasses.Field, tp: Any) -> str:

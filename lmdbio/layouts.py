@@ -40,8 +40,16 @@ class Layout:
     #: the loader's decoder factory, ``"module:function"`` (see
     #: :func:`loaders.decode.make_decoder`); None: the loader does not read this layout
     decoder: str | None = None
-    #: records are images (C, H, W): the transform's crop, mirror and mean file apply
+    #: records are images (C, H, W): the loader applies Caffe's transform (crop, mirror,
+    #: mean, scale: ``transform``) to their batches; the job refuses it for other layouts
     image: bool = False
+    #: an identity transform still widens the images to float32, as Caffe's
+    #: ``DataTransformer`` does; otherwise (False) it is skipped, and batches keep the
+    #: records' stored dtype unless the transform changes their values
+    widens: bool = False
+    #: CPU workers may go from the records' bytes to the transformed float32 batch in one
+    #: compiled pass (:meth:`loaders.assemble.BatchAssembler.fused_batch`): Caffe Datums
+    fused_datum: bool = False
     #: the loader's decoder gives one output row per record, in record order, so the
     #: records of several batches may be decoded in one call
     row_per_record: bool = False
@@ -81,7 +89,7 @@ LAYOUTS: dict[str, Layout] = {
             title="Caffe Datum records",
             converter="lmdbio.convert.datum",
             decoder="loaders.decode:caffe_datum_decoder",
-            image=True, row_per_record=True, spans=True,
+            image=True, widens=True, fused_datum=True, row_per_record=True, spans=True,
         ),
         Layout(
             "tensor",
@@ -117,7 +125,7 @@ LAYOUTS: dict[str, Layout] = {
             title="Progressive Compressed Records",
             converter="lmdbio.convert.pcr",
             decoder="loaders.decode:pcr_decoder",
-            image=True, progressive=True,
+            image=True, widens=True, progressive=True,
             items_field="group_size",
             items_note="each PCR record holds a group of {per} images (convert --group-size)",
         ),

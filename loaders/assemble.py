@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import LmdbioError
+from lmdbio.layouts import get_layout
 from lmdbio.reader import SLOT_TARGET_DECODED_BYTES
 from lmdbio.stages import StageClock
 from loaders.decode import ROW_PER_RECORD_LAYOUTS, datum_spans, uniform_datums_float32
@@ -37,7 +38,8 @@ class Batch:
     """One worker's batch.
 
     ``data`` is ``(N, C, h, w)`` float32 for Caffe Datums (after Caffe's transform),
-    ``(N, *shape)`` for tensor records, a :class:`~lmdbio.codecs.toc.TocMatrix` for TOC;
+    ``(N, *shape)`` for tensor records (float32 ``(N, C, h, w)`` after a transform other
+    than the identity), a :class:`~lmdbio.codecs.toc.TocMatrix` for TOC;
     numpy on CPU hosts, cupy on GPU workers. ``keys`` are the LMDB keys (traceability):
     key ``i`` is ``key_data[key_offsets[i]:key_offsets[i + 1]]`` (``key_data`` may be the
     packed keys of the whole slot the batch came in, shared by its batches: views, not a
@@ -110,6 +112,8 @@ class BatchAssembler:
                  feed: Any, alloc: Callable[..., np.ndarray], *, seed: int, rank: int,
                  worker: int, metrics: LoaderMetrics, pace: Pace, stages: StageClock) -> None:
         self.layout, self.on_error = cfg.dataset.layout, cfg.on_error
+        #: the layout's records may take the fused Datum path (``Layout.fused_datum``)
+        self.fused_layout = get_layout(self.layout).fused_datum
         self.decode, self.transform, self.xp, self.feed = decode, transform, xp, feed
         self.alloc, self.seed, self.rank, self.worker = alloc, seed, rank, worker
         self.metrics, self.pace, self.stages = metrics, pace, stages
@@ -120,7 +124,7 @@ class BatchAssembler:
     def fuses_datums(self) -> bool:
         """Whether batches may be assembled by the fused Datum kernels (Caffe Datums
         with a transform, on the CPU): see :meth:`fused_batch`."""
-        return self.transform is not None and self.xp is np and self.layout == "caffe-datum"
+        return self.transform is not None and self.xp is np and self.fused_layout
 
     # ----------------------------------------------------------------- a slot
     def make_batches(self, got: Any, first: int, epoch: int, plan: Any,

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import LmdbioError
+from lmdbio.layouts import get_layout
 from lmdbio.stages import StageClock
 from loaders import options
 from loaders.assemble import Batch, BatchAssembler
@@ -58,13 +59,17 @@ class Loader:
         self.run_plan = RunPlan.resolve(
             cfg, self.topo, purpose="train", checksum=slot_checksum,
             batchwise_assembly=options.assembles_batchwise(cfg))
-        #: PCR: the scan groups the readers read (None: all; see :meth:`set_scan_groups`)
-        self.scan_groups = cfg.dataset.scan_groups if cfg.dataset.layout == "pcr" else None
+        #: Caffe's transform of this job's image batches, or None (options.transformer);
+        #: made before the read session, so that a transform the records refuse stops the
+        #: job before its ring is made
+        self.transform: DataTransformer | None = options.transformer(cfg)
+        #: a progressive layout (PCR): the scan groups the readers read (None: all; see
+        #: :meth:`set_scan_groups`)
+        self.scan_groups = cfg.dataset.scan_groups \
+            if get_layout(cfg.dataset.layout).progressive else None
         self.session = ReadSession(cfg.dataset.path, self.topo, self.run_plan,
                                    value_prefix=self._scan_group_prefix(self.scan_groups))
         self.is_worker = self.topo.is_worker if self.session.shared else True
-        self.transform = DataTransformer.from_config(cfg.transform) \
-            if cfg.dataset.layout in ("caffe-datum", "pcr") else None
         self.xp = options.worker_device(cfg, self.topo) if self.is_worker else np
         #: a GPU worker's pinned staging ring and copy stream (loaders.device_feed)
         self.feed: Any = None

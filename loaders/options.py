@@ -1,5 +1,6 @@
-"""What a loader decides about the host before its run plan: the reader mode the topology
-is built for and the worker's array module (numpy, or cupy on its device).
+"""What a loader decides before its run plan: the reader mode the topology is built for,
+the worker's array module (numpy, or cupy on its device) and Caffe's transform for the
+job's layout.
 
 The settings of the run itself (transfer, slot checksum, records per worker, the read
 settings of the session) are resolved by :meth:`lmdbio.run_plan.RunPlan.resolve`.
@@ -11,7 +12,11 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.config import setting_error
 from lmdbio.errors import LmdbioError
+from lmdbio.layouts import get_layout
+from loaders.decode import dataset_meta
+from loaders.transform import DataTransformer
 
 
 def reader_mode(cfg: Any) -> str:
@@ -41,7 +46,39 @@ def assembles_batchwise(cfg: Any) -> bool:
     for (:meth:`loaders.assemble.BatchAssembler.fused_batch`: Caffe Datums on CPU
     workers) rather than decoding the slot whole; asked before the topology is built,
     the same on every rank of a host (:func:`gpu_workers`)."""
-    return cfg.dataset.layout == "caffe-datum" and not gpu_workers(cfg)
+    return get_layout(cfg.dataset.layout).fused_datum and not gpu_workers(cfg)
+
+
+def transformer(cfg: Any) -> DataTransformer | None:
+    """Caffe's transform of the job's batches, or None where there is none to apply: a
+    layout of other records than images (the configuration refuses a transform for them),
+    or the identity for a layout whose batches keep their stored dtype
+    (:attr:`lmdbio.layouts.Layout.widens`).
+
+    Refuses, at the key's line, a transform for a data set whose ``lmdbio.json`` says its
+    records are not ``(C, H, W)`` images (tensor records stored as rows): the first batch
+    would fail."""
+    layout = get_layout(cfg.dataset.layout)
+    active = cfg.transform.active_keys()
+    if not layout.image or not (active or layout.widens):
+        return None
+    if active:
+        _check_image_records(cfg, active[0])
+    return DataTransformer.from_config(cfg.transform)
+
+
+def _check_image_records(cfg: Any, key: str) -> None:
+    """Refuse transform key ``key`` where the data set's sidecar gives one record shape
+    that is not ``(C, H, W)``; a data set that does not say is checked batch by batch."""
+    try:
+        shape = dataset_meta(cfg).get("shape")
+    except LmdbioError:
+        return  # an unreadable sidecar: each batch's shape is checked as it is transformed
+    if isinstance(shape, list) and len(shape) != 3:
+        raise setting_error(
+            cfg.origin, f"transform.{key}",
+            f"applies to (C, H, W) images; the records of {cfg.dataset.path} are "
+            f"{tuple(shape)} (from its lmdbio.json): remove the transform settings")
 
 
 def gpu_workers(cfg: Any) -> bool:

@@ -19,6 +19,7 @@ from lmdbio.config import (
     DatasetConfig,
     JobConfig,
     ReadersConfig,
+    TransformConfig,
     check_combinations,
     load_config,
     render_reference,
@@ -208,6 +209,20 @@ def test_impossible_combinations():
     assert "dataset.scan_groups" in msg and "only applies to dataset.layout: pcr" in msg
     msg = str(_error({"dataset": {"path": "/x", "layout": "toc"}, "transform": {"crop_size": 4}}))
     assert "transform.crop_size" in msg and "image records" in msg
+    # scale and means too: the loader transforms image batches only, rows never
+    msg = str(_error({"dataset": {"path": "/x", "layout": "ibp"},
+                      "transform": {"scale": 0.5, "mean_values": [1], "phase": "test"}}))
+    assert "transform.scale: needs image records" in msg
+    assert "transform.mean_values: needs image records" in msg and "phase" not in msg
+    every = TransformConfig(scale=0.5, mean_values=(1.0,), mean_file="/m", crop_size=2,
+                            mirror=True, phase="test")
+    assert every.active_keys() == tuple(f.name for f in dataclasses.fields(TransformConfig)
+                                        if f.name != "phase")
+    assert TransformConfig(phase="test").active_keys() == ()
+    for layout in ("caffe-datum", "tensor", "pcr"):  # the image layouts take all of it
+        load_config({"dataset": {"path": "/x", "layout": layout},
+                     "transform": {"scale": 0.5, "mean_values": [1], "crop_size": 2,
+                                   "mirror": True}})
     msg = str(_error({"dataset": {"path": "/x"}, "codec": {"level": 3}}))
     assert "codec" in msg and "level" in msg and "codec.name is 'none'" in msg
     msg = str(_error({"dataset": {"path": "/x"}, "codec": {"name": "ibp", "x": {"a": 1}}}))
@@ -369,9 +384,9 @@ def test_closed_vocabularies_are_declared_once():
     for dotted, declared in fields.items():
         section, key = dotted.split(".")
         assert typing.get_type_hints(hints[section])[key] is declared, dotted
-    assert plan.LAST_POLICIES == typing.get_args(epoch.LastBatch)
-    assert plan.SHUFFLE_MODES == typing.get_args(epoch.ShuffleMode)
-    assert topology.MODES == typing.get_args(topology.ReaderMode)
+    assert typing.get_args(epoch.LastBatch) == plan.LAST_POLICIES
+    assert typing.get_args(epoch.ShuffleMode) == plan.SHUFFLE_MODES
+    assert typing.get_args(topology.ReaderMode) == topology.MODES
     assert tuple(layout.CHECKSUM_NAMES) == typing.get_args(layout.SlotChecksum)
     assert layout.CHECKSUM_NAMES["xxh64"] == layout.CHECKSUM_XXH64
     assert layout.CHECKSUM_NAMES["none"] == layout.CHECKSUM_NONE

@@ -539,3 +539,73 @@ def test_batches_assembled_ahead_on_the_thread_equal_those_assembled_in_line(
     for a, b in zip(runs[False], runs[True], strict=True):
         assert a[:4] == b[:4]
         np.testing.assert_array_equal(a[4], b[4])
+
+
+@pytest.fixture(scope="module")
+def tensor_images(tmp_path_factory):
+    """A data set of 12 lmdbio tensor records, uint8 (3, 4, 4) images, labels 0..11."""
+    from lmdbio.codecs.tensor import encode_tensor
+
+    path = tmp_path_factory.mktemp("tensor-images")
+    images = np.random.default_rng(4).integers(0, 256, (12, 3, 4, 4), dtype=np.uint8)
+    write_db(path, [(b"%08d" % i, encode_tensor(img, i)) for i, img in enumerate(images)])
+    return path, images
+
+
+@pytest.mark.parametrize("transfer", ["spans", "copy"])
+@pytest.mark.parametrize(("transform", "expect"), [
+    ({"scale": 0.5}, lambda x: x * np.float32(0.5)),
+    ({"mean_values": [10, 20, 30], "scale": 2.0},
+     lambda x: (x - np.float32([10, 20, 30])[:, None, None]) * np.float32(2)),
+    ({"crop_size": 2, "phase": "test"}, lambda x: x[:, 1:3, 1:3]),  # centred crops
+])
+def test_tensor_images_take_the_transform(tensor_images, transfer, transform, expect):
+    """Tensor records are images too (``Layout.image``): Caffe's transform applies to their
+    batches as to decoded Datums, float32 out (it was ignored before)."""
+    path, images = tensor_images
+    cfg = config(path, dataset__layout="tensor", batch__size=4, readers__transfer=transfer)
+    cfg["transform"] = transform
+    with loaders.open(cfg) as loader:
+        batches = list(loader)
+    assert len(batches) == 3
+    for b in batches:
+        assert b.data.dtype == np.float32
+        want = np.stack([expect(images[i].astype(np.float32)) for i in b.ids.tolist()])
+        np.testing.assert_allclose(b.data, want, rtol=1e-6)
+        assert b.label.tolist() == b.ids.tolist()
+
+
+def test_tensor_images_without_a_transform_keep_their_dtype(tensor_images):
+    """The identity transform (the defaults) leaves tensor records as stored
+    (``Layout.widens`` is False), unlike Caffe Datums, which it widens to float32."""
+    path, images = tensor_images
+    with loaders.open(config(path, dataset__layout="tensor", batch__size=4)) as loader:
+        batches = list(loader)
+        assert loader.transform is None
+    for b in batches:
+        assert b.data.dtype == np.uint8
+        np.testing.assert_array_equal(b.data, images[b.ids])
+
+
+def test_a_transform_for_tensor_rows_is_refused_when_the_job_opens(tmp_path):
+    """Tensor records whose sidecar says they are rows, not (C, H, W) images: a transform
+    is refused at its key's line when the loader opens, not at the first batch."""
+    from lmdbio.codecs.tensor import encode_tensor
+    from lmdbio.dataset_meta import write_dataset_meta
+
+    rows = np.arange(48, dtype=np.float32).reshape(8, 6)
+    write_db(tmp_path / "rows", [(b"%08d" % i, encode_tensor(r, i)) for i, r in enumerate(rows)])
+    write_dataset_meta(tmp_path / "rows", {"layout": "tensor", "shape": [6]})
+    job = tmp_path / "job.yaml"
+    job.write_text(f"dataset:\n  path: {tmp_path / 'rows'}\n  layout: tensor\n"
+                   "workers:\n  device: cpu\ntransform:\n  scale: 0.5\n")
+    with pytest.raises(ConfigError) as info:
+        loaders.open(str(job))
+    msg = str(info.value)
+    assert f"{job}:7: transform.scale: applies to (C, H, W) images" in msg
+    assert "are (6,) (from its lmdbio.json)" in msg
+    # without a transform the rows are read as stored
+    with loaders.open(config(tmp_path / "rows", dataset__layout="tensor",
+                             batch__size=4)) as loader:
+        got = np.concatenate([b.data for b in loader])
+    assert got.dtype == np.float32 and sorted(got[:, 0].tolist()) == rows[:, 0].tolist()

@@ -145,6 +145,8 @@ def test_layout_entries():
         assert not (layout.batch_per_record and not layout.items_field)
         # records handed out as stored are decoded one row each
         assert not (layout.spans and not layout.row_per_record)
+        # the transform's capabilities are those of image layouts
+        assert not ((layout.widens or layout.fused_datum) and not layout.image)
     import lmdbio.convert
 
     assert lmdbio.convert.LAYOUTS is LAYOUTS  # lmdbio convert --layout offers the registry
