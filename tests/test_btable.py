@@ -503,3 +503,17 @@ def test_row_records_outside_the_buffer_are_refused(offset: int, length: int) ->
     buf = np.zeros(64, np.uint8)
     with pytest.raises(CodecError, match="outside the buffer"):
         btable_rows.decode_row_records(buf, np.array([offset]), np.array([length]), 4)
+
+
+def test_row_head_is_declared_once_and_read_back() -> None:
+    """A sparse row record's head (``ROW_HEAD``) and columns, as ``lmdbio inspect`` reads
+    them, are what the compiled encoder wrote; a value shorter than the head is refused."""
+    m = sp.csr_matrix(np.array([[0.0, 1.5, 0.0, 2.0, -1.0], [0.0] * 5]))
+    buf, offsets = btable_rows.encode_row_records(m.indptr, m.indices, m.data, 5)
+    first = memoryview(buf[offsets[0]:offsets[1]])
+    assert btable_rows.read_row_head(first) == (3, 5)
+    assert len(first) == btable_rows.record_nbytes(3)
+    np.testing.assert_array_equal(btable_rows.row_columns(first, 3), [1, 3, 4])
+    assert btable_rows.read_row_head(buf[offsets[1]:offsets[2]]) == (0, 5)
+    with pytest.raises(CodecError, match="its head needs 8"):
+        btable_rows.read_row_head(first[:7])

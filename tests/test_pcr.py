@@ -522,3 +522,15 @@ def test_npy_source(tmp_path: Path) -> None:
         labels.append(lab)
     assert np.array_equal(np.concatenate(parts), x)
     assert np.array_equal(np.concatenate(labels), d.target)
+
+
+def test_fixed_header_is_declared_once_and_read_back() -> None:
+    """The fixed header's one declaration (``FIXED_HEAD``) writes what ``unpack_fixed`` (used
+    by ``lmdbio inspect`` and the prefix computation) reads back; a short value is refused."""
+    value = pcr.build_header(pcr.KIND_JPEG, [3, 5], np.array([7, 8]), [b"a", b"bc"])
+    assert pcr.FIXED == pcr.FIXED_HEAD.size == 16
+    assert pcr.unpack_fixed(value) == (pcr.MAGIC, pcr.KIND_JPEG, pcr.LAYOUT_VERSION, 2, 2,
+                                       len(value))
+    assert pcr.pcr_prefix_bytes(value + b"x" * 8, 1) == len(value) + 3
+    with pytest.raises(CodecError, match="the fixed header needs 16"):
+        pcr.unpack_fixed(value[:15])

@@ -72,7 +72,7 @@ def value_table(path: str | os.PathLike) -> tuple[Path, np.ndarray, np.ndarray, 
         heads = []
         for i in range(len(t)):
             v = db.value(i)
-            g = int.from_bytes(bytes(v[6:8]), "little") if len(v) >= 8 else 0
+            g = pcr.unpack_fixed(v).n_groups if len(v) >= pcr.FIXED else 0
             heads.append(bytes(v[:pcr.FIXED + 8 * g]))
         mdb = Path(db.path)
     return mdb, off, ln, heads
@@ -242,12 +242,13 @@ def run(path: str, repeat: int = 3, methods: tuple[str, ...] = METHODS,
     mdb, off, ln, heads = value_table(path)
     if not heads:
         raise SystemExit(f"{path}: no records")
-    g_max = max(int.from_bytes(h[6:8], "little") for h in heads)
+    fixed = [pcr.unpack_fixed(h) for h in heads]
+    g_max = max(f.n_groups for f in fixed)
     head_bytes = pcr.FIXED + 8 * g_max
     prefix = np.array([[pcr.read_group_prefix_length(h, k) for k in range(1, g_max + 1)]
                        for h in heads], np.int64)  # (values, G)
-    n_items = sum(int.from_bytes(h[8:12], "little") for h in heads)
-    kind = heads[0][4]
+    n_items = sum(f.n_items for f in fixed)
+    kind = fixed[0].kind
     file_pages = -(-mdb.stat().st_size // PAGE)
 
     # decode sample: full fidelity first (the reference), then every k

@@ -17,18 +17,19 @@ sample are counted (a histogram of the sample, not of the database).
 from __future__ import annotations
 
 import io
-import struct
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs.btable.rows import record_nbytes
+from lmdbio.codecs.btable.rows import read_row_head, record_nbytes, row_columns
 from lmdbio.codecs.datum import decode_datum
 from lmdbio.codecs.ibp import format as ibp_format
+from lmdbio.codecs.pcr import FIXED as PCR_FIXED
 from lmdbio.codecs.pcr import KIND_JPEG
 from lmdbio.codecs.pcr import MAGIC as PCR_MAGIC
+from lmdbio.codecs.pcr import unpack_fixed as unpack_pcr_fixed
 from lmdbio.codecs.tensor import MAGIC as TENSOR_MAGIC
 from lmdbio.codecs.tensor import read_tensor_header
 from lmdbio.codecs.toc import BATCH_MAGIC, split_batch_value
@@ -313,13 +314,15 @@ def _pcr(values: list[memoryview]) -> dict[str, Any] | None:
     kinds: set[int] = set()
     labels: list[int] = []
     for v in values:
-        if len(v) < 16:
+        try:
+            head = unpack_pcr_fixed(v)
+        except CodecError:
             return None
-        _, kind, _, g, n, _ = struct.unpack_from("<4sBBHII", v, 0)
+        kind, g, n = head.kind, head.n_groups, head.n_items
         items.append(n)
         groups.add(g)
         kinds.add(kind)
-        at = 16 + 8 * g
+        at = PCR_FIXED + 8 * g
         if kind == KIND_JPEG and len(v) >= at + 8 * n:
             labels.extend(int(x) for x in np.frombuffer(v, "<i8", count=n, offset=at).tolist())
     what = "progressive JPEG images" if kinds == {KIND_JPEG} else "byte-plane tensors" \
@@ -336,12 +339,13 @@ def _btable_rows(values: list[memoryview]) -> dict[str, Any] | None:
     widths: set[int] = set()
     nnz: list[int] = []
     for v in values:
-        if len(v) < 8:
+        try:
+            k, cols = read_row_head(v)
+        except CodecError:
             return None
-        k, cols = struct.unpack_from("<II", v, 0)
         if len(v) != record_nbytes(k) or (k and cols == 0):
             return None
-        c = np.frombuffer(v, "<i4", count=k, offset=8)
+        c = row_columns(v, k)
         if k and (c.min() < 0 or c.max() >= cols or np.any(np.diff(c) <= 0)):
             return None
         widths.add(cols)

@@ -18,6 +18,8 @@ Two byte formats live here:
                             relative to the start of the record)
       offset 8 + 8*ceil(nnz/2)  float64 values[nnz]   (non-zero, NaN allowed)
 
+  :data:`ROW_HEAD` is the head (``nnz``, ``n_cols``), :func:`read_row_head` and
+  :func:`row_columns` read one record's (compiled code reads the same offsets);
   :func:`encode_row_records` / :func:`decode_row_records` convert between CSR blocks and
   batches of such records; :class:`lmdbio.codecs.btable.codec.SparseRowCodec` is the
   numcodecs-style codec of one record.
@@ -29,6 +31,7 @@ naming the file, the row and the offset.
 
 from __future__ import annotations
 
+import struct
 from typing import Any
 
 import numpy as np
@@ -60,9 +63,29 @@ STATUS_TEXT = {
 }
 
 
+#: the head of a sparse row record: nnz, n_cols (little-endian uint32 each)
+ROW_HEAD = struct.Struct("<II")
+
+
 def record_nbytes(nnz: np.ndarray | int) -> np.ndarray | int:
     """Bytes of a sparse row record with ``nnz`` non-zeros (vectorised over arrays)."""
-    return 8 + 8 * ((nnz + 1) // 2) + 8 * nnz
+    return ROW_HEAD.size + 8 * ((nnz + 1) // 2) + 8 * nnz
+
+
+def read_row_head(value: Any) -> tuple[int, int]:
+    """``(nnz, n_cols)`` of one sparse row record as stored, not checked (the decoders
+    check the whole record). Raises :class:`~lmdbio.errors.CodecError` when ``value`` is
+    shorter than :data:`ROW_HEAD`."""
+    if len(value) < ROW_HEAD.size:
+        raise CodecError(f"sparse row record: {len(value)} bytes, its head needs "
+                         f"{ROW_HEAD.size}")
+    nnz, n_cols = ROW_HEAD.unpack_from(value, 0)
+    return nnz, n_cols
+
+
+def row_columns(value: Any, nnz: int) -> np.ndarray:
+    """The ``nnz`` column indices (int32) of one sparse row record: a view into ``value``."""
+    return np.frombuffer(value, "<i4", count=nnz, offset=ROW_HEAD.size)
 
 
 # ---- BTable body ---------------------------------------------------------------------------------

@@ -11,11 +11,14 @@ from lmdbio.codecs.pcr.codec import (
 from lmdbio.codecs.pcr.format import (
     EOI,
     FIXED,
+    FIXED_HEAD,
     KIND_JPEG,
     KIND_TENSOR,
     LAYOUT_VERSION,
     MAGIC,
     MAX_SCANS,
+    TENSOR_HEAD,
+    FixedHeader,
     JpegScans,
     PCRHeader,
     available_tools,
@@ -34,6 +37,7 @@ from lmdbio.codecs.pcr.format import (
     resolve_tool,
     to_progressive,
     transcode_progressive,
+    unpack_fixed,
 )
 from lmdbio.codecs.pcr.progressive_tensor import (
     decode_planes_value,
@@ -45,11 +49,14 @@ from lmdbio.codecs.pcr.progressive_tensor import (
 __all__ = [
     "EOI",
     "FIXED",
+    "FIXED_HEAD",
     "KIND_JPEG",
     "KIND_TENSOR",
     "LAYOUT_VERSION",
     "MAGIC",
     "MAX_SCANS",
+    "TENSOR_HEAD",
+    "FixedHeader",
     "JpegScans",
     "PCRCodec",
     "PCRHeader",
@@ -74,4 +81,5 @@ __all__ = [
     "to_planes",
     "to_progressive",
     "transcode_progressive",
+    "unpack_fixed",
 ]

@@ -57,7 +57,7 @@ import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -68,7 +68,13 @@ MAGIC = b"LPCR"
 LAYOUT_VERSION = 1
 KIND_JPEG = 1
 KIND_TENSOR = 2
-FIXED = 16  # bytes of the fixed part of the header
+#: the fixed part of every value's header (offsets 0-15): magic, kind, layout version,
+#: G scan groups (uint16), N items, H header bytes (uint32 each); the group table follows
+FIXED_HEAD = struct.Struct("<4sBBHII")
+FIXED = FIXED_HEAD.size  # bytes of the fixed part of the header (16)
+#: kind 2, before the labels: the dtype string (NUL-padded), ndim, reserved (0); then
+#: ndim x uint64 shape
+TENSOR_HEAD = struct.Struct("<8sII")
 MAX_SCANS = 256
 EOI = b"\xff\xd9"
 
@@ -246,10 +252,29 @@ def _prefix_from_ends(group_end: np.ndarray, k: int) -> int:
     return int(group_end[min(k, group_end.shape[0]) - 1])
 
 
-def _fixed(buf: memoryview) -> tuple[int, int, int, int]:
+class FixedHeader(NamedTuple):
+    """The fixed part of a PCR value's header, as stored (:data:`FIXED_HEAD`)."""
+
+    magic: bytes
+    kind: int
+    version: int
+    n_groups: int
+    n_items: int
+    header_bytes: int
+
+
+def unpack_fixed(buf: Any) -> FixedHeader:
+    """The fixed header of the value starting ``buf`` as stored, not checked (what
+    ``lmdbio inspect`` looks at; :func:`parse_header` checks it). Raises
+    :class:`~lmdbio.errors.CodecError` when ``buf`` is shorter than :data:`FIXED`."""
     if len(buf) < FIXED:
         raise CodecError(f"PCR value: {len(buf)} bytes, the fixed header needs {FIXED}")
-    magic, kind, ver, g, n, h = struct.unpack_from("<4sBBHII", buf, 0)
+    return FixedHeader._make(FIXED_HEAD.unpack_from(buf, 0))
+
+
+def _fixed(buf: memoryview) -> tuple[int, int, int, int]:
+    """``(kind, G, N, H)`` of a value's fixed header, checked: magic, version, kind, G."""
+    magic, kind, ver, g, n, h = unpack_fixed(buf)
     if magic != MAGIC:
         raise CodecError(f"PCR value: bad magic {magic!r} (expected {MAGIC!r})")
     if ver != LAYOUT_VERSION:
@@ -283,9 +308,7 @@ def pcr_prefix_bytes(value: bytes | memoryview | np.ndarray, k: int) -> int:
     mv = memoryview(value).cast("B") if not isinstance(value, memoryview) else value
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
-    if len(mv) < FIXED:
-        raise CodecError(f"PCR value: {len(mv)} bytes, the fixed header needs {FIXED}")
-    g = struct.unpack_from("<H", mv, 6)[0]
+    g = unpack_fixed(mv).n_groups
     return read_group_prefix_length(mv[:FIXED + 8 * g], k)
 
 
@@ -308,8 +331,8 @@ def parse_header(value_prefix: bytes | memoryview | np.ndarray) -> PCRHeader:
     piece = None
     try:
         if kind == KIND_TENSOR:
-            dstr, ndim, _ = struct.unpack_from("<8sII", mv, p)
-            p += 16
+            dstr, ndim, _ = TENSOR_HEAD.unpack_from(mv, p)
+            p += TENSOR_HEAD.size
             dtype = np.dtype(dstr.rstrip(b"\0 ").decode("ascii"))
             shape = tuple(int(x) for x in np.frombuffer(mv, "<u8", ndim, p))
             p += 8 * ndim
@@ -354,7 +377,7 @@ def build_header(kind: int, group_sizes: Sequence[int], labels: np.ndarray, keys
             + np.array([len(k) for k in keys], "<u4").tobytes() + b"".join(keys))
     h = _pad8(FIXED + 8 * g + len(body))
     ends = h + np.cumsum(np.asarray(group_sizes, dtype=np.int64))
-    fixed = struct.pack("<4sBBHII", MAGIC, kind, LAYOUT_VERSION, g, n, h)
+    fixed = FIXED_HEAD.pack(MAGIC, kind, LAYOUT_VERSION, g, n, h)
     out = fixed + ends.astype("<u8").tobytes() + body
     return out + b"\0" * (h - len(out))
 

@@ -35,7 +35,13 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs.pcr.format import KIND_TENSOR, PCRHeader, build_header, parse_header
+from lmdbio.codecs.pcr.format import (
+    KIND_TENSOR,
+    TENSOR_HEAD,
+    PCRHeader,
+    build_header,
+    parse_header,
+)
 from lmdbio.errors import CodecError
 
 _EXP_BITS = {2: 5, 4: 8, 8: 11}  # float itemsize -> exponent bits
@@ -102,8 +108,7 @@ def encode_planes_value(items: np.ndarray, labels: Sequence[int] | np.ndarray | 
     labels = np.zeros(n, np.int64) if labels is None else np.asarray(labels, np.int64)
     keys = [b"%d" % i for i in range(n)] if keys is None else list(keys)
     shape = a.shape[1:]
-    middle = (dtype.str.encode("ascii").ljust(8, b"\0")
-              + np.array([len(shape), 0], "<u4").tobytes()
+    middle = (TENSOR_HEAD.pack(dtype.str.encode("ascii"), len(shape), 0)
               + np.array(shape, "<u8").tobytes())
     header = build_header(KIND_TENSOR, [planes.shape[1]] * w, labels, keys,
                               middle=middle)
