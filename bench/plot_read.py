@@ -20,9 +20,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.common import REPO, RESULTS
+from lmdbio.plan.strategies import STRATEGIES as _REGISTERED
 
-STRATEGIES = ["naive-stride", "naive-contig", "lmm", "dm-serial", "dm-spec", "indexed"]
-MARKERS = dict(zip(STRATEGIES, "osv^Dx", strict=True))
+STRATEGIES = list(_REGISTERED)  # every registered strategy, in registry order
+MARKERS = {s: "osv^Dxp*"[i % 8] for i, s in enumerate(STRATEGIES)}
 
 
 def load(res: Path, pattern: str) -> dict[str, dict]:

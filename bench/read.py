@@ -150,7 +150,7 @@ def throughput(res: Path, dbs: dict[str, Path], quick: bool) -> None:
         for s in STRATEGIES:
             common = ["--batch-size", str(batch), "--iters", str(iters), "--warmup", "5",
                       "--simulate-nodes", "4", "--mode", "colocated", "--sequential"]
-            if s.startswith("naive"):
+            if not _REGISTERED[s].shared:  # every rank reads for itself: py-lmdb replays it
                 common.append("--pylmdb")
             bench(res / f"throughput-{name}-{s}-warm.json", 8, str(dbs[name]), s, *common)
             bench(res / f"throughput-{name}-{s}-cold.json", 8, copies, s, *common,
@@ -321,7 +321,7 @@ def _matrix(res: Path, dbs: dict[str, Path], quick: bool, prefix: str, names: tu
             iters = 30 if quick else DIRECT_ITERS[name]
             for s in STRATEGIES:
                 for mode in ("colocated", "dedicated"):
-                    if mode == "dedicated" and s.startswith("naive"):
+                    if mode == "dedicated" and not _REGISTERED[s].shared:
                         continue  # every rank reads for itself: the mode does not apply
                     bench(res / f"{prefix}-{name}-{s}-{mode}-r{rep}.json", 8, str(dbs[name]),
                           s, "--batch-size", str(batch), "--iters", str(iters), "--warmup",
@@ -390,6 +390,10 @@ def direct_table(res: Path, prefix: str = "direct") -> str:
 #: the setup: a second epoch would read it warm)
 ONE_EPOCH_ITERS = {"cifar": 75, "mnist": 110, "imagenet": 48}
 ADVICE_CASES = {"cold": ["--cold"], "coldrandom": ["--cold", "--advice", "random"]}
+#: the ``advice`` runs, ``(strategy, extra flags)``: every strategy but lmm (left out of
+#: these runs from the start), those that advise (``advises``) also without their advice
+ADVICE_RUNS = [(s, extra) for s in STRATEGIES if s != "lmm"
+               for extra in ([[], ["--no-prefetch-advice"]] if _REGISTERED[s].advises else [[]])]
 
 
 def advice(res: Path, dbs: dict[str, Path], quick: bool) -> None:
@@ -401,16 +405,13 @@ def advice(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     cold once), three repeats interleaved;
     results ``advice-{db}-{strategy}[-noadvice]-{cache}-r{k}.json``."""
     repeats = 1 if quick else 3
-    runs = [("naive-stride", []), ("naive-contig", []), ("dm-serial", []),
-            ("dm-spec", []), ("dm-spec", ["--no-prefetch-advice"]),
-            ("indexed", []), ("indexed", ["--no-prefetch-advice"])]
     for rep in range(repeats):
         for name in ("cifar", "mnist", "imagenet"):
             batch = SHAPES[name][2]
             iters = 30 if quick else ONE_EPOCH_ITERS[name]
             copies = node_copies(dbs[name], 4)
             for cache, flags in ADVICE_CASES.items():
-                for s, extra in runs:
+                for s, extra in ADVICE_RUNS:
                     tag = s + ("-noadvice" if extra else "")
                     bench(res / f"advice-{name}-{tag}-{cache}-r{rep}.json", 8, copies, s,
                           "--batch-size", str(batch), "--iters", str(iters), "--warmup",
@@ -434,8 +435,7 @@ def advice_table(res: Path) -> str:
     out = ["| db | cache | strategy | advice | steady records/s | x naive-stride | loop "
            "records/s | x naive-stride | resident pages per record delivered | runs |",
            "|---|---|---|---|---|---|---|---|---|---|"]
-    tags = ["naive-stride", "naive-contig", "dm-serial", "dm-spec", "dm-spec-noadvice",
-            "indexed", "indexed-noadvice"]
+    tags = [s + ("-noadvice" if extra else "") for s, extra in ADVICE_RUNS]
     for name in ("cifar", "mnist", "imagenet"):
         for cache in ADVICE_CASES:
             base = rows.get((name, "naive-stride", cache))
@@ -446,7 +446,7 @@ def advice_table(res: Path) -> str:
                 if not runs:
                     continue
                 s = tag.replace("-noadvice", "")
-                adv = "-" if s in ("naive-stride", "naive-contig", "dm-serial") else \
+                adv = "-" if not _REGISTERED[s].advises else \
                     ("off" if tag.endswith("-noadvice") else "on")
                 cells = [name, "cold" if cache == "cold" else "cold, no read-around", s, adv]
                 for get in (_steady, _loop):
@@ -603,7 +603,7 @@ def production(res: Path, dbs: dict[str, Path], quick: bool) -> None:
     for name in ("cifar", "mnist"):
         batch = SHAPES[name][2]
         for s in STRATEGIES:
-            extra = ["--pylmdb"] if s.startswith("naive") else []
+            extra = [] if _REGISTERED[s].shared else ["--pylmdb"]
             bench(res / f"production-{name}-{s}.json", 8, str(dbs[name]), s,
                   "--batch-size", str(batch), "--iters", "20" if quick else "150",
                   "--warmup", "5", "--simulate-nodes", "4", "--mode", "colocated",

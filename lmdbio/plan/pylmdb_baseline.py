@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError
+from lmdbio.plan.strategies import STRATEGIES
 
 
 def _open(path: str | os.PathLike):
@@ -93,10 +94,10 @@ def run_pattern(path: str | os.PathLike, session: Any, schedule: list[tuple[int,
     environment is opened before the clock starts). With ``collect``, the copied values
     are appended to it (for tests; the timing then includes the appends).
     """
-    name = session.cls.name
-    if name not in ("naive-stride", "naive-contig"):
-        raise ConfigError(f"the py-lmdb baseline replays naive-stride and naive-contig, "
-                          f"not {name!r}")
+    if session.cls.shared:
+        naive = " and ".join(name for name, cls in STRATEGIES.items() if not cls.shared)
+        raise ConfigError(f"the py-lmdb baseline replays {naive} (every rank reads for "
+                          f"itself), not {session.cls.name!r}")
     if getattr(session.db, "subdb_name", None):
         raise ConfigError("the py-lmdb baseline reads the main database only, not the named "
                           f"database {session.db.subdb_name!r}")
@@ -118,7 +119,7 @@ def run_pattern(path: str | os.PathLike, session: Any, schedule: list[tuple[int,
             walker = _Walker(txn, n)
             kept = 0
             for ids in wanted:
-                if name == "naive-stride":
+                if session.cls.scheme == "stride":
                     kept += _stride(walker, ids, collect)
                 else:
                     kept += _contig(walker, ids, collect)
