@@ -32,6 +32,11 @@ itself with ``mpiexec`` (``exec``), so signals from a scheduler reach ``mpiexec`
 Open MPI's ``mpiexec`` runs as its child (:func:`run_openmpi`), which forwards them, gives a
 one-host job a private /dev/shm folder, and turns a lost host into a non-zero exit (Open
 MPI 5 ends such a job but exits 0).
+
+With ``LMDBIO_TESTS_WITHOUT_MPIEXEC`` set (``make unit``, the loop that runs no MPI job) the
+launcher refuses to start ``mpiexec`` (:func:`check_mpiexec_allowed`): a test that reaches a
+real launch through ``lmdbio launch``, ``lmdbio demo`` or ``lmdbio-mpirun`` in a subprocess
+lacks its ``mpiexec`` marker, and fails saying so instead of running an MPI job.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ __all__ = [
     "LaunchPlan",
     "add_arguments",
     "build_launch",
+    "check_mpiexec_allowed",
     "detect_mpi_flavor",
     "find_mpiexec",
     "flavor_from_version_text",
@@ -77,6 +83,8 @@ OPENMPI_ROOT_ENV = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFI
 #: there is none its component query prints ``osc_ucx_component.c ... Error`` lines in
 #: every rank. The shared-memory component serves the ranks of one host.
 OPENMPI_ONE_HOST_ENV = {"OMPI_MCA_osc": "^ucx"}
+#: set by ``make unit`` (tests without MPI jobs): starting ``mpiexec`` is then an error
+NO_MPIEXEC_ENV = "LMDBIO_TESTS_WITHOUT_MPIEXEC"
 
 
 @dataclass
@@ -370,6 +378,25 @@ def build_launch(
     return plan
 
 
+def check_mpiexec_allowed(argv: Sequence[str],
+                          environ: Mapping[str, str] | None = None) -> None:
+    """Refuse to start the ``mpiexec`` line ``argv`` where :data:`NO_MPIEXEC_ENV` is set.
+
+    ``make unit`` sets it to run the tests that start no MPI job; the test harness refuses
+    its own ``mpiexec`` runs then, and this refuses the launcher's, so a test that starts a
+    job through ``lmdbio launch``/``lmdbio demo`` in a subprocess without its ``mpiexec``
+    marker fails loudly instead of running MPI in the quick loop. Raises
+    :class:`~lmdbio.errors.LmdbioError` naming the variable.
+    """
+    value = (os.environ if environ is None else environ).get(NO_MPIEXEC_ENV)
+    if value:
+        raise LmdbioError(
+            f"not starting {argv[0] if argv else 'mpiexec'}: {NO_MPIEXEC_ENV}={value} is set "
+            "(make unit runs no MPI jobs; a test that launches one must be marked "
+            "@pytest.mark.mpiexec and run by make mpi or make test)"
+        )
+
+
 def split_command(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split ``argv`` at the first ``--`` into (launcher options, trainer command)."""
     argv = list(argv)
@@ -453,6 +480,7 @@ def run(args: argparse.Namespace, command: Sequence[str]) -> int:
     if args.dry_run:
         print(plan.shell_line())
         return 0
+    check_mpiexec_allowed(plan.argv)
     if args.mpi == "auto":
         actual = _mpiexec_flavor(plan.argv[0])
         if actual is not None and actual != plan.flavor:

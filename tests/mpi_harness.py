@@ -30,13 +30,15 @@ from pathlib import Path
 
 import pytest
 
+#: set by ``make unit``: starting mpiexec is then an error (an unmarked MPI test); the
+#: launcher refuses its own mpiexec lines then too (launch.mpirun.check_mpiexec_allowed)
+from launch.mpirun import NO_MPIEXEC_ENV
+
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 MPI_SCRIPTS = TESTS / "mpi"
 RESULT_DIR_ENV = "MPI_HARNESS_RESULT_DIR"
 RESULT_PREFIX = "RESULT "
-#: set by ``make unit``: starting mpiexec is then an error (an unmarked MPI test)
-NO_MPIEXEC_ENV = "LMDBIO_TESTS_WITHOUT_MPIEXEC"
 #: a script for :func:`run_mpi` that runs the ``lmdbio`` command line with its arguments
 CLI_SCRIPT = """
 import sys

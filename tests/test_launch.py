@@ -289,6 +289,57 @@ def test_refuses_to_nest_inside_an_mpi_job(config: Path, monkeypatch) -> None:
         launch_cmd.main(args)
 
 
+def test_no_mpiexec_variable_is_checked_where_the_launcher_starts_mpiexec() -> None:
+    check = mpirun.check_mpiexec_allowed
+    check(["mpiexec", "-n", "2"], {})
+    check(["mpiexec", "-n", "2"], {mpirun.NO_MPIEXEC_ENV: ""})
+    with pytest.raises(LmdbioError, match=r"not starting /x/mpiexec: "
+                                          r"LMDBIO_TESTS_WITHOUT_MPIEXEC=1 is set"):
+        check(["/x/mpiexec", "-n", "2"], {mpirun.NO_MPIEXEC_ENV: "1"})
+
+
+def _stand_in_mpiexec(tmp_path: Path) -> tuple[Path, Path]:
+    """An executable that only leaves a file when started: (the program, the file)."""
+    ran = tmp_path / "mpiexec-ran"
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\ntouch '{ran}'\n")
+    fake.chmod(0o755)
+    return fake, ran
+
+
+def test_lmdbio_launch_starts_no_mpiexec_under_make_unit(config: Path, tmp_path: Path) -> None:
+    """``make unit`` sets LMDBIO_TESTS_WITHOUT_MPIEXEC: ``lmdbio launch`` run in a subprocess
+    (as a test of the launcher, of ``lmdbio demo`` or of a trainer would run it) refuses to
+    start mpiexec, naming the variable, and exits 2; nothing was started."""
+    fake, ran = _stand_in_mpiexec(tmp_path)
+    env = {**os.environ, mpirun.NO_MPIEXEC_ENV: "1", "PYTHONPATH": str(REPO)}
+    out = subprocess.run(
+        [sys.executable, "-m", "lmdbio.cli", "launch", "-n", "2", "--mpi", "openmpi",
+         "--mpiexec", str(fake), str(config), "--", "true"],
+        capture_output=True, text=True, timeout=60, env=env, cwd=REPO, check=False,
+    )
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"not starting {fake}: {mpirun.NO_MPIEXEC_ENV}=1 is set" in out.stderr
+    assert "@pytest.mark.mpiexec" in out.stderr
+    assert not ran.exists()
+
+
+def test_without_the_variable_the_same_line_starts_mpiexec(
+    config: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The refusal is the variable's doing: a dry run still prints the line, and without the
+    variable the launcher starts the (stand-in) mpiexec."""
+    fake, ran = _stand_in_mpiexec(tmp_path)
+    argv = ["-n", "2", "--mpi", "openmpi", "--mpiexec", str(fake), str(config), "--", "true"]
+    monkeypatch.setenv(mpirun.NO_MPIEXEC_ENV, "1")
+    assert mpirun.main(["--dry-run", *argv]) == 0
+    assert f"{fake} -n 2 " in capsys.readouterr().out
+    monkeypatch.delenv(mpirun.NO_MPIEXEC_ENV)
+    assert mpirun.main(argv) == 0
+    assert ran.exists()
+
+
 # --------------------------------------------------------------------------- real launch
 
 
