@@ -93,10 +93,18 @@ _SPANS = layout_names(spans=True)
 _PROGRESSIVE = layout_names(progressive=True)
 #: layouts whose records hold several images or rows
 _GROUPED = tuple(name for name, lay in LAYOUTS.items() if lay.items_field)
-#: layouts the loader has a decoder for (the others are written and benchmarked only)
+#: layouts the loader has a decoder for: ``dataset.layout`` accepts these
 _DECODABLE = tuple(name for name, lay in LAYOUTS.items() if lay.decoder is not None)
-#: batch codecs a node's ring can carry (``codec.name``); the others are storage layouts
+#: layouts ``lmdbio convert`` writes but the loader cannot read (``dataset.layout``
+#: refuses them, saying so)
+_UNREADABLE = {name: f"the loader has no decoder for {name!r} (it is written and benchmarked "
+               "only)" for name in LAYOUTS if name not in _DECODABLE}
+#: batch codecs a node's ring can carry: ``codec.name`` accepts these
 _TRANSPORT = tuple(name for name, spec in BATCH_CODECS.items() if spec.transport)
+#: batch codecs that are storage layouts only (``codec.name`` refuses them, saying so)
+_STORAGE_ONLY = {name: f"{name!r} is a storage layout, not a transport codec: set "
+                 f"dataset.layout: {name} and codec.name: none"
+                 for name in BATCH_CODECS if name not in _TRANSPORT}
 #: strategies that read node batches into a node's shared ring (a transport codec's home)
 _NODE_LEVEL = tuple(name for name, cls in STRATEGIES.items() if cls.shared)
 
@@ -107,9 +115,13 @@ def _meta(
     minimum: int | float | None = None,
     is_path: bool = False,
     choices: Mapping[str, str] | None = None,
+    refused: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Metadata of a schema field, read by the validator and by :func:`render_reference`."""
-    return {"doc": doc, "minimum": minimum, "is_path": is_path, "choices": dict(choices or {})}
+    """Metadata of a schema field, read by the validator and by :func:`render_reference`:
+    ``choices`` the values a string field accepts (with their descriptions), ``refused``
+    names a registry holds that it does not accept, with the reason its refusal gives."""
+    return {"doc": doc, "minimum": minimum, "is_path": is_path,
+            "choices": dict(choices or {}), "refused": dict(refused or {})}
 
 
 @dataclass(frozen=True)
@@ -127,8 +139,10 @@ class DatasetConfig:
     layout: str = field(
         default="caffe-datum",
         metadata=_meta(
-            "How the values are encoded.",
-            choices={name: lay.summary for name, lay in LAYOUTS.items()},
+            "How the values are encoded: a layout the loader reads (not among them, written "
+            f"by `lmdbio convert` only: {_code(_UNREADABLE)}).",
+            choices={name: LAYOUTS[name].summary for name in _DECODABLE},
+            refused=_UNREADABLE,
         ),
     )
     subdb: str | None = field(
@@ -371,8 +385,10 @@ class CodecConfig:
     name: str = field(
         default="none",
         metadata=_meta(
-            "Batch codec for transport.",
-            choices={name: spec.summary for name, spec in BATCH_CODECS.items()},
+            "Batch codec for transport through a node's ring (not among them, storage "
+            f"layouts read as `dataset.layout`: {_code(_STORAGE_ONLY)}).",
+            choices={name: BATCH_CODECS[name].summary for name in _TRANSPORT},
+            refused=_STORAGE_ONLY,
         ),
     )
     options: tuple[tuple[str, Any], ...] = field(
@@ -722,7 +738,7 @@ def _coerce(
         return site.refuse(f"must be {_type_text(tp, meta)}, not null")
     allowed = _allowed(tp, meta)
     if allowed is not None:
-        return _coerce_choice(value, allowed, site)
+        return _coerce_choice(value, allowed, site, meta.get("refused") or {})
     if inner is bool:
         if isinstance(value, bool):
             return True, value
@@ -736,19 +752,27 @@ def _coerce(
     raise TypeError(f"unsupported schema type {tp!r}")  # pragma: no cover - all handled above
 
 
-def _coerce_choice(value: Any, allowed: tuple[str, ...], site: _Key) -> tuple[bool, Any]:
-    """One of the names ``allowed``; a refusal suggests the closest name, or says to quote a
-    word YAML read as a boolean."""
+def _coerce_choice(value: Any, allowed: tuple[str, ...], site: _Key,
+                   refused: Mapping[str, str]) -> tuple[bool, Any]:
+    """One of the names ``allowed``; a refusal gives the reason for a name ``refused``
+    holds, else suggests the closest name or says to quote a word YAML read as a boolean."""
     if isinstance(value, str) and value in allowed:
         return True, value
+    return site.refuse(_choice_refusal(value, allowed, refused))
+
+
+def _choice_refusal(value: Any, allowed: tuple[str, ...], refused: Mapping[str, str]) -> str:
+    """Why ``value`` is not one of ``allowed`` (see :func:`_coerce_choice`)."""
     hint = ""
-    if isinstance(value, str):
+    if isinstance(value, str) and value in refused:
+        hint = f"; {refused[value]}"
+    elif isinstance(value, str):
         close = difflib.get_close_matches(value, allowed, n=1, cutoff=0.5)
         if close:
             hint = f"; did you mean {close[0]!r}?"
     elif isinstance(value, bool):
         hint = " (YAML reads yes/no/on/off as booleans: quote the value)"
-    return site.refuse(f"{_describe(value)} is not allowed; allowed: {', '.join(allowed)}{hint}")
+    return f"{_describe(value)} is not allowed; allowed: {', '.join(allowed)}{hint}"
 
 
 def _coerce_number(inner: type, value: Any, minimum: Any, site: _Key) -> tuple[bool, Any]:
@@ -989,6 +1013,9 @@ def check_combinations(cfg: JobConfig) -> None:
 def _combination_problems(cfg: JobConfig) -> list[ConfigProblem]:
     """Cross-field rules: combinations each key allows alone but not together."""
     problems = _Problems(cfg.origin)
+    _check_choices(cfg, problems)
+    if problems:  # a name outside a registry's allowed ones: the rules below would fail
+        return problems
     _check_transport(cfg, problems)
     t = cfg.transform
     if t.mean_values and t.mean_file is not None:
@@ -1006,12 +1033,6 @@ def _combination_problems(cfg: JobConfig) -> list[ConfigProblem]:
             f"shuffle); set readers.strategy: {shuffling} or shuffle.mode: none",
         )
     layout = LAYOUTS[cfg.dataset.layout]
-    if layout.decoder is None:
-        problems.add(
-            "dataset.layout",
-            f"the loader has no decoder for {cfg.dataset.layout!r} (it is written and "
-            f"benchmarked only); set dataset.layout: {' | '.join(_DECODABLE)}",
-        )
     if cfg.dataset.scan_groups is not None and not layout.progressive:
         problems.add(
             "dataset.scan_groups",
@@ -1037,17 +1058,32 @@ def _combination_problems(cfg: JobConfig) -> list[ConfigProblem]:
     return problems
 
 
+def _check_choices(cfg: JobConfig, problems: _Problems) -> None:
+    """The closed choices of a :class:`JobConfig` built in code (:func:`load_config` checks
+    them as it reads each key), refused as :func:`load_config` refuses them."""
+    for path, tp, f, value in _settings(cfg):
+        allowed = _allowed(tp, f.metadata)
+        if allowed is not None and value is not None and value not in allowed:
+            problems.add(path, _choice_refusal(value, allowed, f.metadata.get("refused") or {}))
+
+
+def _settings(obj: Any, prefix: str = "") -> Iterable[tuple[str, Any, dataclasses.Field, Any]]:
+    """``(key path, type, field, value)`` of every setting of ``obj`` (a config dataclass),
+    its sections' settings in turn."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if dataclasses.is_dataclass(value):
+            yield from _settings(value, _join(prefix, f.name))
+        else:
+            yield _join(prefix, f.name), hints[f.name], f, value
+
+
 def _check_transport(cfg: JobConfig, problems: _Problems) -> None:
     """Rules of how a node's ring carries records (``codec``, ``readers``) that the loader
     would otherwise refuse only when the job starts."""
     codec, strategy = cfg.codec.name, cfg.readers.strategy
-    if not BATCH_CODECS[codec].transport:
-        problems.add(
-            "codec.name",
-            f"{codec!r} is a storage layout, not a transport codec (transport supports "
-            f"{' | '.join(_TRANSPORT)}); set dataset.layout: {codec} and codec.name: none",
-        )
-    elif codec != "none" and not STRATEGIES[strategy].shared:
+    if codec != "none" and not STRATEGIES[strategy].shared:
         problems.add(
             "codec.name",
             f"{codec!r} compresses the batches of a node's ring: it needs a node-level "
@@ -1300,8 +1336,6 @@ def _render_rules() -> list[str]:
         "needs image records, to whose batches the workers apply it: `dataset.layout` one "
         "of " + _code(_IMAGES) + ".",
         "- codec options need a `codec.name` other than `none`.",
-        "- a job reads `dataset.layout` one of " + _code(_DECODABLE) + " (the loader has "
-        "no decoder for the others).",
         "- `codec.name` is a transport codec: one of " + _code(_TRANSPORT) + " (the others "
         "are storage layouts: `dataset.layout`); a codec other than `none` needs a "
         "node-level `readers.strategy`: " + _code(_NODE_LEVEL) + ".",

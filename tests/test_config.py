@@ -231,7 +231,8 @@ def test_impossible_combinations():
 
 @pytest.mark.parametrize(("text", "line", "path", "needles"), [
     ("codec:\n  name: toc\n", 4, "codec.name",
-     ["storage layout, not a transport codec", "set dataset.layout: toc and codec.name: none"]),
+     ["string 'toc' is not allowed; allowed: none, ibp; 'toc' is a storage layout, not a "
+      "transport codec: set dataset.layout: toc and codec.name: none"]),
     ("readers:\n  strategy: naive-stride\ncodec:\n  name: ibp\n", 6, "codec.name",
      ["needs a node-level readers.strategy: lmm | dm-serial | dm-spec | indexed",
       "set readers.strategy: dm-spec or codec.name: none"]),
@@ -240,7 +241,8 @@ def test_impossible_combinations():
     ("codec:\n  name: ibp\nreaders:\n  transfer: spans\n", 6, "readers.transfer",
      ["layout 'caffe-datum' and codec 'ibp'"]),
     ("  layout: btable\n", 3, "dataset.layout",
-     ["the loader has no decoder for 'btable'", "set dataset.layout: caffe-datum | tensor"]),
+     ["string 'btable' is not allowed; allowed: caffe-datum, tensor, toc, ibp, pcr; the "
+      "loader has no decoder for 'btable'"]),
 ])
 def test_job_rules_refuse_at_load_with_file_and_line(tmp_path, text, line, path,
                                                            needles):
@@ -253,6 +255,22 @@ def test_job_rules_refuse_at_load_with_file_and_line(tmp_path, text, line, path,
     assert f"{f}:{line}: {path}: " in msg
     for needle in needles:
         assert needle in msg
+
+
+def test_a_config_built_in_code_is_refused_as_a_loaded_one():
+    """check_combinations (what the run plan calls) refuses the names load_config refuses
+    at their keys, for a JobConfig built in code: the same words, the same hints."""
+    cfg = JobConfig(DatasetConfig("/x", layout="btable"), codec=CodecConfig("toc"),
+                    on_error="ignore")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        check_combinations(cfg)
+    problems = {p.path: p.message for p in info.value.problems}  # type: ignore[attr-defined]
+    assert set(problems) == {"dataset.layout", "codec.name", "on_error"}
+    raw = {"dataset": {"path": "/x", "layout": "btable"}, "codec": {"name": "toc"},
+           "on_error": "ignore"}
+    loaded = {p.path: p.message for p in _error(raw).problems}  # type: ignore[attr-defined]
+    assert problems == loaded
+    assert "did you mean" not in problems["dataset.layout"]
 
 
 def test_transport_rules_allow_what_the_loader_runs():

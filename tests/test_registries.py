@@ -24,11 +24,12 @@ from lmdbio.plan.strategies import STRATEGIES, ReadStrategy, strategy_class
 
 REPO = Path(__file__).resolve().parents[1]
 
-#: (config key, registry) for every key whose values a registry names
+#: (config key, registry, the capability a registered name needs there) for every key
+#: whose values a registry names
 REGISTERED_KEYS = [
-    ("readers.strategy", STRATEGIES),
-    ("dataset.layout", LAYOUTS),
-    ("codec.name", BATCH_CODECS),
+    ("readers.strategy", STRATEGIES, lambda cls: True),
+    ("dataset.layout", LAYOUTS, lambda layout: layout.decoder is not None),  # a job reads it
+    ("codec.name", BATCH_CODECS, lambda spec: spec.transport),  # a ring carries it
 ]
 
 
@@ -52,38 +53,52 @@ def _raw(dotted: str, value: object) -> dict:
     return raw
 
 
-@pytest.mark.parametrize(("key", "registry"), REGISTERED_KEYS)
-def test_the_config_accepts_exactly_the_registered_names(key, registry):
+def _capable(registry: dict, capable: typing.Callable[[typing.Any], bool]) -> list[str]:
+    return [name for name, entry in registry.items() if capable(entry)]
+
+
+@pytest.mark.parametrize(("key", "registry", "capable"), REGISTERED_KEYS)
+def test_the_config_accepts_exactly_the_registered_names(key, registry, capable):
+    """A key accepts the registered names with the capability it needs, in registry
+    order; the others are refused with the reason, the allowed names listed."""
     f, _ = _field(key)
-    assert list(f.metadata["choices"]) == list(registry)  # the allowed values, in order
+    allowed = _capable(registry, capable)
+    assert list(f.metadata["choices"]) == allowed  # the allowed values, in order
     for name in registry:
-        if key == "codec.name" and not registry[name].transport:  # a storage layout
-            assert "not a transport codec" in _error(_raw(key, name))
-            continue
-        if key == "dataset.layout" and registry[name].decoder is None:  # not for a job
-            assert "the loader has no decoder" in _error(_raw(key, name))
+        if name not in allowed:
+            msg = _error(_raw(key, name))
+            assert f"{key}: string {name!r} is not allowed; allowed: {', '.join(allowed)}; " \
+                   f"{f.metadata['refused'][name]}" in msg
             continue
         cfg = load_config({"dataset": {"path": "/x"}, **_raw(key, name)})
         section, k = key.split(".")
         assert getattr(getattr(cfg, section), k) == name
     msg = _error(_raw(key, "no-such-name"))
     assert f"{key}: string 'no-such-name' is not allowed; allowed: " \
-           f"{', '.join(registry)}" in msg
+           f"{', '.join(allowed)}" in msg
+    assert "not a transport codec" in _error(_raw("codec.name", "toc"))
+    assert "the loader has no decoder" in _error(_raw("dataset.layout", "btable"))
 
 
-@pytest.mark.parametrize(("key", "registry"), REGISTERED_KEYS)
-def test_the_reference_lists_exactly_the_registered_names(key, registry):
+@pytest.mark.parametrize(("key", "registry", "capable"), REGISTERED_KEYS)
+def test_the_reference_lists_exactly_the_registered_names(key, registry, capable):
+    """The reference lists the names a key accepts, each with its entry's summary, and
+    names the registered ones it does not accept in the key's meaning."""
     text = (REPO / "docs" / "configuration.md").read_text()
     assert text == render_reference(), \
         "regenerate: python -m lmdbio.config > docs/configuration.md"
+    allowed = _capable(registry, capable)
     row = next(line for line in text.splitlines() if line.startswith(f"| `{key}` |"))
     type_cell = row.split(" | ")[1]
-    assert re.findall(r"`([^`]+)`", type_cell) == list(registry)
+    assert re.findall(r"`([^`]+)`", type_cell) == allowed
     block = text.split(f"\n`{key}`:\n\n", 1)[1].split("\n\n", 1)[0]
     listed = [re.match(r"- `([^`]+)`: ", line).group(1) for line in block.splitlines()]
-    assert listed == list(registry)
-    for name, entry in registry.items():  # each described by its own entry
-        assert f"- `{name}`: {entry.summary}" in text
+    assert listed == allowed
+    for name, entry in registry.items():  # each described by its own entry, or refused
+        if name in allowed:
+            assert f"- `{name}`: {entry.summary}" in text
+        else:
+            assert f"`{name}`" in row.split(" | ")[3]
 
 
 def test_the_reference_derives_the_rules_from_capabilities():
