@@ -225,7 +225,8 @@ class ReadersConfig:
             "reader locates, fills and publishes every record its node's workers take; more "
             "spread that work when it paces the node (small records, many ranks). `mode` "
             "applies to each group. 0 chooses: a reader per rank on a colocated node "
-            "(nobody waits for another rank's reader), one on a dedicated node.", minimum=0
+            "(nobody waits for another rank's reader), one on a dedicated node. Only for a "
+            f"node-level `strategy` ({_either(_NODE_LEVEL)}).", minimum=0
         ),
     )
     prefetch_depth: int = field(
@@ -1090,6 +1091,14 @@ def _check_transport(cfg: JobConfig, problems: _Problems) -> None:
             f"readers.strategy: {' | '.join(_NODE_LEVEL)} (strategy {strategy!r} has no "
             "ring); set readers.strategy: dm-spec or codec.name: none",
         )
+    if cfg.readers.per_node and not STRATEGIES[strategy].shared:
+        problems.add(
+            "readers.per_node",
+            f"{cfg.readers.per_node} groups a node's ranks around readers, which a "
+            f"node-level readers.strategy has ({' | '.join(_NODE_LEVEL)}); strategy "
+            f"{strategy!r} has none (every rank reads for itself), so it would have no "
+            "effect: remove readers.per_node or set readers.strategy: dm-spec",
+        )
     as_stored = LAYOUTS[cfg.dataset.layout].spans and codec == "none"
     if cfg.readers.transfer == "spans" and not as_stored:
         problems.add(
@@ -1339,6 +1348,8 @@ def _render_rules() -> list[str]:
         "- `codec.name` is a transport codec: one of " + _code(_TRANSPORT) + " (the others "
         "are storage layouts: `dataset.layout`); a codec other than `none` needs a "
         "node-level `readers.strategy`: " + _code(_NODE_LEVEL) + ".",
+        "- `readers.per_node` other than 0 needs a node-level `readers.strategy`: "
+        + _code(_NODE_LEVEL) + ".",
         "- `readers.transfer: spans` needs `dataset.layout` one of " + _code(_SPANS)
         + " and `codec.name: none`.",
         "- `transform.mean_values` holds one value or one per channel (checked against the "

@@ -33,7 +33,8 @@ def readers_per_node(cfg: Any) -> int:
     """``readers.per_node`` for the topology: as set, or for 0 (chosen) 0 with a node-level
     strategy - the topology then gives a colocated node a reader per rank and a dedicated
     one a single reader (:func:`lmdbio.topology.reader_groups`) - and 1 for the naive
-    strategies, whose ranks read for themselves anyway."""
+    strategies, whose ranks read for themselves anyway (the configuration refuses another
+    value for them)."""
     if cfg.readers.per_node:
         return int(cfg.readers.per_node)
     from lmdbio.plan.strategies import strategy_class

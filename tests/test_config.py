@@ -240,6 +240,10 @@ def test_impossible_combinations():
      ["layout 'pcr' and codec 'none'", "set readers.transfer: copy or auto"]),
     ("codec:\n  name: ibp\nreaders:\n  transfer: spans\n", 6, "readers.transfer",
      ["layout 'caffe-datum' and codec 'ibp'"]),
+    ("readers:\n  strategy: naive-contig\n  per_node: 2\n", 5, "readers.per_node",
+     ["2 groups a node's ranks around readers, which a node-level readers.strategy has "
+      "(lmm | dm-serial | dm-spec | indexed); strategy 'naive-contig' has none",
+      "remove readers.per_node or set readers.strategy: dm-spec"]),
     ("  layout: btable\n", 3, "dataset.layout",
      ["string 'btable' is not allowed; allowed: caffe-datum, tensor, toc, ibp, pcr; the "
       "loader has no decoder for 'btable'"]),
@@ -275,6 +279,9 @@ def test_a_config_built_in_code_is_refused_as_a_loaded_one():
 
 def test_transport_rules_allow_what_the_loader_runs():
     load_config({"dataset": {"path": "/x"}, "readers": {"transfer": "spans"}})
+    load_config({"dataset": {"path": "/x"}, "readers": {"strategy": "lmm", "per_node": 2}})
+    load_config({"dataset": {"path": "/x"}, "readers": {"strategy": "naive-stride",
+                                                        "per_node": 0}})
     load_config({"dataset": {"path": "/x", "layout": "pcr"}, "readers": {"transfer": "copy"}})
     load_config({"dataset": {"path": "/x"}, "codec": {"name": "ibp"},
                  "readers": {"strategy": "lmm"}})
