@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from lmdbio.codecs.registry import BATCH_CODECS, RingCodec, RingTransport
 from lmdbio.config import setting_error
 from lmdbio.errors import ConfigError, LmdbioError
 from lmdbio.io.gather import (
@@ -39,6 +40,7 @@ from lmdbio.lmdb.snapshot import resolve_file
 from lmdbio.mpiutil import agree, sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
+    STRATEGIES,
     IterationStats,
     ReaderContext,
     ReadStrategy,
@@ -322,6 +324,13 @@ def node_consumers(ranks: Sequence[tuple[int, int, Any]], node: int
     return firsts.get(node, 1 << 30), counts.get(node, 0), tuple(counts[i] for i in order)
 
 
+def node_level_strategies() -> list[str]:
+    """The registered strategies in which one reader per node reads for the node's workers
+    (:data:`~lmdbio.plan.strategies.STRATEGIES` whose class is ``shared``), in registry
+    order: what node rings and ring codecs need."""
+    return [name for name, cls in STRATEGIES.items() if cls.shared]
+
+
 def _host_oversubscribed(topo: Topology) -> bool:
     """Whether this host runs more ranks than it has cores for this process. Then ring
     waits must not spin (a spinning rank takes the core from the peer it waits for): they
@@ -547,14 +556,20 @@ class ReadSession:
         return strategy
 
     def _set_up_transport(self) -> None:
-        """How records travel from the readers: the IBP codec model shared, the node's
-        ring created (a worker first warms its mapping), the O_DIRECT node cache attached
-        and cleared. Collective over each node."""
+        """How records travel from the readers: the ring codec shared (a batch codec whose
+        registry entry names a ring transport), the node's ring created (a worker first
+        warms its mapping), the O_DIRECT node cache attached and cleared. Collective over
+        each node."""
         self.ring = None
         self.batches_per_slot = 1  # a node ring may carry several (see _create_ring)
-        self.codec_model = None
-        if self.run_plan.codec == "ibp":
-            self._share_codec_model()
+        #: the codec the node's ring carries each worker's part encoded with (None: the
+        #: records travel as they are), and its name in the slot headers
+        self.ring_codec: RingCodec | None = None
+        self.slot_codec = "none"
+        spec = BATCH_CODECS.get(self.run_plan.codec)
+        transport = spec.ring_transport() if spec is not None else None
+        if transport is not None:
+            self._share_ring_codec(self.run_plan.codec, transport)
         if self.shared:
             if not self.reads:
                 self._warm_up_worker()
@@ -606,7 +621,7 @@ class ReadSession:
     def by_reference(self) -> bool:
         """Whether this reader's slots carry record spans instead of record bytes
         (``RunPlan.transfer``; plain values only)."""
-        return (self.shared and self.run_plan.transfer == "spans" and self.codec_model is None
+        return (self.shared and self.run_plan.transfer == "spans" and self.ring_codec is None
                 and self.value_prefix is None and not self.run_plan.direct_io)
 
     # ----------------------------------------------------------------- setup
@@ -639,16 +654,13 @@ class ReadSession:
             cap = batch_capacity(top, node_batch)
             if per_slot == 0:
                 per_slot = self._agreed_slot_size(
-                    1 if self.codec_model is not None else
+                    1 if self.ring_codec is not None else
                     choose_batches_per_slot(self.run_plan.batch_size, cap))
             if per_slot > 1:
                 cap = batch_capacity(top, node_batch * per_slot)
             node_batch *= per_slot
-            if self.codec_model is not None:  # raw rows plus every part's frame header
-                per_row = cap // max(node_batch, 1)
-                from lmdbio.codecs.ibp import max_packed_nbytes  # codec ibp only
-                cap = max_packed_nbytes(self.codec_model, node_batch) + \
-                    self.node_consumers * 4096 + per_row
+            if self.ring_codec is not None:  # one encoded part per worker, at its worst
+                cap = self.ring_codec.slot_bytes(node_batch, self.node_consumers, cap)
         # a reader's slot key bytes: the keys' spans (8 bytes each) when records travel by
         # reference, else room for LMDB's longest key for every record
         keys = (8 if self.by_reference else max(64, int(self._max_key()))) * node_batch
@@ -693,24 +705,24 @@ class ReadSession:
             empty = read_only(np.zeros(0, np.uint8))  # as part_checksum passes its arrays
             part_hash_at(empty, empty, empty, empty, empty, 0, 0, 0, 0, 0, 0)
 
-    def _share_codec_model(self) -> None:
-        """The reader fits the transport model; the node's workers get it (collective)."""
+    def _share_ring_codec(self, name: str, transport: RingTransport) -> None:
+        """The reader fits codec ``name``'s ring codec; the node's workers get it
+        (collective over the node)."""
         if not self.shared:  # RunPlan.resolve refuses it; a plan built in code may not
-            raise ConfigError("codec ibp compresses node batches: it needs a node-level "
-                              "strategy (lmm, dm-serial, dm-spec, indexed)")
+            raise ConfigError(f"codec {name} compresses node batches: it needs a node-level "
+                              f"strategy ({', '.join(node_level_strategies())})")
         blob, err = None, None
         if self.topo.is_reader:
             try:
-                from lmdbio.codecs.ibp.transport import fit_transport_model
-                blob = fit_transport_model(self.db, dict(self.run_plan.codec_options)).to_bytes()
+                blob = transport.fit(self.db, dict(self.run_plan.codec_options)).to_bytes()
             except Exception as exc:  # agreed on below so no rank waits forever
                 err = f"{type(exc).__name__}: {exc}"
-        self._wait_for_reader("the reader to fit the IBP transport model")
-        agree(self.topo.node, err is None, err or "", "fitting the IBP transport model")
+        what = f"the {transport.title} transport model"
+        self._wait_for_reader(f"the reader to fit {what}")
+        agree(self.topo.node, err is None, err or "", f"fitting {what}")
         blob = self.topo.node.bcast(blob, root=0)
-        from lmdbio.codecs.ibp import IBPModel
-
-        self.codec_model = IBPModel.from_bytes(blob)
+        self.ring_codec = transport.from_bytes(blob)
+        self.slot_codec = name
 
     def _max_key(self) -> int:
         return 511  # LMDB's default maximum key size
@@ -857,7 +869,7 @@ class ReadSession:
             labels = np.where(pad, -ids - 1, ids)  # record ids; padding as -id - 1
             self._fill_slot(w, refs, labels, sizes)
         with clock.span("publish"):
-            w.publish(codec="ibp" if self.codec_model is not None else "none",
+            w.publish(codec=self.slot_codec,
                       flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
         self.last_private = None
 
@@ -865,7 +877,7 @@ class ReadSession:
                    sizes: np.ndarray) -> None:
         """The slot's records as the run plan transfers them: spans of the file, values
         and keys gathered into the slot in one pass, through the node's O_DIRECT cache,
-        or compressed per worker part (IBP transport)."""
+        or encoded per worker part (the ring codec)."""
         if self.by_reference:
             # records and keys stay in the file: their spans and labels go in the slot, their
             # pages counted, not read: each consumer checks the overflow headers of its
@@ -873,7 +885,7 @@ class ReadSession:
             self.db.accounting.mark_values(refs, self.db.psize)
             w.set_spans(refs.val_off, refs.val_len, labels,
                         key_spans=(refs.key_off, refs.key_len))
-        elif self.codec_model is None and self.db.accounting.node_cache is None:
+        elif self.ring_codec is None and self.db.accounting.node_cache is None:
             # values, keys and both offset tables straight into the slot, one pass
             n = len(refs)
             nbytes, kbytes = gather_batch(self.db, refs, *w.record_buffers(n))
@@ -882,15 +894,15 @@ class ReadSession:
             offsets = np.zeros(len(refs) + 1, np.int64)
             np.cumsum(refs.val_len, out=offsets[1:])
             koffs, kdata = gather_keys(self.db, refs)
-            if self.codec_model is None:  # values through the node's O_DIRECT cache
+            if self.ring_codec is None:  # values through the node's O_DIRECT cache
                 gather_refs(self.db, refs, out=w.payload(refs.nbytes))
                 w.set_records(offsets, labels, keys=(koffs, kdata))
             else:
                 raw, _ = gather_refs(self.db, refs)
                 w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
                 w.set_parts(sizes)
-                from lmdbio.codecs.ibp.transport import compress_parts
-                w.write_part_blobs(compress_parts(self.codec_model, raw, offsets, sizes))
+                w.write_part_blobs(self.ring_codec.encode_parts(
+                    raw, offsets, sizes, keys=(koffs, kdata), where=str(self.db.path)))
                 return
         w.set_parts(sizes)
 
@@ -960,8 +972,8 @@ class ReadSession:
         ids = np.where(pad, -labels - 1, labels)
         payload = view.payload
         if view.encoded:
-            from lmdbio.codecs.ibp.transport import decompress_part
-            payload = decompress_part(self.codec_model, payload, int(view.count))
+            assert self.ring_codec is not None  # the node's reader encodes with it alone
+            payload = self.ring_codec.decode_part(payload, int(view.count))
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         if view.by_reference:
             starts, lengths = self._checked_spans(view, *view.spans, "record")

@@ -7,20 +7,29 @@ interface is numcodecs' ``Codec``, so the same classes also serve zarr and frien
 record codecs (Caffe Datum, tensor, PCR, sparse rows) follow it too.
 
 Everything that needs the list of batch codecs (the configuration's allowed values and its
-generated reference, the loader) reads :data:`BATCH_CODECS`. Codec classes are named
-``"module:Class"`` and imported on first use, so that importing this module (the job
-configuration does) imports nothing else.
+generated reference, the loader, the reader) reads :data:`BATCH_CODECS`. A codec a node's
+ring carries encoded names its :class:`RingTransport` (:attr:`BatchCodecSpec.ring`): the
+reader fits it, shares it with the node's workers and encodes each worker's part of a slot
+with it, knowing no codec by name. Codec classes are named ``"module:Class"`` and imported
+on first use, so that importing this module (the job configuration does) imports nothing
+else.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from lmdbio.errors import ConfigError
 
-__all__ = ["BATCH_CODECS", "BatchCodec", "BatchCodecSpec", "get_batch_codec"]
+if TYPE_CHECKING:
+    import numpy as np
+
+    from lmdbio.lmdb import Database
+
+__all__ = ["BATCH_CODECS", "BatchCodec", "BatchCodecSpec", "RingCodec", "RingTransport",
+           "get_batch_codec"]
 
 
 @runtime_checkable
@@ -48,6 +57,59 @@ class BatchCodec(Protocol):
         ...
 
 
+@runtime_checkable
+class RingCodec(Protocol):
+    """A batch codec fitted for one job's node rings: the node's reader encodes each
+    worker's part of a slot separately (:meth:`encode_parts`), so that each worker decodes
+    only its own (:meth:`decode_part`). A :class:`RingTransport` makes it."""
+
+    def to_bytes(self) -> bytes:
+        """What the reader sends its node's workers (:meth:`RingTransport.from_bytes`)."""
+        ...
+
+    def slot_bytes(self, rows: int, parts: int, raw_bytes: int) -> int:
+        """Payload bytes a slot needs for any ``rows`` rows encoded as ``parts`` parts
+        (their worst case, headers included), ``raw_bytes`` being what the rows take
+        unencoded."""
+        ...
+
+    def encode_parts(self, payload: np.ndarray, offsets: np.ndarray, counts: np.ndarray, *,
+                     keys: tuple[np.ndarray, np.ndarray] | None = None,
+                     where: str = "the database") -> list[np.ndarray]:
+        """One encoded blob per worker part of a gathered batch: the records ``offsets``
+        bounds in ``payload``, ``counts`` per part in order. ``keys`` (the batch's key
+        bounds and bytes) and ``where`` (the file) name a record the codec refuses."""
+        ...
+
+    def decode_part(self, blob: np.ndarray, count: int) -> np.ndarray:
+        """One worker part's ``count`` records, back to back, as one uint8 buffer."""
+        ...
+
+
+class RingTransport(Protocol):
+    """How a :class:`RingCodec` is made: fitted by a node's reader on the database, rebuilt
+    from its bytes on every rank of the node (a class with two class methods will do)."""
+
+    #: how the reader's waits and errors name it ("fitting the IBP transport model")
+    @property
+    def title(self) -> str: ...
+
+    def fit(self, db: Database, options: dict[str, Any]) -> RingCodec:
+        """The codec fitted on ``db``'s records with the job's ``codec`` options; a
+        :class:`~lmdbio.errors.ConfigError` when the records do not suit it."""
+        ...
+
+    def from_bytes(self, blob: bytes) -> RingCodec:
+        """The codec whose :meth:`RingCodec.to_bytes` gave ``blob``."""
+        ...
+
+
+def _load(name: str) -> Any:
+    """The object ``"module:attr"`` names, its module imported now."""
+    module, _, attr = name.partition(":")
+    return getattr(importlib.import_module(module), attr)
+
+
 @dataclass(frozen=True)
 class BatchCodecSpec:
     """One registered batch codec: its name, what it is for and its class."""
@@ -62,14 +124,29 @@ class BatchCodecSpec:
     #: a node's ring can carry batches encoded with it (reader to workers); otherwise it
     #: is a storage format only (read it as ``dataset.layout`` of the same name)
     transport: bool
+    #: ``"module:attr"`` of its :class:`RingTransport`: how the ring carries its batches
+    #: encoded (a transport codec's; None for ``none``, whose batches travel raw)
+    ring: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.ring is not None and not self.transport:
+            raise ValueError(f"batch codec {self.name!r}: a ring transport for a codec the "
+                             "ring does not carry (transport=False)")
 
     def codec_class(self) -> type[BatchCodec] | None:
         """The codec class (imported now), or None for ``none``."""
         if self.codec is None:
             return None
-        module, _, attr = self.codec.partition(":")
-        cls: type[BatchCodec] = getattr(importlib.import_module(module), attr)
+        cls: type[BatchCodec] = _load(self.codec)
         return cls
+
+    def ring_transport(self) -> RingTransport | None:
+        """How a node's ring carries this codec's batches (imported now), or None where
+        they travel raw (``none``) or the ring does not carry it."""
+        if self.ring is None:
+            return None
+        transport: RingTransport = _load(self.ring)
+        return transport
 
 
 BATCH_CODECS: dict[str, BatchCodecSpec] = {
@@ -77,7 +154,8 @@ BATCH_CODECS: dict[str, BatchCodecSpec] = {
     for spec in (
         BatchCodecSpec("none", "batches travel as raw arrays", None, transport=True),
         BatchCodecSpec("ibp", "invariant bit packing (lossless; decodable on the GPU)",
-                       "lmdbio.codecs.ibp.codec:IBPCodec", transport=True),
+                       "lmdbio.codecs.ibp.codec:IBPCodec", transport=True,
+                       ring="lmdbio.codecs.ibp.transport:IBPRingCodec"),
         BatchCodecSpec("toc", "tuple-oriented compression (lossless; for sparse rows)",
                        "lmdbio.codecs.toc.codec:TocCodec", transport=False),
     )

@@ -11,11 +11,14 @@ PCIe.
 Underneath, one frame goes straight into a preallocated slot (a numpy view over the shared
 window) with :func:`compress_into`, and workers call :func:`decompress_from` on the slot, on
 their own device (``xp`` = numpy or cupy). Slots are sized with :func:`max_packed_nbytes`.
+
+The reader reaches all of this through the batch codec registry: :class:`IBPRingCodec` is the
+``ring`` of codec ``ibp`` (:class:`~lmdbio.codecs.registry.RingTransport`).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -72,30 +75,50 @@ def decompress_from(model: IBPModel, buffer: Any, nrows: int | None = None, xp: 
     return decompress(model, packed, xp=xp, method=method, out=out)
 
 
-def fit_transport_model(db: Database, options: dict[str, Any]) -> Any:
-    """Fit the IBP model on up to ``SAMPLE_RECORDS`` records spread over the database."""
+def _database_name(db: Database) -> str:
+    """The file, and the named database when one is read, for an error message."""
+    name = db.subdb_name
+    return f"{db.path}" if name is None else f"{db.path} (database {name!r})"
+
+
+def fit_transport_model(db: Database, options: dict[str, Any]) -> IBPModel:
+    """Fit the IBP model on up to ``SAMPLE_RECORDS`` records spread over the database
+    (every value must have one size: a :class:`~lmdbio.errors.ConfigError` naming two
+    keys of different sizes otherwise)."""
     n = len(db)
     if n == 0:
-        raise ConfigError("codec ibp: the database is empty")
+        raise ConfigError(f"codec ibp: {_database_name(db)} holds no records; the transport "
+                          "model is fitted on a sample of its records (fixed-size values)")
     idx = np.unique(np.linspace(0, n - 1, min(n, SAMPLE_RECORDS)).astype(np.int64))
     refs = db.locate(idx) if db.has_leaf_directory else None
-    sizes = np.unique(db.record_table().val_len if refs is None else refs.val_len)
+    where = db.record_table() if refs is None else refs
+    sizes = np.unique(where.val_len)
     if sizes.size != 1:
-        raise ConfigError(f"codec ibp compresses fixed-size records; {db.path} holds "
-                          f"values of {sizes.size} sizes ({sizes.min()}..{sizes.max()})")
+        lens = where.val_len
+        other = int(np.flatnonzero(lens != lens[0])[0])
+        a, b = (bytes(db.mv[o:o + k]) for o, k in ((int(where.key_off[i]),
+                                                     int(where.key_len[i])) for i in (0, other)))
+        raise ConfigError(f"codec ibp compresses fixed-size records (every value of one "
+                          f"size); {_database_name(db)} holds values of {sizes.size} sizes "
+                          f"({sizes.min()}..{sizes.max()} bytes): key {a!r} holds "
+                          f"{int(lens[0])} bytes, key {b!r} {int(lens[other])}")
     buf, _ = gather(db, idx) if refs is None else gather_refs(db, refs)
     rows = buf.reshape(idx.size, int(sizes[0]))
     chunk = int(options.get("chunk_bytes", 4))
     return fit(rows, chunk_bytes=chunk, threshold=options.get("threshold"))
 
 
-def compress_parts(model: Any, payload: np.ndarray, offsets: np.ndarray,
-                   counts: np.ndarray) -> list[np.ndarray]:
-    """One IBP frame per worker part of a gathered batch (rows of one size)."""
+def compress_parts(model: IBPModel, payload: np.ndarray, offsets: np.ndarray,
+                   counts: np.ndarray, *, keys: tuple[np.ndarray, np.ndarray] | None = None,
+                   where: str = "the database") -> list[np.ndarray]:
+    """One IBP frame per worker part of a gathered batch: records bounded by ``offsets``
+    in ``payload``, ``counts`` per part, every one of the model's row size. A record of
+    another size raises a :class:`~lmdbio.errors.ConfigError` naming it: its key (from
+    ``keys``, the batch's key bounds and bytes, when given) and ``where`` (the file)."""
     n = offsets.shape[0] - 1
-    size = int(offsets[1] - offsets[0]) if n else 0
-    if n and int(offsets[-1]) != n * size:
-        raise ConfigError("codec ibp: a batch holds records of different sizes")
+    size = int(model.row_bytes)
+    if n and (int(offsets[-1]) != n * size or int(offsets[1] - offsets[0]) != size):
+        raise ConfigError(_size_refusal(offsets, size, keys, where))
     rows = payload[:n * size].reshape(n, size) if n else payload[:0].reshape(0, 0)
     blobs = []
     start = 0
@@ -108,7 +131,72 @@ def compress_parts(model: Any, payload: np.ndarray, offsets: np.ndarray,
     return blobs
 
 
-def decompress_part(model: Any, blob: np.ndarray, count: int, xp: Any = np) -> np.ndarray:
+def _size_refusal(offsets: np.ndarray, size: int, keys: tuple[np.ndarray, np.ndarray] | None,
+                  where: str) -> str:
+    """Why :func:`compress_parts` refuses a batch: its first record not of ``size`` bytes,
+    named by its key when ``keys`` are given, else by its place in the batch."""
+    lens = np.diff(offsets)
+    bad = np.flatnonzero(lens != size)
+    i = int(bad[0]) if bad.size else 0  # none: whole bytes disagree with the bounds
+    if keys is not None:
+        bounds, data = keys
+        name = f"key {bytes(data[int(bounds[i]):int(bounds[i + 1])])!r}"
+    else:
+        name = f"record {i} of the batch"
+    return (f"codec ibp compresses fixed-size records: {name} in {where} holds "
+            f"{int(lens[i])} bytes, the transport model's rows {size} (the values it was "
+            "fitted on)")
+
+
+def decompress_part(model: IBPModel, blob: np.ndarray, count: int, xp: Any = np
+                    ) -> np.ndarray:
     """The rows of one worker part, as one contiguous uint8 buffer."""
     rows = decompress_from(model, blob, nrows=count, xp=xp)
     return rows.reshape(-1).view(np.uint8) if xp is np else rows.reshape(-1)
+
+
+class IBPRingCodec:
+    """IBP as a node ring's batch codec: the ``ring`` of the registry's codec ``ibp``.
+
+    Instances are :class:`~lmdbio.codecs.registry.RingCodec` (one fitted model: the
+    reader encodes one frame per worker part, each worker decodes its own); the class is
+    its :class:`~lmdbio.codecs.registry.RingTransport` (:meth:`fit` on the reader,
+    :meth:`from_bytes` on every rank of the node)."""
+
+    #: how the reader's waits and errors name it
+    title: ClassVar[str] = "IBP"
+    #: slot bytes per part beyond the rows' worst case (its frame's header)
+    PART_HEADER_BYTES: ClassVar[int] = 4096
+
+    def __init__(self, model: IBPModel) -> None:
+        self.model = model
+
+    @classmethod
+    def fit(cls, db: Database, options: dict[str, Any]) -> IBPRingCodec:
+        """Fit the model on a sample of ``db``'s records (:func:`fit_transport_model`)."""
+        return cls(fit_transport_model(db, options))
+
+    @classmethod
+    def from_bytes(cls, blob: bytes) -> IBPRingCodec:
+        """The codec whose :meth:`to_bytes` gave ``blob``."""
+        return cls(IBPModel.from_bytes(blob))
+
+    def to_bytes(self) -> bytes:
+        """The model's bytes, as the reader sends them to its node's workers."""
+        return self.model.to_bytes()
+
+    def slot_bytes(self, rows: int, parts: int, raw_bytes: int) -> int:
+        """Payload bytes of a slot of ``rows`` rows in ``parts`` frames: every row raw,
+        every frame's header, and one row's share of ``raw_bytes`` (the rows unencoded)."""
+        return (max_packed_nbytes(self.model, rows) + parts * self.PART_HEADER_BYTES
+                + raw_bytes // max(rows, 1))
+
+    def encode_parts(self, payload: np.ndarray, offsets: np.ndarray, counts: np.ndarray, *,
+                     keys: tuple[np.ndarray, np.ndarray] | None = None,
+                     where: str = "the database") -> list[np.ndarray]:
+        """One frame per worker part (:func:`compress_parts`)."""
+        return compress_parts(self.model, payload, offsets, counts, keys=keys, where=where)
+
+    def decode_part(self, blob: np.ndarray, count: int) -> np.ndarray:
+        """One worker part's ``count`` rows as one uint8 buffer (:func:`decompress_part`)."""
+        return decompress_part(self.model, blob, count)
