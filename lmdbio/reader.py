@@ -2,10 +2,12 @@
 
 :class:`ReadSession` opens the database for a rank (on a symmetric mapping among the
 readers when the strategy hands cursors around), runs the strategy's setup, sizes the batch
-slots from the real record sizes, and then, iteration by iteration, locates the node's
-records, gathers them straight into a shared-memory slot (no intermediate copy) and
-publishes it. Strategies in which every rank reads for itself (the naive ones) gather into
-a private buffer instead. Everything it does is accounted per iteration.
+slots from the real record sizes, and then, slot by slot, locates the node's records
+(:class:`~lmdbio.slot_locator.SlotLocator`), gathers them straight into a shared-memory
+slot (no intermediate copy), or encodes each worker's part with the ring codec the batch
+codec registry names (:class:`~lmdbio.codecs.registry.RingCodec`), and publishes it.
+Strategies in which every rank reads for itself (the naive ones) gather into a private
+buffer instead. Everything it does is accounted per iteration.
 """
 
 from __future__ import annotations
@@ -496,7 +498,7 @@ class ReadSession:
         self.strategy: ReadStrategy = self._open_strategy()
         self._set_up_transport()
         #: which records this rank delivers per slot, where they are, what it reads ahead
-        self.locator = SlotLocator(self.strategy, self.db, rank=topo.rank, shared=self.shared,
+        self.locator = SlotLocator(self.strategy, rank=topo.rank,
                                    first_consumer=self.first_consumer,
                                    node_consumers=self.node_consumers,
                                    batches_per_slot=self.batches_per_slot)

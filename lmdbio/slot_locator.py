@@ -20,7 +20,6 @@ import numpy as np
 from lmdbio.lmdb import RecordRefs
 
 if TYPE_CHECKING:
-    from lmdbio.lmdb import Database
     from lmdbio.plan.epoch import EpochPlan
     from lmdbio.plan.strategies import IterationStats, ReadStrategy
 
@@ -46,19 +45,22 @@ def slot_length(iteration: int, end: int, per_slot: int) -> int:
 
 
 class SlotLocator:
-    """One reading rank's locating of its slots: its share of the plan, the strategy's
-    fetch, the read-ahead.
+    """One reading rank's locating of its slots: its share of the plan, the fetch of
+    ``strategy`` (set up, over the rank's database), the read-ahead.
 
     ``rank``: the rank's world rank (whose own records a strategy in which every rank reads
     for itself delivers). ``first_consumer`` and ``node_consumers``: the consumer rank of
-    the node's first worker and the node's number of workers, whose records a node-level
-    (``shared``) strategy's reader delivers. ``batches_per_slot``: iterations per ring slot
-    (1 without a ring). Set :attr:`epoch_stop` at each epoch's start.
+    the node's first worker and the node's number of workers, whose records the reader of
+    a node-level strategy (:attr:`~lmdbio.plan.strategies.base.ReadStrategy.shared`)
+    delivers. ``batches_per_slot``: iterations per ring slot (1 without a ring). Set
+    :attr:`epoch_stop` at each epoch's start.
     """
 
-    def __init__(self, strategy: ReadStrategy, db: Database, *, rank: int, shared: bool,
-                 first_consumer: int, node_consumers: int, batches_per_slot: int) -> None:
-        self.strategy, self.db, self.rank, self.shared = strategy, db, rank, shared
+    def __init__(self, strategy: ReadStrategy, *, rank: int, first_consumer: int,
+                 node_consumers: int, batches_per_slot: int) -> None:
+        self.strategy, self.rank = strategy, rank
+        #: one reader reads for the node's workers (else every rank for itself)
+        self.shared = strategy.shared
         self.first_consumer, self.node_consumers = first_consumer, node_consumers
         self.batches_per_slot = batches_per_slot
         #: the iteration the current epoch's run ends at: nothing after it is read ahead
@@ -101,7 +103,7 @@ class SlotLocator:
             refs = self.strategy.fetch(plan, first, self.slot_run(plan, first, count), stats,
                                        iterations=count)
         else:
-            acc = self.db.accounting
+            acc = self.strategy.db.accounting
             slot_pages = acc.snapshot() if acc.enabled else None
             parts = []
             for i in range(first, first + count):

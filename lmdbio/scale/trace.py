@@ -347,9 +347,9 @@ class _Tracer:
                 strat.setup()
             a.setup_pages = np.flatnonzero(acc.touched)
             first = self.bounds[a.node][0] if self.cls.shared else a.rank
-            locators.append(SlotLocator(strat, self.db, rank=a.rank, shared=self.cls.shared,
-                                    first_consumer=first, node_consumers=a.consumers,
-                                    batches_per_slot=self.per_slot))
+            locators.append(SlotLocator(strat, rank=a.rank, first_consumer=first,
+                                        node_consumers=a.consumers,
+                                        batches_per_slot=self.per_slot))
         return locators
 
     def run(self, nodes: int, iterations: int | None, last: str) -> Trace:
