@@ -403,7 +403,8 @@ def checksum_kind(value: bool | str | int | None) -> int:
             return CHECKSUM_NAMES[value.lower()]
     elif isinstance(value, int) and value in CHECKSUM_KINDS:
         return value
-    raise ConfigError(f"batch ring: checksum must be True, False, 'xxh64', 'crc32' or 'none', "
+    names = ", ".join(repr(n) for n in CHECKSUM_NAMES)
+    raise ConfigError(f"batch ring: checksum must be True, False or one of {names}, "
                       f"got {value!r}")
 
 
