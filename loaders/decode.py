@@ -354,7 +354,7 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     fmt = NO_HEADER_CHECK if header_fmt is None else header_fmt
     if run_with_stores(out.nbytes, lambda streaming: widen_datums(
             payload, spans.starts, spans.lengths, spans.shape_array(), out.reshape(n, -1),
-            labels, table, fmt, streaming)) >= 0:
+            labels, table, fmt, streaming), lambda bad: bad < 0) >= 0:
         return None
     return out, labels
 

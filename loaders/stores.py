@@ -61,42 +61,70 @@ class StoreChoice:
         self.min_bytes = MIN_BYTES if min_bytes is None else min_bytes
         #: seconds per byte of the large batches timed so far, by kind
         self.timed: dict[bool, list[float]] = {False: [], True: []}
+        #: trials handed out and not yet recorded, by kind (two threads may run trials at
+        #: once: each gets the kind that has had fewer)
+        self.pending: dict[bool, int] = {False: 0, True: 0}
         #: the kind chosen once the trials are done (None while they run)
         self.chosen: bool | None = {"auto": None, "always": True, "never": False}[policy]
         self._lock = threading.Lock()
 
     def streams(self, nbytes: int) -> bool:
         """The store kind for a batch of ``nbytes``: True for streaming stores. While the
-        trials run, the kind timed fewer times so far (ordinary first)."""
+        trials run, the kind with fewer trials so far, recorded or handed out (ordinary
+        first); the caller then owes :meth:`record` or :meth:`forget` for it."""
         if nbytes < self.min_bytes and self.policy != "always":
             return False
         chosen = self.chosen
         if chosen is not None:
             return chosen
         with self._lock:
-            return len(self.timed[True]) < len(self.timed[False])
+            if self.chosen is not None:
+                return self.chosen
+            kind = self._count(True) < self._count(False)
+            self.pending[kind] += 1
+            return kind
+
+    def _count(self, kind: bool) -> int:
+        return len(self.timed[kind]) + self.pending[kind]
 
     def record(self, streaming: bool, nbytes: int, seconds: float) -> None:
-        """The time a large batch of ``nbytes`` took with ``streaming``; once both kinds
-        have :attr:`trials` times, the faster one is kept."""
+        """The time a large batch of ``nbytes`` took with ``streaming`` (a trial handed out
+        by :meth:`streams`); once both kinds have :attr:`trials` times, the faster one is
+        kept."""
         if self.chosen is not None or nbytes < self.min_bytes or nbytes <= 0:
             return
         with self._lock:
             if self.chosen is not None:
                 return
+            self.pending[streaming] = max(self.pending[streaming] - 1, 0)
             self.timed[streaming].append(seconds / nbytes)
             if min(len(self.timed[False]), len(self.timed[True])) >= self.trials:
                 self.chosen = faster_is_streaming(self.timed[False], self.timed[True])
 
-    def run(self, nbytes: int, write: Callable[[bool], T]) -> T:
+    def forget(self, streaming: bool) -> None:
+        """A trial handed out by :meth:`streams` whose batch was not written (a record did
+        not fit the kernel, which returned after parsing only): not timed."""
+        with self._lock:
+            self.pending[streaming] = max(self.pending[streaming] - 1, 0)
+
+    def run(self, nbytes: int, write: Callable[[bool], T],
+            wrote: Callable[[T], bool] = lambda _: True) -> T:
         """``write(streaming)`` with the kind for a batch of ``nbytes``, timed while the
-        trials run."""
-        streaming = self.streams(nbytes)
+        trials run; a call whose result fails ``wrote`` (the kernel wrote nothing) is not
+        counted as a trial."""
         if self.chosen is not None or nbytes < self.min_bytes:
-            return write(streaming)
+            return write(self.streams(nbytes))
+        streaming = self.streams(nbytes)
         t0 = time.perf_counter()
-        got = write(streaming)
-        self.record(streaming, nbytes, time.perf_counter() - t0)
+        try:
+            got = write(streaming)
+        except BaseException:
+            self.forget(streaming)
+            raise
+        if wrote(got):
+            self.record(streaming, nbytes, time.perf_counter() - t0)
+        else:
+            self.forget(streaming)
         return got
 
 
@@ -118,6 +146,8 @@ def set_policy(policy: Policy, min_bytes: int | None = None) -> StoreChoice:
     return STORES
 
 
-def run_with_stores(nbytes: int, write: Callable[[bool], T]) -> T:
-    """``write(streaming)`` for a float32 batch of ``nbytes`` with this process's choice."""
-    return STORES.run(nbytes, write)
+def run_with_stores(nbytes: int, write: Callable[[bool], T],
+                    wrote: Callable[[T], bool] = lambda _: True) -> T:
+    """``write(streaming)`` for a float32 batch of ``nbytes`` with this process's choice;
+    ``wrote(result)``: whether the call wrote the batch (a trial counts only then)."""
+    return STORES.run(nbytes, write, wrote)

@@ -422,7 +422,8 @@ class DataTransformer:
         fmt = no_check if header_fmt is None else header_fmt
         bad = run_with_stores(out.nbytes, lambda streaming: k.transform_datums(
             read_only(buf), spans.starts, spans.lengths, dims, draw.h_off, draw.w_off,
-            draw.mirror, mode, mean, mv, self.scale, out, labels, table, fmt, streaming))
+            draw.mirror, mode, mean, mv, self.scale, out, labels, table, fmt, streaming),
+            lambda bad: bad < 0)
         if bad >= 0:
             if not self.crop_size or self.mean is not None:
                 return None

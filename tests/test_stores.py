@@ -91,3 +91,46 @@ def test_the_loader_kernels_write_the_same_values_while_the_choice_is_made(monke
         np.testing.assert_array_equal(labels, np.arange(4))
     assert choice.chosen is not None
     assert len(choice.timed[False]) == len(choice.timed[True]) == 2
+
+
+def test_a_call_that_wrote_nothing_is_not_a_trial():
+    """A kernel that returns after parsing (a record that does not fit) took no store time:
+    counting it would make its kind look fast."""
+    choice = StoreChoice("auto", trials=1)
+    assert choice.run(BIG, lambda streaming: 7, wrote=lambda bad: bad < 0) == 7
+    assert choice.timed == {False: [], True: []} and choice.pending == {False: 0, True: 0}
+    with pytest.raises(RuntimeError):
+        choice.run(BIG, lambda streaming: (_ for _ in ()).throw(RuntimeError("bad")))
+    assert choice.pending == {False: 0, True: 0}
+    choice.run(BIG, lambda streaming: -1, wrote=lambda bad: bad < 0)
+    assert len(choice.timed[False]) == 1 and choice.chosen is None
+
+
+def test_two_threads_share_the_trials_and_agree_on_one_choice():
+    """The decoding thread and the trainer's thread both write batches: trials handed out
+    at the same time go to different kinds, and the choice is made once."""
+    import threading
+
+    choice = StoreChoice("auto", trials=3)
+    barrier = threading.Barrier(2)
+    seen: list[bool] = []
+
+    def write(streaming: bool) -> bool:
+        seen.append(streaming)
+        return streaming
+
+    def worker() -> None:
+        barrier.wait()
+        for _ in range(20):
+            choice.run(BIG, write)
+
+    threads = [threading.Thread(target=worker) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert choice.chosen is not None
+    assert len(choice.timed[False]) >= 3 and len(choice.timed[True]) >= 3
+    assert choice.pending == {False: 0, True: 0}
+    assert seen.count(True) >= 3 and seen.count(False) >= 3
+    assert set(seen[-10:]) == {choice.chosen}
