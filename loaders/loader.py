@@ -62,7 +62,7 @@ class Loader:
         #: Caffe's transform of this job's image batches, or None (options.transformer);
         #: made before the read session, so that a transform the records refuse stops the
         #: job before its ring is made
-        self.transform: DataTransformer | None = options.transformer(cfg)
+        self.transform: DataTransformer | None = options.transformer_agreed(cfg, self.topo.world)
         #: a progressive layout (PCR): the scan groups the readers read (None: all; see
         #: :meth:`set_scan_groups`)
         self.scan_groups = cfg.dataset.scan_groups \

@@ -68,6 +68,26 @@ def transformer(cfg: Any) -> DataTransformer | None:
     return DataTransformer.from_config(cfg.transform)
 
 
+def transformer_agreed(cfg: Any, comm: Any) -> DataTransformer | None:
+    """:func:`transformer` on every rank of ``comm`` (collective): where it refuses the
+    settings on some ranks only (each reads the data set's sidecar itself: a node-local
+    copy may differ), every rank raises, the refusing ones their own error, before any
+    rank waits in the read session's collectives."""
+    from lmdbio.mpiutil import AgreementError, agree
+
+    try:
+        made, refused = transformer(cfg), None
+    except LmdbioError as exc:
+        made, refused = None, exc
+    try:
+        agree(comm, refused is None, str(refused), "the transform's settings")
+    except AgreementError:
+        if refused is not None:
+            raise refused from None
+        raise
+    return made
+
+
 def _check_image_records(cfg: Any, key: str) -> None:
     """Refuse transform key ``key`` where the data set's sidecar gives one record shape
     that is not ``(C, H, W)``; a data set that does not say is checked batch by batch."""

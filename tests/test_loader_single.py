@@ -609,3 +609,40 @@ def test_a_transform_for_tensor_rows_is_refused_when_the_job_opens(tmp_path):
                              batch__size=4)) as loader:
         got = np.concatenate([b.data for b in loader])
     assert got.dtype == np.float32 and sorted(got[:, 0].tolist()) == rows[:, 0].tolist()
+
+
+class _TwoRanks:
+    """A stand-in communicator of two ranks where the other rank's outcome is given: what
+    :func:`lmdbio.mpiutil.agree` asks of a communicator (allreduce, allgather, size)."""
+
+    def __init__(self, other_refuses: str | None) -> None:
+        self.other = other_refuses
+
+    def allreduce(self, value: int, op: object = None) -> int:
+        return value + (1 if self.other else 0)
+
+    def allgather(self, mine: object) -> list[object]:
+        return [mine, self.other]
+
+    def Get_size(self) -> int:  # noqa: N802 - mpi4py's name
+        return 2
+
+
+def test_a_transform_refused_on_one_rank_only_is_refused_on_every_rank(monkeypatch):
+    """Each rank reads the sidecar itself: where one rank refuses the transform and another
+    does not, both raise (the refusing one its own error) instead of one waiting in the read
+    session's collectives for the other."""
+    from lmdbio.config import load_config
+    from lmdbio.mpiutil import AgreementError
+    from loaders import options
+
+    cfg = load_config(config("unused"))
+    with pytest.raises(AgreementError, match=r"rank 1.*the records are rows"):
+        options.transformer_agreed(cfg, _TwoRanks("ConfigError: the records are rows"))
+
+    def refuse(_cfg: object) -> None:
+        raise ConfigError("transform.scale: the records are rows")
+
+    monkeypatch.setattr(options, "transformer", refuse)
+    with pytest.raises(ConfigError, match="the records are rows"):
+        options.transformer_agreed(cfg, _TwoRanks(None))
