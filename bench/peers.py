@@ -645,7 +645,7 @@ def machine_info() -> dict[str, Any]:
 
 def _fresh(d: Path, spec: dict[str, Any], meta: dict[str, Any]) -> bool:
     """Whether the database at ``d`` was written with ``meta`` and ``spec``'s record count."""
-    from lmdbio.convert.writer import read_dataset_meta
+    from lmdbio.dataset_meta import read_dataset_meta
 
     if not (d / "data.mdb").exists():
         return False

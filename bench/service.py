@@ -69,7 +69,8 @@ def generate(data: Path, name: str, spec: dict[str, Any]) -> Path:
     """The database ``name`` under ``data`` (written once; rewritten if its recorded
     parameters differ)."""
     from lmdbio.codecs.datum import datum_from_array, encode_datum
-    from lmdbio.convert.writer import read_dataset_meta, write_records
+    from lmdbio.convert.writer import write_records
+    from lmdbio.dataset_meta import read_dataset_meta
 
     d = data / f"service-{name}"
     meta = {"layout": "caffe-datum", "generated": "random uniform uint8 pixels (not images)",

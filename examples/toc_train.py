@@ -190,7 +190,7 @@ def read_toc_batches(path: str) -> tuple[list[tuple[bytes, np.ndarray]], dict[st
     """
     from lmdbio.codecs.toc import split_batch_value
     from lmdbio.convert.toc import iter_batch_values
-    from lmdbio.convert.writer import read_dataset_meta
+    from lmdbio.dataset_meta import read_dataset_meta
 
     out = []
     for _key, value in iter_batch_values(path):

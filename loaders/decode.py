@@ -414,7 +414,7 @@ def ibp_decoder(cfg: Any, **_: Any) -> Decoder:
 
 def dataset_meta(cfg: Any) -> dict[str, Any]:
     """The ``lmdbio.json`` sidecar of the job's data set (``{}`` where there is none)."""
-    from lmdbio.convert.writer import read_dataset_meta
+    from lmdbio.dataset_meta import read_dataset_meta
 
     path = getattr(getattr(cfg, "dataset", None), "path", None)
     return read_dataset_meta(path) if path else {}

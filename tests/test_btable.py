@@ -442,7 +442,7 @@ def test_lmdb_layout_round_trip(table_path: Path, tmp_path: Path) -> None:
     import lmdb
 
     from lmdbio.convert import btable as conv
-    from lmdbio.convert.writer import read_dataset_meta
+    from lmdbio.dataset_meta import read_dataset_meta
 
     dst = tmp_path / "bt.lmdb"
     args = argparse.Namespace(chunk_mib=1, overwrite=False, format_version=1)

@@ -12,7 +12,7 @@ import pytest
 from lmdbio.cli import main as cli
 from lmdbio.codecs.datum import decode_datum, decode_datum_batch
 from lmdbio.codecs.record_batch import pack_values
-from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.dataset_meta import read_dataset_meta
 
 
 def _items(path) -> list[tuple[bytes, bytes]]:

@@ -208,7 +208,7 @@ def test_every_prefix_decodes_and_nests(converted) -> None:
 
 def test_lossless_full_fidelity_labels_keys(converted, image_folder: Path) -> None:
     tool, dst = converted
-    from lmdbio.convert.writer import read_dataset_meta
+    from lmdbio.dataset_meta import read_dataset_meta
 
     meta = read_dataset_meta(dst)
     assert meta["layout"] == "pcr" and meta["classes"] == ["cat", "dog"]

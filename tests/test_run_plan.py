@@ -24,7 +24,7 @@ import pytest
 import loaders
 from bench.lmdbgen import tiny_datum_items, write_db
 from lmdbio.config import DatasetConfig, JobConfig, ShuffleConfig, load_config
-from lmdbio.convert.writer import write_dataset_meta
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import ConfigError
 from lmdbio.run_plan import ReadTuning, RunPlan, consuming_ranks, resolve_transfer
 

@@ -8,7 +8,7 @@ import pytest
 from lmdbio.cli import main as cli
 from lmdbio.codecs.record_batch import pack_values
 from lmdbio.codecs.tensor import decode_tensor, decode_tensor_batch
-from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.dataset_meta import read_dataset_meta
 
 
 def _items(path) -> list[tuple[bytes, bytes]]:

@@ -12,7 +12,7 @@ import scipy.sparse as sp
 
 from lmdbio.codecs.toc import decode_batch_value
 from lmdbio.convert import toc as ct
-from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.dataset_meta import read_dataset_meta
 from lmdbio.errors import CodecError, LmdbioError
 
 

@@ -236,7 +236,7 @@ def _tensor_quality(low: np.ndarray, full: np.ndarray) -> dict[str, float]:
 # ---------------------------------------------------------------------------------- main
 def run(path: str, repeat: int = 3, methods: tuple[str, ...] = METHODS,
         decode_values: int = 8, quality_images: int = 128, cold: bool = True) -> dict[str, Any]:
-    from lmdbio.convert.writer import read_dataset_meta
+    from lmdbio.dataset_meta import read_dataset_meta
 
     meta = read_dataset_meta(path)
     mdb, off, ln, heads = value_table(path)

@@ -42,7 +42,7 @@ import numpy as np
 from lmdbio import datasets
 from lmdbio.commands import progress
 from lmdbio.commands.argtypes import positive_int
-from lmdbio.convert.writer import read_dataset_meta
+from lmdbio.dataset_meta import read_dataset_meta
 from lmdbio.plan.strategies import STRATEGIES
 from lmdbio.scan_compare import run as scan
 

@@ -21,7 +21,8 @@ from typing import Any
 
 from lmdbio.codecs import btable
 from lmdbio.commands import progress
-from lmdbio.convert.writer import write_dataset_meta, write_records
+from lmdbio.convert.writer import write_records
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import LmdbioError
 
 RECORD_FORMAT = "sparse-row-v1"

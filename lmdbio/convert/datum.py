@@ -49,7 +49,8 @@ import numpy as np
 
 from lmdbio.codecs.datum import datum_from_array, datum_from_image, encode_datum
 from lmdbio.convert.sources import Sample, Source, add_source_arguments, iter_samples, open_source
-from lmdbio.convert.writer import write_dataset_meta, write_records
+from lmdbio.convert.writer import write_records
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import LmdbioError
 
 _SUFFIXES = {"jpg": (".jpg", ".jpeg"), "png": (".png",)}

@@ -32,7 +32,8 @@ import numpy as np
 
 from lmdbio.codecs import ibp
 from lmdbio.codecs.ibp.format import KEY_FORMAT, encode_record
-from lmdbio.convert.writer import write_dataset_meta, write_records
+from lmdbio.convert.writer import write_records
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import LmdbioError
 
 BUNDLED = ("sklearn:digits", "sklearn:breast_cancer", "sklearn:wine", "sklearn:iris",

@@ -42,7 +42,8 @@ import numpy as np
 from lmdbio.codecs import pcr
 from lmdbio.codecs.pcr import progressive_tensor
 from lmdbio.convert.sources import check_image_sizes, decoded_channels
-from lmdbio.convert.writer import write_dataset_meta, write_records
+from lmdbio.convert.writer import write_records
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import CodecError, LmdbioError
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm",

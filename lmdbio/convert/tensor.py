@@ -19,7 +19,8 @@ import numpy as np
 
 from lmdbio.codecs.tensor import DTYPE_CODES, encode_tensor
 from lmdbio.convert.sources import Sample, add_source_arguments, iter_samples, open_source
-from lmdbio.convert.writer import write_dataset_meta, write_records
+from lmdbio.convert.writer import write_records
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import LmdbioError
 
 

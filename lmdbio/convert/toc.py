@@ -38,7 +38,8 @@ from typing import Any
 import numpy as np
 
 from lmdbio.codecs.toc import BATCH_MAGIC, decode_batch_value, encode_batch_value
-from lmdbio.convert.writer import read_dataset_meta, write_dataset_meta, write_records
+from lmdbio.convert.writer import write_records
+from lmdbio.dataset_meta import read_dataset_meta, write_dataset_meta
 from lmdbio.errors import LmdbioError
 
 __all__ = [

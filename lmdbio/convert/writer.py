@@ -21,13 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from lmdbio.commands import progress
-from lmdbio.dataset_meta import META_FILE, dataset_dir, read_dataset_meta, write_dataset_meta
+from lmdbio.dataset_meta import write_dataset_meta
 from lmdbio.errors import LmdbioError
 
-# the sidecar's home is lmdbio.dataset_meta (codecs and readers read it without importing the
-# converters); the converters, which write it with their records, import it from here too
-__all__ = ["META_FILE", "dataset_dir", "prepare_destination", "read_dataset_meta",
-           "write_dataset_meta", "write_records"]
+__all__ = ["prepare_destination", "write_records"]
 
 
 def prepare_destination(dst: str | os.PathLike, overwrite: bool) -> Path:
