@@ -53,8 +53,6 @@ from lmdbio.run_plan import RunPlan
 from lmdbio.shm import BatchRing, SlotCorruptError
 from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
 from lmdbio.slot_locator import SlotLocator
-from lmdbio.slot_locator import slot_groups as slot_groups  # where the reader's callers look
-from lmdbio.slot_locator import slot_length as slot_length
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 

@@ -183,8 +183,10 @@ def schedule_slots(schedule: list[tuple[int, int]],
                    per_slot: int) -> list[tuple[int, int, int]]:
     """``(epoch, first iteration, batches)`` of the ring slots that carry ``schedule``
     (every epoch's iterations from 0 on): each epoch's
-    :func:`~lmdbio.reader.slot_groups`, the last one cut where the schedule ends."""
-    from lmdbio.reader import slot_groups  # the reader imports this module
+    :func:`~lmdbio.slot_locator.slot_groups`, the last one cut where the schedule ends."""
+    # imported here: lmdbio.slot_locator refers to this module (for its types), and planning
+    # should not load the LMDB reader it imports
+    from lmdbio.slot_locator import slot_groups
 
     ends: dict[int, int] = {}
     for epoch, it in schedule:
