@@ -39,7 +39,7 @@ from lmdbio.codecs.registry import BATCH_CODECS
 from lmdbio.errors import ConfigError
 from lmdbio.layouts import LAYOUTS, layout_names
 from lmdbio.plan.epoch import LastBatch, ShuffleMode
-from lmdbio.plan.strategies import STRATEGIES
+from lmdbio.plan.strategies import STRATEGIES, node_level
 from lmdbio.shm.layout import SlotChecksum
 from lmdbio.topology import ReaderMode
 
@@ -106,7 +106,7 @@ _STORAGE_ONLY = {name: f"{name!r} is a storage layout, not a transport codec: se
                  f"dataset.layout: {name} and codec.name: none"
                  for name in BATCH_CODECS if name not in _TRANSPORT}
 #: strategies that read node batches into a node's shared ring (a transport codec's home)
-_NODE_LEVEL = tuple(name for name, cls in STRATEGIES.items() if cls.shared)
+_NODE_LEVEL = node_level()
 
 
 def _meta(

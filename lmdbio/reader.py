@@ -42,11 +42,11 @@ from lmdbio.lmdb.snapshot import resolve_file
 from lmdbio.mpiutil import agree, sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
-    STRATEGIES,
     IterationStats,
     ReaderContext,
     ReadStrategy,
     Timer,
+    node_level,
     strategy_class,
 )
 from lmdbio.run_plan import RunPlan
@@ -322,13 +322,6 @@ def node_consumers(ranks: Sequence[tuple[int, int, Any]], node: int
             counts[index] = counts.get(index, 0) + 1
     order = sorted(firsts, key=firsts.__getitem__)
     return firsts.get(node, 1 << 30), counts.get(node, 0), tuple(counts[i] for i in order)
-
-
-def node_level_strategies() -> list[str]:
-    """The registered strategies in which one reader per node reads for the node's workers
-    (:data:`~lmdbio.plan.strategies.STRATEGIES` whose class is ``shared``), in registry
-    order: what node rings and ring codecs need."""
-    return [name for name, cls in STRATEGIES.items() if cls.shared]
 
 
 def _host_oversubscribed(topo: Topology) -> bool:
@@ -710,7 +703,7 @@ class ReadSession:
         (collective over the node)."""
         if not self.shared:  # RunPlan.resolve refuses it; a plan built in code may not
             raise ConfigError(f"codec {name} compresses node batches: it needs a node-level "
-                              f"strategy ({', '.join(node_level_strategies())})")
+                              f"strategy ({', '.join(node_level())})")
         blob, err = None, None
         if self.topo.is_reader:
             try:

@@ -30,6 +30,13 @@ STRATEGIES: dict[str, type[ReadStrategy]] = {
 }
 
 
+def node_level() -> tuple[str, ...]:
+    """The registered strategies in which one reader per node reads for the node's workers
+    (the classes that are ``shared``), in registry order: the ones node rings, ring codecs
+    and the node-level options need. The others have every rank read for itself."""
+    return tuple(name for name, cls in STRATEGIES.items() if cls.shared)
+
+
 def strategy_class(name: str) -> type[ReadStrategy]:
     """The strategy registered as ``name``."""
     try:
@@ -54,6 +61,7 @@ __all__ = [
     "Timer",
     "ValuePageEstimator",
     "build_leaf_directory",
+    "node_level",
     "sidecar_path",
     "strategy_class",
 ]
