@@ -37,6 +37,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from types import FrameType, ModuleType, TracebackType
 from typing import TYPE_CHECKING, Any, Literal, NoReturn
 
 from lmdbio.errors import ConfigError, JobError, LmdbioError
@@ -91,7 +92,8 @@ class MPITimeoutError(LmdbioError):
     ``Cancel`` it, or abort.
     """
 
-    def __init__(self, message: str, request: Any = None) -> None:
+    def __init__(self, message: str,
+                 request: MPI.Request | Sequence[MPI.Request] | None = None) -> None:
         super().__init__(message)
         self.request = request
 
@@ -100,7 +102,7 @@ class MPITimeoutError(LmdbioError):
 _LAUNCHED = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMI_RANK", "PMIX_RANK", "SLURM_STEP_ID")
 
 
-def start_mpi() -> Any:
+def start_mpi() -> ModuleType:
     """Start MPI in this process (if it has not started) and return mpi4py's ``MPI`` module.
 
     A process started without a launcher is an MPI singleton, and Open MPI's shared-memory
@@ -219,7 +221,8 @@ class abort_on_error(contextlib.ContextDecorator):  # noqa: N801 - reads as a de
     def __enter__(self) -> abort_on_error:
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if not _failed(exc):
             return False
         if self.comm is None and not _mpi_running() and _launched_ranks() <= 1:
@@ -356,7 +359,8 @@ class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as
                 self.comm = MPI.COMM_WORLD.Dup()
         return self
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
         if exc is None or not _failed(exc):
             return False
         quiet_cleanup_warnings()
@@ -396,7 +400,7 @@ class fail_together(contextlib.AbstractContextManager):  # noqa: N801 - reads as
 
 
 def wait_with_timeout(
-    request: Any,
+    request: MPI.Request | Sequence[MPI.Request],
     seconds: float,
     what: str = "MPI request",
     *,
@@ -422,10 +426,9 @@ def wait_with_timeout(
     from mpi4py import MPI
 
     deadline = time.monotonic() + float(seconds)
-    many = isinstance(request, Sequence)
 
     def test() -> tuple[bool, Any]:
-        if many:
+        if isinstance(request, Sequence):
             return MPI.Request.testall(list(request))
         return request.test()
 
@@ -469,7 +472,8 @@ ShutdownCallback = Callable[[str], object]
 _lock = threading.RLock()
 _callbacks: list[ShutdownCallback] = []
 _installed = False
-_previous_handlers: dict[int, Any] = {}
+#: what signal.getsignal returned: a handler, SIG_DFL / SIG_IGN, or None (not set from Python)
+_previous_handlers: dict[int, Callable[[int, FrameType | None], Any] | int | None] = {}
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: SIGINT reached the handler (which ran the callbacks: the job cannot go on)
 _interrupted = False
@@ -537,7 +541,7 @@ def _install() -> None:
             log.debug("cannot install a handler for %s", signum)
 
 
-def _handle_signal(signum: int, frame: Any) -> None:
+def _handle_signal(signum: int, frame: FrameType | None) -> None:
     global _interrupted
     name = signal.Signals(signum).name
     run_shutdown(f"signal:{name}")

@@ -158,7 +158,7 @@ def _check_params(
     return simulate_nodes, readers_per_node, mode
 
 
-def _world_comm(comm: Any) -> Any:
+def _world_comm(comm: MPI.Comm | None) -> MPI.Comm:
     """The communicator :meth:`Topology.build` splits: ``comm``, or ``MPI.COMM_WORLD`` if None.
 
     Starts MPI first (:func:`lmdbio.mpiutil.start_mpi`); ``MPI.COMM_NULL`` is refused with
@@ -172,7 +172,7 @@ def _world_comm(comm: Any) -> Any:
 
 
 def _agreed_params(
-    world: Any, simulate_nodes: int | None, readers_per_node: int, mode: str,
+    world: MPI.Comm, simulate_nodes: int | None, readers_per_node: int, mode: str,
     simulate_nodes_at: str | None = None,
 ) -> tuple[int, int, str]:
     """Collective: the checked ``(simulate_nodes, readers_per_node, mode)``, equal on all ranks.
@@ -199,7 +199,8 @@ def _agreed_params(
     return agreed
 
 
-def _split_simulated_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, int, int]:
+def _split_simulated_nodes(world: MPI.Comm, simulate_nodes: int
+                           ) -> tuple[MPI.Comm, int, int, int]:
     """Collective: ``(node, node_index, n_nodes, host_size)`` for ``simulate_nodes`` nodes.
 
     Nodes are runs of consecutive world ranks (:func:`simulated_node_bounds`). A simulated
@@ -231,7 +232,7 @@ def _split_simulated_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, i
     return node, node_index, simulate_nodes, host_size
 
 
-def _split_host_nodes(world: Any) -> tuple[Any, int, int, int]:
+def _split_host_nodes(world: MPI.Comm) -> tuple[MPI.Comm, int, int, int]:
     """Collective: ``(node, node_index, n_nodes, host_size)`` with a node per shared-memory domain.
 
     Nodes are numbered by their lowest world rank (node rank 0, since ``key=rank``).
@@ -265,7 +266,7 @@ def _node_mode(mode: str, node_index: int, local_rank: int, local_size: int,
     return node_mode
 
 
-def _split_nodes(world: Any, simulate_nodes: int) -> tuple[Any, int, int, int]:
+def _split_nodes(world: MPI.Comm, simulate_nodes: int) -> tuple[MPI.Comm, int, int, int]:
     """Collective: ``(node, node_index, n_nodes, host_size)``, simulated nodes or real ones."""
     if simulate_nodes:
         return _split_simulated_nodes(world, simulate_nodes)
@@ -283,8 +284,8 @@ def reader_groups(readers_per_node: int, node_mode: str, node_size: int) -> int:
     return min(readers_per_node, node_size)
 
 
-def _split_reader_groups(world: Any, node: Any, node_index: int, groups: int
-                         ) -> tuple[Any, int, int]:
+def _split_reader_groups(world: MPI.Comm, node: MPI.Comm, node_index: int, groups: int
+                         ) -> tuple[MPI.Comm, int, int]:
     """Collective over ``world``: ``(group, group_index, n_groups)`` with this rank's node
     cut into ``groups`` (1 .. the node's size) runs of consecutive local ranks
     (:func:`simulated_node_bounds`). Groups are numbered over the world node by node, then by their
@@ -298,7 +299,7 @@ def _split_reader_groups(world: Any, node: Any, node_index: int, groups: int
     return group, every.index((node_index, mine)), len(every)
 
 
-def _device_index(node: Any, is_worker: bool) -> int:
+def _device_index(node: MPI.Comm, is_worker: bool) -> int:
     """Collective over ``node``: this rank's index among the node's workers in local-rank
     order (-1 for a rank that does not train)."""
     workers = node.allgather(is_worker)
@@ -318,7 +319,7 @@ def _local_roles(node_mode: str, local_rank: int, local_size: int
     return is_reader, is_worker, node_workers
 
 
-def _split_role(world: Any, has_role: bool, node_major: int) -> tuple[Any, int]:
+def _split_role(world: MPI.Comm, has_role: bool, node_major: int) -> tuple[MPI.Comm, int]:
     """Collective: the communicator of the ranks that have a role, and how many there are.
 
     ``MPI.COMM_NULL`` on the ranks without it. Ranks are ordered node by node (then by local
@@ -346,7 +347,7 @@ def _launcher_or_none() -> LauncherInfo | None:
         return None
 
 
-def _free(comm: Any) -> None:
+def _free(comm: MPI.Comm | None) -> None:
     from mpi4py import MPI
 
     if comm is not None and comm != MPI.COMM_NULL:
