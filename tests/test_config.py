@@ -3,6 +3,7 @@ example configs, and the generated reference in docs/configuration.md."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import os
 import typing
@@ -390,6 +391,23 @@ def test_reference_doc_is_generated_from_the_schema():
         assert f"- `{value}`: " in text
 
 
+def _literal_declarations(package: Path) -> dict[frozenset[str], list[tuple[Path, int]]]:
+    """Every ``Literal[...]`` of strings in the package's sources, by its set of values:
+    ``(file relative to the package, line)`` of each."""
+    found: dict[frozenset[str], list[tuple[Path, int]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Subscript) and (
+                    (isinstance(node.value, ast.Name) and node.value.id == "Literal")
+                    or (isinstance(node.value, ast.Attribute) and node.value.attr == "Literal"))):
+                continue
+            elts = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+            values = frozenset(e.value for e in elts
+                               if isinstance(e, ast.Constant) and isinstance(e.value, str))
+            found.setdefault(values, []).append((path.relative_to(package), node.lineno))
+    return found
+
+
 def test_closed_vocabularies_are_declared_once():
     """Last-batch policies, shuffle modes, reader modes and slot checksums are declared
     once, as the Literal types of the code that implements them; the schema's fields and
@@ -409,6 +427,17 @@ def test_closed_vocabularies_are_declared_once():
     for dotted, declared in fields.items():
         section, key = dotted.split(".")
         assert typing.get_type_hints(hints[section])[key] is declared, dotted
+    # typing caches Literal types, so the ``is`` above holds for a second, equal
+    # declaration too: the sources must hold each vocabulary's Literal exactly once, in the
+    # module that implements it
+    package = Path(plan.__file__).parent.parent
+    found = _literal_declarations(package)
+    homes = {"batch.last": epoch, "shuffle.mode": epoch, "readers.mode": topology,
+             "readers.checksum": layout}
+    for dotted, declared in fields.items():
+        where = found.get(frozenset(typing.get_args(declared)), [])
+        home = Path(homes[dotted].__file__).relative_to(package)
+        assert [path for path, _ in where] == [home], (dotted, where)
     assert typing.get_args(epoch.LastBatch) == plan.LAST_POLICIES
     assert typing.get_args(epoch.ShuffleMode) == plan.SHUFFLE_MODES
     assert typing.get_args(topology.ReaderMode) == topology.MODES
