@@ -25,7 +25,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from lmdbio.config import (
     ConfigOrigin,
@@ -47,6 +47,23 @@ Purpose = Literal["train", "bench"]
 PURPOSES: tuple[str, ...] = get_args(Purpose)
 #: the kernel read-around choices of :attr:`ReadTuning.read_around`
 READ_AROUND_MODES: tuple[str, ...] = ("auto", "on", "off")
+
+
+class RankCounts(Protocol):
+    """What a plan reads of the topology (:class:`~lmdbio.topology.Topology` has it; a
+    test or a tool may pass any object with these three)."""
+
+    @property
+    def rank(self) -> int:
+        """This rank in the world communicator."""
+
+    @property
+    def size(self) -> int:
+        """The ranks of the job."""
+
+    @property
+    def n_workers(self) -> int:
+        """The ranks that train (consume batches)."""
 
 
 @dataclass(frozen=True)
@@ -120,7 +137,7 @@ class RunPlan:
     batchwise_assembly: bool = False
 
     @classmethod
-    def resolve(cls, cfg: JobConfig, topo: Any, *, purpose: Purpose = "train",
+    def resolve(cls, cfg: JobConfig, topo: RankCounts, *, purpose: Purpose = "train",
                 checksum: bool | str | None = None, tuning: ReadTuning | None = None,
                 batchwise_assembly: bool = False) -> RunPlan:
         """The plan of ``cfg`` on ``topo`` (a :class:`~lmdbio.topology.Topology`, or any
@@ -156,7 +173,7 @@ class RunPlan:
             batchwise_assembly=batchwise_assembly)
 
 
-def consuming_ranks(strategy: str, topo: Any) -> int:
+def consuming_ranks(strategy: str, topo: RankCounts) -> int:
     """The ranks a batch is split over: the workers of a node-level strategy (its readers
     hand them node batches), every rank of one in which each rank reads for itself."""
     return int(topo.n_workers if strategy_class(strategy).shared else topo.size)
@@ -187,7 +204,7 @@ def resolve_transfer(cfg: JobConfig) -> str:
     return str(transfer)
 
 
-def _records_per_consumer(cfg: JobConfig, topo: Any, consumers: int, purpose: str) -> int:
+def _records_per_consumer(cfg: JobConfig, topo: RankCounts, consumers: int, purpose: str) -> int:
     """Records in each consuming rank's batch: for a bench, ``batch.size``; for training,
     ``batch.size`` split over ``consumers``, in records of the layout (a PCR, IBP or TOC
     record holds several images). Rank 0 warns where the split is not exact."""

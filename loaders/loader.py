@@ -18,9 +18,10 @@ imported when a loader is opened, so that ``import loaders`` stays light.
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -37,6 +38,11 @@ from loaders.prefetch import Prefetcher
 from loaders.schedule import EpochSchedule, EpochSlots, check_resumable, epoch_length
 from loaders.transform import DataTransformer
 
+if TYPE_CHECKING:  # pragma: no cover
+    from mpi4py import MPI
+
+    from lmdbio.config import JobConfig
+
 #: host arrays a CPU worker keeps for reuse: the slot being delivered, the one decoded
 #: ahead, and room for a trainer that holds a batch a little longer
 POOLED_ARRAYS = 4
@@ -45,8 +51,8 @@ POOLED_ARRAYS = 4
 class Loader:
     """The iterable of batches (see the module docstring). Use :func:`open`."""
 
-    def __init__(self, cfg: Any, comm: Any = None, *, slot_checksum: bool | str | None = None
-                 ) -> None:
+    def __init__(self, cfg: JobConfig, comm: MPI.Comm | None = None, *,
+                 slot_checksum: bool | str | None = None) -> None:
         from lmdbio.reader import ReadSession
         from lmdbio.run_plan import RunPlan
         from lmdbio.topology import Topology
@@ -72,7 +78,7 @@ class Loader:
         self.is_worker = self.topo.is_worker if self.session.shared else True
         self.xp = options.worker_device(cfg, self.topo) if self.is_worker else np
         #: a GPU worker's pinned staging ring and copy stream (loaders.device_feed)
-        self.feed: Any = None
+        self.feed: DeviceFeed | None = None
         if self.xp is not np:
             self.feed = DeviceFeed(self.xp)
         #: decoded slots and transformed batches land in reused host memory (see
@@ -101,7 +107,7 @@ class Loader:
 
     # ----------------------------------------------------------------- properties
     @property
-    def comm(self) -> Any:
+    def comm(self) -> MPI.Comm:
         """The workers' communicator (for gradient allreduce); COMM_NULL on dedicated readers.
         """
         return self.topo.workers
@@ -335,7 +341,8 @@ class Loader:
             self.abort(f"rank {self.topo.rank}: {exc_type.__name__}: {exc}")
 
 
-def open(config: Any, overrides: list[str] | tuple[str, ...] = (), comm: Any = None, *,
+def open(config: str | os.PathLike[str] | Mapping[str, Any] | JobConfig,
+         overrides: list[str] | tuple[str, ...] = (), comm: MPI.Comm | None = None, *,
          slot_checksum: bool | str | None = None) -> Loader:
     """Open a loader from a config path, a dict or a :class:`lmdbio.config.JobConfig`.
 

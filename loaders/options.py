@@ -8,7 +8,8 @@ settings of the session) are resolved by :meth:`lmdbio.run_plan.RunPlan.resolve`
 
 from __future__ import annotations
 
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,8 +19,14 @@ from lmdbio.layouts import get_layout
 from loaders.decode import dataset_meta
 from loaders.transform import DataTransformer
 
+if TYPE_CHECKING:  # pragma: no cover
+    from mpi4py import MPI
 
-def reader_mode(cfg: Any) -> str:
+    from lmdbio.config import JobConfig
+    from lmdbio.topology import Topology
+
+
+def reader_mode(cfg: JobConfig) -> str:
     """``readers.mode`` for the topology: ``auto`` means colocated where the workers use
     GPUs (each rank drives a device: a rank that only reads would leave one idle); the
     topology resolves ``auto`` by node size otherwise (:func:`lmdbio.topology.auto_mode`)."""
@@ -29,7 +36,7 @@ def reader_mode(cfg: Any) -> str:
     return str(mode)
 
 
-def readers_per_node(cfg: Any) -> int:
+def readers_per_node(cfg: JobConfig) -> int:
     """``readers.per_node`` for the topology: as set, or for 0 (chosen) 0 with a node-level
     strategy - the topology then gives a colocated node a reader per rank and a dedicated
     one a single reader (:func:`lmdbio.topology.reader_groups`) - and 1 for the naive
@@ -42,7 +49,7 @@ def readers_per_node(cfg: Any) -> int:
     return 0 if strategy_class(cfg.readers.strategy).shared else 1
 
 
-def assembles_batchwise(cfg: Any) -> bool:
+def assembles_batchwise(cfg: JobConfig) -> bool:
     """Whether this job's workers assemble each batch from a slot's records as it is asked
     for (:meth:`loaders.assemble.BatchAssembler.fused_batch`: Caffe Datums on CPU
     workers) rather than decoding the slot whole; asked before the topology is built,
@@ -50,7 +57,7 @@ def assembles_batchwise(cfg: Any) -> bool:
     return get_layout(cfg.dataset.layout).fused_datum and not gpu_workers(cfg)
 
 
-def transformer(cfg: Any) -> DataTransformer | None:
+def transformer(cfg: JobConfig) -> DataTransformer | None:
     """Caffe's transform of the job's batches, or None where there is none to apply: a
     layout of other records than images (the configuration refuses a transform for them),
     or the identity for a layout whose batches keep their stored dtype
@@ -68,7 +75,7 @@ def transformer(cfg: Any) -> DataTransformer | None:
     return DataTransformer.from_config(cfg.transform)
 
 
-def transformer_agreed(cfg: Any, comm: Any) -> DataTransformer | None:
+def transformer_agreed(cfg: JobConfig, comm: MPI.Comm) -> DataTransformer | None:
     """:func:`transformer` on every rank of ``comm`` (collective): where it refuses the
     settings on some ranks only (each reads the data set's sidecar itself: a node-local
     copy may differ), every rank raises, the refusing ones their own error, before any
@@ -88,7 +95,7 @@ def transformer_agreed(cfg: Any, comm: Any) -> DataTransformer | None:
     return made
 
 
-def _check_image_records(cfg: Any, key: str) -> None:
+def _check_image_records(cfg: JobConfig, key: str) -> None:
     """Refuse transform key ``key`` where the data set's sidecar gives one record shape
     that is not ``(C, H, W)``; a data set that does not say is checked batch by batch."""
     try:
@@ -102,7 +109,7 @@ def _check_image_records(cfg: Any, key: str) -> None:
             f"{tuple(shape)} (from its lmdbio.json): remove the transform settings")
 
 
-def gpu_workers(cfg: Any) -> bool:
+def gpu_workers(cfg: JobConfig) -> bool:
     """Whether workers will run on a GPU (``workers.device`` cuda, or auto and cupy finds
     one): asked before the topology is built, so the same on every rank of a host."""
     want = cfg.workers.device
@@ -118,7 +125,7 @@ def gpu_workers(cfg: Any) -> bool:
         return False
 
 
-def worker_device(cfg: Any, topo: Any) -> Any:
+def worker_device(cfg: JobConfig, topo: Topology) -> ModuleType:
     """numpy, or cupy with the device picked from the worker's local index."""
     want = cfg.workers.device
     if want == "cpu":
