@@ -15,9 +15,10 @@ so that ``import loaders`` loads neither.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from lmdbio.codecs.record_batch import as_spans, as_u8, key_of
 from lmdbio.config import setting_error
@@ -27,19 +28,24 @@ from lmdbio.layouts import LAYOUTS, get_layout, layout_names
 from loaders.stores import run_with_stores
 from loaders.transform import RaggedImages
 
+if TYPE_CHECKING:  # pragma: no cover
+    from lmdbio.codecs.datum.batch import DatumHeaders
+    from lmdbio.codecs.record_batch import KeySource
+    from lmdbio.config import JobConfig
+
 #: layouts whose decoders give one output row per record, in record order: the loader may
 #: decode the records of several batches in one call and split the rows (PCR, IBP and TOC
 #: records each hold many rows); from the registry (``Layout.row_per_record``)
 ROW_PER_RECORD_LAYOUTS = frozenset(layout_names(row_per_record=True))
 
 #: ``alloc(shape, dtype)``: an uninitialised C-contiguous array (``np.empty`` or a pool's)
-Allocator = Callable[[tuple[int, ...], Any], np.ndarray]
+Allocator = Callable[[tuple[int, ...], DTypeLike], np.ndarray]
 #: ``decode(payload, offsets, keys, lengths=None)``: ``offsets`` are the ``N + 1`` record
 #: bounds in ``payload``, or with ``lengths`` (by-reference slots) the ``N`` record starts
 Decoder = Callable[..., tuple[Any, np.ndarray, np.ndarray, list[RecordError]]]
 
 
-def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
+def _batch_decoder(cfg: JobConfig, decode_batch: Callable[..., Any]) -> Decoder:
     """A decoder over one of the compiled batch decoders (Datum, tensor records)."""
     mode = "raise" if cfg.on_error == "raise" else "mask"
 
@@ -50,15 +56,15 @@ def _batch_decoder(cfg: Any, decode_batch: Callable[..., Any]) -> Decoder:
     return decode
 
 
-def _image_rules(cfg: Any) -> tuple[int, bool]:
+def _image_rules(cfg: JobConfig) -> tuple[int, bool]:
     """``(crop_size, has a mean file)`` of the job's transform: what decides whether a
     batch of images of several sizes can be read (Caffe crops each image on its own)."""
     t = getattr(cfg, "transform", None)
     return int(getattr(t, "crop_size", 0) or 0), getattr(t, "mean_file", None) is not None
 
 
-def caffe_datum_decoder(cfg: Any, *, float32: bool = False, alloc: Allocator = np.empty,
-                        **_: Any) -> Decoder:
+def caffe_datum_decoder(cfg: JobConfig, *, float32: bool = False,
+                        alloc: Allocator = np.empty, **_: object) -> Decoder:
     """Caffe Datums (``float32``: see :func:`make_decoder`)."""
     from lmdbio.codecs.datum import decode_datum_batch
 
@@ -133,7 +139,7 @@ def _size_rule(shapes: np.ndarray, rows: np.ndarray, crop: int, mean_file: bool,
     return None
 
 
-def check_crop_size(cfg: Any) -> None:
+def check_crop_size(cfg: JobConfig) -> None:
     """Refuse, when the job opens, a ``transform.crop_size`` larger than the smallest image
     of a data set converted with images of several sizes (its ``lmdbio.json`` names that
     image): Caffe would stop at that image, maybe hours into the run."""
@@ -155,9 +161,10 @@ def check_crop_size(cfg: Any) -> None:
                             "size (--resize H W)")
 
 
-def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, crop: int = 0,
+def ragged_datum_batch(payload: Any, offsets: np.ndarray, lengths: np.ndarray | None,
+                       keys: KeySource, *, crop: int = 0,
                        mean_file: bool = False, errors: str = "raise"
-                       ) -> tuple[Any, np.ndarray, np.ndarray, list[RecordError]] | None:
+                       ) -> tuple[RaggedImages, np.ndarray, np.ndarray, list[RecordError]] | None:
     """A batch of Caffe Datums of several shapes as a :class:`~loaders.transform.
     RaggedImages` (``(data, labels, valid, errors)`` like the other decoders), for a
     transform with ``crop_size`` to crop each one as Caffe does; ``None`` when the
@@ -194,7 +201,7 @@ def ragged_datum_batch(payload: Any, offsets: Any, lengths: Any, keys: Any, *, c
     return RaggedImages(pixels, starts, out_shapes), h.label.copy(), ok, errs
 
 
-def _decode_misfits(u8: np.ndarray, off: np.ndarray, ln: np.ndarray, keys: Any,
+def _decode_misfits(u8: np.ndarray, off: np.ndarray, ln: np.ndarray, keys: KeySource,
                     shapes: np.ndarray, fits: np.ndarray
                     ) -> tuple[dict[int, np.ndarray], dict[int, RecordError]]:
     """Decode the records the compiled gather cannot take (encoded, float_data or damaged)
@@ -214,7 +221,7 @@ def _decode_misfits(u8: np.ndarray, off: np.ndarray, ln: np.ndarray, keys: Any,
 
 
 def _raise_first_refused(shapes: np.ndarray, good: np.ndarray, bad: dict[int, RecordError],
-                         keys: Any, crop: int, mean_file: bool, errors: str) -> None:
+                         keys: KeySource, crop: int, mean_file: bool, errors: str) -> None:
     """Raise for the first record, in batch order, that Caffe would refuse (:func:`_size_rule`,
     whatever ``errors`` says) or, with ``errors="raise"``, that is damaged."""
     n = shapes.shape[0]
@@ -232,7 +239,7 @@ def _raise_first_refused(shapes: np.ndarray, good: np.ndarray, bad: dict[int, Re
         raise bad[first_bad]
 
 
-def _pack_pixels(u8: np.ndarray, h: Any, raw: np.ndarray, images: dict[int, np.ndarray],
+def _pack_pixels(u8: np.ndarray, h: DatumHeaders, raw: np.ndarray, images: dict[int, np.ndarray],
                  out_shapes: np.ndarray, any_bad: bool) -> tuple[np.ndarray, np.ndarray]:
     """``(pixels, starts)``: every record's pixels end to end (uint8, or float32 when a
     decoded image is), the ``raw`` uint8 records gathered in one compiled pass where the
@@ -359,14 +366,14 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     return out, labels
 
 
-def tensor_decoder(cfg: Any, **_: Any) -> Decoder:
+def tensor_decoder(cfg: JobConfig, **_: object) -> Decoder:
     """lmdbio tensor records."""
     from lmdbio.codecs.tensor import decode_tensor_batch
 
     return _batch_decoder(cfg, decode_tensor_batch)
 
 
-def _copied_records_only(lengths: Any) -> None:
+def _copied_records_only(lengths: np.ndarray | None) -> None:
     """Layouts whose records are whole groups (TOC, IBP, PCR) are decoded from records
     copied into the slot; the loader never hands them out as spans (``readers.transfer``)."""
     if lengths is not None:
@@ -375,7 +382,7 @@ def _copied_records_only(lengths: Any) -> None:
                           "this layout's records must be copied into the ring")
 
 
-def toc_decoder(cfg: Any, **_: Any) -> Decoder:
+def toc_decoder(cfg: JobConfig, **_: object) -> Decoder:
     """TOC records, one stored mini-batch each."""
     from lmdbio.codecs.toc import decode_batch_value
 
@@ -392,7 +399,7 @@ def toc_decoder(cfg: Any, **_: Any) -> Decoder:
     return decode
 
 
-def ibp_decoder(cfg: Any, **_: Any) -> Decoder:
+def ibp_decoder(cfg: JobConfig, **_: object) -> Decoder:
     """IBP records, a group of rows each, with the model of the data set's sidecar."""
     from lmdbio.codecs.ibp.format import decode_record, load_model
 
@@ -412,7 +419,7 @@ def ibp_decoder(cfg: Any, **_: Any) -> Decoder:
     return decode
 
 
-def dataset_meta(cfg: Any) -> dict[str, Any]:
+def dataset_meta(cfg: JobConfig) -> dict[str, Any]:
     """The ``lmdbio.json`` sidecar of the job's data set (``{}`` where there is none)."""
     from lmdbio.dataset_meta import read_dataset_meta
 
@@ -420,7 +427,7 @@ def dataset_meta(cfg: Any) -> dict[str, Any]:
     return read_dataset_meta(path) if path else {}
 
 
-def items_per_record(cfg: Any) -> int:
+def items_per_record(cfg: JobConfig) -> int:
     """How many images (or rows) one record of the job's data set holds: a PCR group, the
     rows of an IBP record or of a TOC mini-batch (from the ``lmdbio.json`` sidecar); 1 for
     the layouts of one image or row per record, and where the sidecar does not say."""
@@ -432,7 +439,7 @@ def items_per_record(cfg: Any) -> int:
     return value if isinstance(value, int) and value >= 1 else 1
 
 
-def records_per_batch(cfg: Any, items: int, consumers: int) -> tuple[int, str | None]:
+def records_per_batch(cfg: JobConfig, items: int, consumers: int) -> tuple[int, str | None]:
     """``batch.size`` counts images (rows) for every layout: the records each of the
     ``consumers`` worker ranks takes per batch to get ``items`` images, and a warning where
     ``items`` is not a whole number of records (rounded down). Raises
@@ -464,7 +471,7 @@ def records_per_batch(cfg: Any, items: int, consumers: int) -> tuple[int, str | 
     return records, note
 
 
-def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decoder:
+def pcr_decoder(cfg: JobConfig, *, scan_groups: int | None = None, **_: object) -> Decoder:
     """PCR records, a group of images each, read to ``scan_groups`` scan groups (None:
     the job's ``dataset.scan_groups``; every group where that is null too)."""
     from lmdbio.codecs.pcr import decode_pcr_value
@@ -518,7 +525,7 @@ def pcr_decoder(cfg: Any, *, scan_groups: int | None = None, **_: Any) -> Decode
     return decode
 
 
-def make_decoder(cfg: Any, scan_groups: int | None = None, *, float32: bool = False,
+def make_decoder(cfg: JobConfig, scan_groups: int | None = None, *, float32: bool = False,
                  alloc: Allocator = np.empty) -> Decoder:
     """The decoder for ``cfg.dataset.layout`` (its factory named in
     :data:`lmdbio.layouts.LAYOUTS`).
