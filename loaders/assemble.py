@@ -17,18 +17,33 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from lmdbio.errors import LmdbioError
+from lmdbio.errors import LmdbioError, RecordError
 from lmdbio.layouts import get_layout
 from lmdbio.reader import SLOT_TARGET_DECODED_BYTES
 from lmdbio.stages import StageClock
-from loaders.decode import ROW_PER_RECORD_LAYOUTS, datum_spans, uniform_datums_float32
+from loaders.decode import (
+    ROW_PER_RECORD_LAYOUTS,
+    Allocator,
+    DatumSpans,
+    Decoded,
+    Decoder,
+    datum_spans,
+    uniform_datums_float32,
+)
 from loaders.metrics import LoaderMetrics, Pace
 from loaders.schedule import batch_bounds
-from loaders.transform import transform_rng
+from loaders.transform import DataTransformer, transform_rng
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmdbio.config import JobConfig
+    from lmdbio.plan.epoch import EpochPlan
+    from lmdbio.reader import Delivered
+    from loaders.device_feed import DeviceFeed
 
 log = logging.getLogger("lmdbio.loader")
 
@@ -74,13 +89,13 @@ class SlotRecords:
     slot may be released before a batch is used; each batch takes views of them) and, for
     fused Datums, their parsed spans."""
 
-    got: Any
+    got: Delivered
     payload: np.ndarray
     offsets: np.ndarray
     lengths: np.ndarray | None
     ko: np.ndarray
     kd: np.ndarray
-    fused: Any
+    fused: DatumSpans | None
     ids: np.ndarray
     padding: np.ndarray
 
@@ -98,6 +113,13 @@ def keep_records(keep: np.ndarray, ko: np.ndarray, kd: np.ndarray
     return offsets, kept
 
 
+#: what taking a batch gives: ``(batch, payload bytes)``, or the error taking it raised
+Taken = tuple[Batch, int] | LmdbioError
+#: a batch of :meth:`BatchAssembler.make_batches`: taken already, or (fused Datums) a
+#: call that takes it when it is asked for
+Made = Taken | Callable[[], Taken]
+
+
 class BatchAssembler:
     """A worker's batches from its received slots (see the module docstring).
 
@@ -108,8 +130,9 @@ class BatchAssembler:
     ``metrics``, fused assembly times to ``pace``.
     """
 
-    def __init__(self, cfg: Any, decode: Callable[..., Any], transform: Any, xp: Any,
-                 feed: Any, alloc: Callable[..., np.ndarray], *, seed: int, rank: int,
+    def __init__(self, cfg: JobConfig, decode: Decoder, transform: DataTransformer | None,
+                 xp: ModuleType, feed: DeviceFeed | None, alloc: Allocator, *, seed: int,
+                 rank: int,
                  worker: int, metrics: LoaderMetrics, pace: Pace, stages: StageClock) -> None:
         self.layout, self.on_error = cfg.dataset.layout, cfg.on_error
         #: the layout's records may take the fused Datum path (``Layout.fused_datum``)
@@ -127,8 +150,8 @@ class BatchAssembler:
         return self.transform is not None and self.xp is np and self.fused_layout
 
     # ----------------------------------------------------------------- a slot
-    def make_batches(self, got: Any, first: int, epoch: int, plan: Any,
-                     expected: int | None) -> list[Any]:
+    def make_batches(self, got: Delivered, first: int, epoch: int, plan: EpochPlan,
+                     expected: int | None) -> list[Made]:
         """The batches of the received slot ``got``, iterations ``first ..`` of
         ``epoch`` (laid out by ``plan``; ``expected``: how many it must carry): ``(Batch,
         payload bytes)`` each, or the exception that batch raises when it is taken. Fused
@@ -154,7 +177,7 @@ class BatchAssembler:
             self.metrics.decode_seconds += time.perf_counter() - t0
             return [partial(self.fused_batch, rec, first + j, int(bounds[j]),
                             int(bounds[j + 1]), epoch) for j in range(count)]
-        out: list[Any] = []
+        out: list[Made] = []
         with self.stages.span("assemble"):
             # one decode call for the slot where its decoded records stay within what a
             # slot decoded ahead may take (slots of spans may hold far more records)
@@ -170,7 +193,8 @@ class BatchAssembler:
         self.metrics.decode_seconds += time.perf_counter() - t0
         return out
 
-    def prepare(self, got: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, Any]:
+    def prepare(self, got: Delivered
+                ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, DatumSpans | None]:
         """The slot's ``(payload, offsets, lengths, fused spans)``, checked: its checksum
         (where receiving deferred it) and the overflow page headers of records by
         reference (fused batches check their own, as they read them)."""
@@ -184,7 +208,7 @@ class BatchAssembler:
                 got.check_values()
         return payload, offsets, lengths, fused
 
-    def decode_whole(self, rec: SlotRecords) -> Any:
+    def decode_whole(self, rec: SlotRecords) -> Decoded | None:
         """Every record of a slot of several batches decoded in one call, where the
         layout has one output row per record and all decode; None otherwise."""
         if self.layout not in ROW_PER_RECORD_LAYOUTS:
@@ -199,8 +223,8 @@ class BatchAssembler:
             return None
         return whole
 
-    def parse_fused(self, got: Any, payload: np.ndarray, offsets: np.ndarray,
-                    lengths: np.ndarray | None) -> Any:
+    def parse_fused(self, got: Delivered, payload: np.ndarray, offsets: np.ndarray,
+                    lengths: np.ndarray | None) -> DatumSpans | None:
         """The slot's records as :class:`~loaders.decode.DatumSpans` where they may go
         from their bytes to the transformed float32 batch in one compiled pass (Caffe
         Datums whose first is raw uint8, a CPU worker); ``None`` otherwise."""
@@ -212,7 +236,7 @@ class BatchAssembler:
 
     # ----------------------------------------------------------------- a batch
     def fused_batch(self, rec: SlotRecords, iteration: int, a: int, b: int,
-                    epoch: int) -> Any:
+                    epoch: int) -> Taken:
         """Batch ``iteration`` (records ``a .. b - 1`` of the slot, parsed as
         :class:`~loaders.decode.DatumSpans`) as :meth:`make_batches` gives it: ``(Batch,
         payload bytes)``, or the error taking it raises. Reads the slot: it is held until
@@ -223,6 +247,7 @@ class BatchAssembler:
                 # the overflow page headers still to check are checked by the kernel as it
                 # reads each value; a batch it gives up on gets the exact check, which names
                 # a bad header's page, before the general path reads its values
+                assert rec.fused is not None  # made by make_batches for fused slots only
                 fmt = rec.got.header_format()
                 part = self.assemble_datums(rec.payload, rec.fused.rows(a, b), iteration,
                                             epoch, fmt)
@@ -244,7 +269,7 @@ class BatchAssembler:
         finally:
             self.metrics.decode_seconds += time.perf_counter() - t0
 
-    def assemble_datums(self, payload: np.ndarray, spans: Any, iteration: int, epoch: int,
+    def assemble_datums(self, payload: np.ndarray, spans: DatumSpans, iteration: int, epoch: int,
                         header_fmt: np.ndarray | None = None
                         ) -> tuple[np.ndarray, np.ndarray] | None:
         """One batch of :meth:`parse_fused`'s records, transformed, in pooled memory;
@@ -339,6 +364,7 @@ class BatchAssembler:
         (:func:`loaders.transform.transform_batch`, the same float32 operations in the same
         order as the CPU kernel, so the same values). The decisions are drawn on the host
         from the same generator as on a CPU worker. Returns (data, labels) on the device."""
+        assert self.feed is not None  # a GPU worker's (xp is cupy): Loader made it
         copied = self.feed.submit(*[x for x in (data, labels) if isinstance(x, np.ndarray)])
         device, *rest = copied.arrays()
         labels = rest[0] if rest else labels
@@ -359,13 +385,14 @@ class BatchAssembler:
         if not host:
             return data, labels
         pair = [data, labels]
+        assert self.feed is not None  # a GPU worker's (xp is cupy): Loader made it
         got = self.feed.submit(*[pair[i] for i in host]).arrays()
         for i, dev in zip(host, got, strict=True):
             pair[i] = dev
         return pair[0], pair[1]
 
     # ----------------------------------------------------------------- on_error
-    def apply_policy(self, data: Any, labels: Any, valid: np.ndarray, errors: list[Any],
+    def apply_policy(self, data: Any, labels: Any, valid: np.ndarray, errors: list[RecordError],
                      key: Callable[[int], bytes]) -> np.ndarray | None:
         """Apply ``on_error`` to the records that failed: ``skip`` returns the indices to
         keep; ``substitute`` overwrites them in place and returns None."""

@@ -40,9 +40,12 @@ ROW_PER_RECORD_LAYOUTS = frozenset(layout_names(row_per_record=True))
 
 #: ``alloc(shape, dtype)``: an uninitialised C-contiguous array (``np.empty`` or a pool's)
 Allocator = Callable[[tuple[int, ...], DTypeLike], np.ndarray]
+#: a decoder's ``(data, labels, valid, errors)``: ``data`` is an array (numpy), a
+#: :class:`~loaders.transform.RaggedImages`, a TOC matrix or a list, by layout
+Decoded = tuple[Any, np.ndarray, np.ndarray, list[RecordError]]
 #: ``decode(payload, offsets, keys, lengths=None)``: ``offsets`` are the ``N + 1`` record
 #: bounds in ``payload``, or with ``lengths`` (by-reference slots) the ``N`` record starts
-Decoder = Callable[..., tuple[Any, np.ndarray, np.ndarray, list[RecordError]]]
+Decoder = Callable[..., Decoded]
 
 
 def _batch_decoder(cfg: JobConfig, decode_batch: Callable[..., Any]) -> Decoder:
@@ -482,7 +485,8 @@ def pcr_decoder(cfg: JobConfig, *, scan_groups: int | None = None, **_: object) 
     mode = meta.get("decode_mode") if meta.get("decode_mode") in ("RGB", "L") else None
     crop, mean_file = _image_rules(cfg)
 
-    def decode(payload, offsets, keys, lengths=None):
+    def decode(payload: Any, offsets: np.ndarray, keys: KeySource,
+               lengths: np.ndarray | None = None) -> Decoded:
         _copied_records_only(lengths)
         images: list[np.ndarray] = []
         tensors: list[np.ndarray] = []

@@ -19,14 +19,21 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from lmdbio.errors import LmdbioError
-from loaders.assemble import BatchAssembler
+from loaders.assemble import Batch, BatchAssembler, Made, Taken
 from loaders.metrics import LoaderMetrics, Pace
 from loaders.schedule import EpochSlots, whole_first_slot_batches
 
+if TYPE_CHECKING:  # pragma: no cover
+    from lmdbio.reader import Delivered, ReadSession
+
 log = logging.getLogger("lmdbio.loader")
+
+#: a batch of the slot being delivered: as the assembler made it, being assembled on the
+#: decoding thread, or None once delivered (no reference is kept to it)
+Pending = Made | Future[Taken] | None
 
 
 def wait_quietly(future: Future[Any] | None) -> None:
@@ -39,7 +46,7 @@ def wait_quietly(future: Future[Any] | None) -> None:
         log.debug("dropping a slot decoded ahead: %s", exc)
 
 
-def drop_received(got: Any, future: Future[Any] | None) -> None:
+def drop_received(got: Delivered, future: Future[Any] | None) -> None:
     """Give a received slot back to the ring unused, once the decoding thread (if it was
     decoding it) is done with its memory."""
     try:
@@ -56,7 +63,7 @@ class Prefetcher:
     the next epoch's first slot may be waiting at an epoch's last batch.
     """
 
-    def __init__(self, session: Any, assembler: BatchAssembler, metrics: LoaderMetrics,
+    def __init__(self, session: ReadSession, assembler: BatchAssembler, metrics: LoaderMetrics,
                  pace: Pace, *, rank: int, on_host: bool, across_epochs: bool) -> None:
         self.session, self.assembler, self.metrics, self.pace = session, assembler, metrics, pace
         self.rank, self.on_host, self.across_epochs = rank, on_host, across_epochs
@@ -65,14 +72,14 @@ class Prefetcher:
         #: slots received in the current epoch (a worker leaving it drains the rest)
         self.received = 0
         #: (first iteration, batches) of the slot being delivered
-        self.decoded: tuple[int, list[Any]] | None = None
+        self.decoded: tuple[int, list[Pending]] | None = None
         #: the slot whose batches are assembled as they are asked for: released once the
         #: last one is (:meth:`set_decoded`)
-        self.held: Any = None
+        self.held: Delivered | None = None
         #: (iteration, received slot, future of its decoding) while a slot decodes ahead
-        self.ahead: tuple[int, Any, Any] | None = None
+        self.ahead: tuple[int, Delivered | None, Future[list[Pending]] | None] | None = None
         #: (slot, future of its decoding or None) of the next epoch's first slot
-        self.next_epoch_slot: tuple[Any, Any] | None = None
+        self.next_epoch_slot: tuple[Delivered, Future[list[Pending]] | None] | None = None
         self.pool: ThreadPoolExecutor | None = None  # started with the first look-ahead
 
     def begin_epoch(self, epoch: int, slots: EpochSlots) -> None:
@@ -82,7 +89,8 @@ class Prefetcher:
         self.decoded = None
 
     # ----------------------------------------------------------------- receiving
-    def receive(self, defer_verify: bool = False, defer_values: bool = False) -> Any:
+    def receive(self, defer_verify: bool = False, defer_values: bool = False
+                ) -> Delivered | None:
         """The next slot from the session, timed (``wait_seconds``, ``blocked_seconds``).
         ``defer_verify``: the checksum (and the overflow page headers of records delivered
         by reference) are checked on the decoding thread; ``defer_values``: the headers
@@ -98,17 +106,20 @@ class Prefetcher:
             self.metrics.blocked_seconds = ring.stats.worker_wait_s
         return got
 
-    def batches(self, got: Any, first: int) -> list[Any]:
+    def batches(self, got: Delivered, first: int) -> list[Pending]:
         """The current epoch's batches of the slot ``got``, from iteration ``first``."""
-        assert self.slots is not None  # only while an epoch is delivered
-        return self.assembler.make_batches(got, first, self.epoch, self.session.plan,
-                                           self.slots.batches_in_slot_of(first))
+        plan = self.session.plan
+        assert self.slots is not None and plan is not None  # only while an epoch is delivered
+        # the list becomes the prefetcher's: futures and None take its batches' places
+        return cast("list[Pending]", self.assembler.make_batches(
+            got, first, self.epoch, plan, self.slots.batches_in_slot_of(first)))
 
-    def next_epoch_batches(self, got: Any, epoch: int) -> list[Any]:
+    def next_epoch_batches(self, got: Delivered, epoch: int) -> list[Pending]:
         """The batches of the first slot of ``epoch`` (not the current one), as the epoch
         run whole lays it out."""
         plan = self.session.plan_for(epoch)
-        return self.assembler.make_batches(got, 0, epoch, plan, self.whole_first_slot(epoch))
+        return cast("list[Pending]", self.assembler.make_batches(
+            got, 0, epoch, plan, self.whole_first_slot(epoch)))
 
     def whole_first_slot(self, epoch: int) -> int:
         """Batches in the first slot of ``epoch`` run whole (no stop inside it): what its
@@ -180,7 +191,7 @@ class Prefetcher:
         self.next_epoch_slot = (got, future)
 
     # ----------------------------------------------------------------- taking
-    def take(self, it: int) -> Any:
+    def take(self, it: int) -> tuple[Batch, int]:
         """Batch ``it`` as the assembler made it, ``(Batch, payload bytes)``: from the slot
         already decoded, the next epoch's first slot, the one decoded ahead, or a slot
         received and decoded now. Raises the error of a batch whose records failed."""
@@ -199,11 +210,12 @@ class Prefetcher:
             item = item()
         if it == first + len(batches) - 1:
             self.forget_decoded()
-        elif isinstance(batches[it + 1 - first], partial) and self.ahead_pays():
+        elif isinstance(nxt := batches[it + 1 - first], partial) and self.ahead_pays():
             # assemble the next batch while the trainer computes on this one
-            batches[it + 1 - first] = self.decoding_thread().submit(batches[it + 1 - first])
+            batches[it + 1 - first] = self.decoding_thread().submit(nxt)
         if isinstance(item, Exception):  # this batch's records failed under on_error raise
             raise item
+        assert isinstance(item, tuple)  # (Batch, payload bytes): each batch is taken once
         return item
 
     def take_next_epoch_slot(self, it: int) -> None:
@@ -255,6 +267,7 @@ class Prefetcher:
             if got is None:
                 raise LmdbioError(f"the reader stopped before epoch {self.epoch} "
                                   f"iteration {it}")
+            assert future is not None  # a slot received ahead is decoding
             try:
                 with self.session.stages.span("handoff"):
                     batches = future.result()
@@ -264,7 +277,7 @@ class Prefetcher:
         self.received += 1
         self.set_decoded(it, batches, got)
 
-    def set_decoded(self, first: int, batches: list[Any], got: Any) -> None:
+    def set_decoded(self, first: int, batches: list[Pending], got: Delivered) -> None:
         """The batches of the slot ``got`` just received, from iteration ``first``. A slot
         whose batches are assembled as they are asked for is held until its last one is;
         any other is released now."""
