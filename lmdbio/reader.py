@@ -1,8 +1,9 @@
 """The reading side of a job: a strategy run on a reader rank, feeding the node's ring.
 
 :class:`ReadSession` opens the database for a rank (on a symmetric mapping among the
-readers when the strategy hands cursors around), runs the strategy's setup, sizes the batch
-slots from the real record sizes, and then, slot by slot, locates the node's records
+readers when the strategy hands cursors around), runs the strategy's setup, has the node's
+ring sized from the real record sizes and made (:class:`~lmdbio.ring_setup.RingSetup`), and
+then, slot by slot, locates the node's records
 (:class:`~lmdbio.slot_locator.SlotLocator`), gathers them straight into a shared-memory
 slot (no intermediate copy), or encodes each worker's part with the ring codec the batch
 codec registry names (:class:`~lmdbio.codecs.registry.RingCodec`), and publishes it.
@@ -12,10 +13,8 @@ buffer instead. Everything it does is accounted per iteration.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -23,8 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from lmdbio.codecs.registry import BATCH_CODECS, RingCodec, RingTransport
-from lmdbio.config import setting_error
+from lmdbio.codecs.registry import BATCH_CODECS, RingCodec
 from lmdbio.errors import ConfigError, LmdbioError
 from lmdbio.io.gather import (
     check_value_spans,
@@ -33,13 +31,11 @@ from lmdbio.io.gather import (
     gather_keys,
     gather_refs,
 )
-from lmdbio.io.prefetch import MADV_RANDOM, advise_page_ranges
+from lmdbio.io.prefetch import MADV_RANDOM
 from lmdbio.io.symmap import map_symmetric
-from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.snapshot import resolve_file
-from lmdbio.mpiutil import agree, sleeping_barrier
 from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
     IterationStats,
@@ -49,9 +45,16 @@ from lmdbio.plan.strategies import (
     node_level,
     strategy_class,
 )
+from lmdbio.ring_setup import SLOT_BATCHES_SHIFT, RingSetup, check_batch_fits
+
+# the ring's sizing rules (lmdbio.ring_setup), where the loaders, the scale tracer and tests
+# still look for them
+from lmdbio.ring_setup import SLOT_TARGET_DECODED_BYTES as SLOT_TARGET_DECODED_BYTES
+from lmdbio.ring_setup import batch_capacity as batch_capacity
+from lmdbio.ring_setup import choose_batches_per_slot as choose_batches_per_slot
+from lmdbio.ring_setup import largest_values as largest_values
 from lmdbio.run_plan import RunPlan
 from lmdbio.shm import BatchRing, SlotCorruptError
-from lmdbio.shm.layout import CHECKSUM_XXH64, checksum_kind
 from lmdbio.slot_locator import SlotLocator
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
@@ -324,132 +327,6 @@ def node_consumers(ranks: Sequence[tuple[int, int, Any]], node: int
     return firsts.get(node, 1 << 30), counts.get(node, 0), tuple(counts[i] for i in order)
 
 
-def _host_oversubscribed(topo: Topology) -> bool:
-    """Whether this host runs more ranks than it has cores for this process. Then ring
-    waits must not spin (a spinning rank takes the core from the peer it waits for): they
-    sleep from the first poll."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    return topo.host_size > cores
-
-
-def largest_values(db: Database, comm: Any, rank: int, size: int, k: int) -> np.ndarray:
-    """The ``k`` largest value sizes of the database, ascending (fewer when it holds fewer
-    records), or an upper bound of them. Collective over ``comm``: each rank reads its share
-    of the leaves. A tree without overflow pages has only inline values, smaller than
-    :meth:`Database.inline_value_limit`: that bound stands for every value and no leaf is
-    read (on such a file the leaves are the whole file, which this would otherwise read at
-    every start, hidden from the page accounting, which starts after the setup)."""
-    limit = db.inline_value_limit()
-    if comm is not None:  # the same path on every rank (node copies could differ)
-        limits = comm.allgather(limit)
-        limit = None if None in limits else max(limits)
-    if limit is not None:
-        return np.full(min(k, len(db)), limit, np.int64)
-    leaves, err = None, None
-    if rank == 0:
-        try:
-            leaves = db.leaves()
-        except Exception as exc:  # agreed on below
-            err = str(exc)
-    if comm is not None:
-        agree(comm, err is None, err or "", "listing leaf pages")
-        leaves = comm.bcast(leaves, root=0)
-    lo, hi = leaves.shape[0] * rank // size, leaves.shape[0] * (rank + 1) // size
-    if hi > lo:
-        # the share's leaves asked for at once (a cold file: one batch of reads, not a
-        # fault and a read per leaf); advisory, nothing is read or counted by asking
-        with contextlib.suppress(LmdbioError):  # a refused advice (not a file mapping)
-            advise_page_ranges(db.buf, leaves[lo:hi], np.ones(hi - lo, np.int64), db.psize)
-    sizes = db.build_table(db.db, leaves[lo:hi]).val_len if hi > lo else np.empty(0, np.int64)
-    top = np.sort(sizes)[-k:]
-    if comm is not None:
-        top = np.concatenate(comm.allgather(top))
-    return np.sort(top)[-k:]
-
-
-def batch_capacity(top: np.ndarray, batch: int) -> int:
-    """Bytes a slot needs so that any ``batch`` records fit, from :func:`largest_values`
-    (at least ``batch`` of them, or all): the sum of the ``batch`` largest values; records
-    repeat when ``batch`` exceeds the database (padding), the largest standing in for each
-    repeat."""
-    if not top.size:
-        return 0
-    top = top[-batch:]
-    return int(top.sum()) + (batch - top.size) * int(top[-1])
-
-
-#: a slot's flags carry how many batches it holds from this bit on (the ring's caller bits)
-SLOT_BATCHES_SHIFT = 16
-
-#: what ``batches_per_slot: 0`` aims at: records per worker and slot, payload bytes per
-#: slot, and at most this many batches per slot
-SLOT_TARGET_RECORDS = 1024
-SLOT_TARGET_BYTES = 4 << 20
-#: slots of record spans: at most this much decoded output per worker and slot (float32
-#: estimated as 4 bytes per record byte), the whole slot being decoded ahead at once
-SLOT_TARGET_DECODED_BYTES = 48 << 20
-SLOT_MAX_BATCHES = 16
-#: slots of record spans carry 8 bytes per record, not the records: the per-slot work
-#: (~1 ms of a reader's CPU and ~0.3 ms of each worker's on the project's machine, mostly
-#: Python and numpy calls whatever the slot's size) is amortized over more records. 4,096
-#: records per worker against 2,048: CIFAR-like whole runs 1.23-1.36x faster warm and
-#: 1.30-1.40x cold (docs/reading.md, seventh session)
-SLOT_TARGET_SPAN_RECORDS = 4096
-SLOT_MAX_SPAN_BATCHES = 64
-#: slots of record spans for workers that assemble each batch as it is asked for (Caffe
-#: Datums on CPU workers: the fused kernels read a batch's records straight from the
-#: file), which never decode a slot whole: the decoded-output rule does not apply and the
-#: per-slot work is amortized over 16,384 records per worker. Measured in one process
-#: (two loaders, epochs alternating): CIFAR-like 128 batches of 64 per slot against the
-#: 47 the rule above gives, 0.885x the CPU per sample (256: 0.97x of 128); ImageNet-like
-#: 16 batches of 32 against 2, 0.78x (64: 0.94x of 16). A slot's records are what its
-#: reader asks the kernel for ahead on a cold file (the next slot's pages), so they stay
-#: within 64 MiB of the file per worker: 13 ImageNet-sized batches of 32
-SLOT_TARGET_BATCHWISE_SPAN_RECORDS = 16384
-SLOT_MAX_BATCHWISE_SPAN_BYTES = 64 << 20
-SLOT_MAX_BATCHWISE_SPAN_BATCHES = 1024
-
-
-def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = False,
-                            consumers: int = 1, batchwise: bool = False) -> int:
-    """Batches per ring slot for ``batches_per_slot: 0``: enough to amortize the per-slot
-    work (hand-off, validation, one decode call: ~0.5 ms of CPU on the project's machine),
-    which counts where batches are small - the fewest batches that reach
-    :data:`SLOT_TARGET_RECORDS` records per worker (``per_worker`` per batch) or
-    :data:`SLOT_TARGET_BYTES` of payload (``batch_bytes`` per node batch), at most
-    :data:`SLOT_MAX_BATCHES`. Batches of large records stay one per slot: grouping them
-    only makes each slot's copy and decode larger than the caches (measured in
-    docs/service.md).
-
-    Slots of record ``spans`` copy nothing: they aim at :data:`SLOT_TARGET_SPAN_RECORDS`
-    records per worker (at most :data:`SLOT_MAX_SPAN_BATCHES` batches), and the payload rule
-    gives way to the workers' decoded output, at most :data:`SLOT_TARGET_DECODED_BYTES` per
-    worker (``consumers`` workers share the node batch), so 32 ImageNet-sized records per
-    worker travel two batches per slot: 8 ranks, 45-49 CPU µs per sample against 63-65 with
-    one (the readers' per-slot Python halved), and less of the workers' time in the loader
-    (docs/service.md). Workers that assemble each batch from the spans as it is asked for
-    (``batchwise``) never decode a slot whole: their slots aim at
-    :data:`SLOT_TARGET_BATCHWISE_SPAN_RECORDS` records per worker, at most
-    :data:`SLOT_MAX_BATCHWISE_SPAN_BYTES` of the file per worker and
-    :data:`SLOT_MAX_BATCHWISE_SPAN_BATCHES` batches."""
-    if spans and batchwise:
-        by_records = -(-SLOT_TARGET_BATCHWISE_SPAN_RECORDS // max(per_worker, 1))
-        per_worker_bytes = max(batch_bytes, 1) // max(consumers, 1)
-        by_bytes = max(1, SLOT_MAX_BATCHWISE_SPAN_BYTES // max(per_worker_bytes, 1))
-        return max(1, min(by_records, by_bytes, SLOT_MAX_BATCHWISE_SPAN_BATCHES))
-    if spans:
-        by_records = -(-SLOT_TARGET_SPAN_RECORDS // max(per_worker, 1))
-        decoded = 4 * max(batch_bytes, 1) // max(consumers, 1)
-        by_bytes = max(1, SLOT_TARGET_DECODED_BYTES // max(decoded, 1))
-        return max(1, min(by_records, by_bytes, SLOT_MAX_SPAN_BATCHES))
-    by_records = -(-SLOT_TARGET_RECORDS // max(per_worker, 1))
-    by_bytes = -(-SLOT_TARGET_BYTES // max(batch_bytes, 1))
-    return max(1, min(by_records, by_bytes, SLOT_MAX_BATCHES))
-
-
 class ReadSession:
     """One rank's part of reading: a strategy, the epoch plans, and (if shared) the ring.
 
@@ -524,7 +401,7 @@ class ReadSession:
         else:
             self.first_consumer, self.node_consumers = topo.rank, 1
             self.consumers_per_node = (1,) * topo.size
-        self._check_batch_fits()
+        check_batch_fits(self.db, self.run_plan, self.consumers, self.cls.scheme, topo.rank)
         if _pins_snapshot(topo, pin_key, [s[2] for s in seen], pinner):
             # the snapshot the readers opened (a worker that pins may have opened a later
             # one, if a writer committed in between: the pin then says it is not held)
@@ -550,51 +427,33 @@ class ReadSession:
 
     def _set_up_transport(self) -> None:
         """How records travel from the readers: the ring codec shared (a batch codec whose
-        registry entry names a ring transport), the node's ring created (a worker first
-        warms its mapping), the O_DIRECT node cache attached and cleared. Collective over
-        each node."""
-        self.ring = None
-        self.batches_per_slot = 1  # a node ring may carry several (see _create_ring)
+        registry entry names a ring transport), the node's ring created
+        (:class:`~lmdbio.ring_setup.RingSetup`), the O_DIRECT node cache attached and
+        cleared. Collective over each node."""
+        self.ring: BatchRing | None = None
+        self.batches_per_slot = 1  # a node ring may carry several (RingSetup.create_ring)
         #: the codec the node's ring carries each worker's part encoded with (None: the
         #: records travel as they are), and its name in the slot headers
         self.ring_codec: RingCodec | None = None
         self.slot_codec = "none"
+        setup = RingSetup(self.topo, self.run_plan, self.db, node_consumers=self.node_consumers)
         spec = BATCH_CODECS.get(self.run_plan.codec)
         transport = spec.ring_transport() if spec is not None else None
         if transport is not None:
-            self._share_ring_codec(self.run_plan.codec, transport)
+            if not self.shared:  # RunPlan.resolve refuses it; a plan built in code may not
+                raise ConfigError(f"codec {self.run_plan.codec} compresses node batches: it "
+                                  f"needs a node-level strategy ({', '.join(node_level())})")
+            self.ring_codec = setup.share_codec(transport)
+            self.slot_codec = self.run_plan.codec
         if self.shared:
-            if not self.reads:
-                self._warm_up_worker()
-            self._create_ring()
+            self.ring = setup.create_ring(ring_codec=self.ring_codec,
+                                          by_reference=self.by_reference)
+            #: consecutive batches in one slot, as the node's reader chose them
+            self.batches_per_slot = int(self.ring.reader_info)
         if self.node_cache is not None:
             if self.reads:
                 self.db.accounting.node_cache = self.node_cache
             self.node_cache.clear()  # every node starts cold (collective over the node)
-
-    def _check_batch_fits(self) -> None:
-        """A global batch larger than the data set: under ``drop`` no batch would ever be
-        delivered (a :class:`ConfigError`, on every rank alike); under ``pad`` and
-        ``partial`` every epoch is one padded or short batch (a warning, from world rank 0
-        only)."""
-        n, per, consumers = len(self.db), self.run_plan.batch_size, self.consumers
-        total = per * consumers
-        if n >= total:
-            return
-        split = f" ({per} per consuming rank x {consumers} ranks)" if consumers > 1 else ""
-        what = (f"the batch (batch.size) of {total} records{split} is larger than the data "
-                f"set: {self.db.path} holds {n} records")
-        if self.epoch_iterations == 0:
-            raise setting_error(self.run_plan.origin, "batch.size", f"{what}; with batch.last: "
-                                "drop every record would be dropped and no batch delivered: "
-                                f"make batch.size at most {n} or use batch.last: pad or partial")
-        if self.topo.rank == 0:
-            if self.run_plan.last == "pad":
-                log.warning("%s: every epoch is one batch of %d records padded with %d "
-                            "repeated ones (batch.last: pad)", what, total, total - n)
-            else:
-                log.warning("%s: every epoch is one batch of %d records (batch.last: %s)",
-                            what, n, self.run_plan.last)
 
     def _set_read_around(self) -> None:
         """Apply :attr:`RunPlan.read_around <lmdbio.run_plan.RunPlan.read_around>` to this
@@ -616,109 +475,6 @@ class ReadSession:
         (``RunPlan.transfer``; plain values only)."""
         return (self.shared and self.run_plan.transfer == "spans" and self.ring_codec is None
                 and self.value_prefix is None and not self.run_plan.direct_io)
-
-    # ----------------------------------------------------------------- setup
-    def _create_ring(self) -> None:
-        topo = self.topo
-        node_batch = self.run_plan.batch_size * self.node_consumers
-        cap = None
-        per_slot = max(int(self.run_plan.batches_per_slot), 0)
-        if topo.is_reader and self.by_reference:
-            # spans: a slot holds 8 bytes per record, and no leaf is read to size it; the
-            # decoded-output rule goes by the file's bytes per record
-            if per_slot == 0:
-                per_record = self.db.psize * (self.db.meta.last_pg + 1) // max(len(self.db), 1)
-                per_slot = self._agreed_slot_size(choose_batches_per_slot(
-                    self.run_plan.batch_size, per_record * node_batch, spans=True,
-                    consumers=self.node_consumers,
-                    batchwise=self.run_plan.batchwise_assembly))
-            node_batch *= per_slot
-            cap = 8 * node_batch
-        elif topo.is_reader:
-            # one pass over the leaves gives the capacity of any slot size; nodes of
-            # unequal size need different counts: every reader collects the largest
-            most = node_batch * (per_slot or SLOT_MAX_BATCHES)
-            if topo.readers is not None:
-                from mpi4py import MPI
-
-                most = int(topo.readers.allreduce(most, op=MPI.MAX))
-            top = largest_values(self.db, topo.readers, topo.reader_rank, topo.n_readers,
-                                 most)
-            cap = batch_capacity(top, node_batch)
-            if per_slot == 0:
-                per_slot = self._agreed_slot_size(
-                    1 if self.ring_codec is not None else
-                    choose_batches_per_slot(self.run_plan.batch_size, cap))
-            if per_slot > 1:
-                cap = batch_capacity(top, node_batch * per_slot)
-            node_batch *= per_slot
-            if self.ring_codec is not None:  # one encoded part per worker, at its worst
-                cap = self.ring_codec.slot_bytes(node_batch, self.node_consumers, cap)
-        # a reader's slot key bytes: the keys' spans (8 bytes each) when records travel by
-        # reference, else room for LMDB's longest key for every record
-        keys = (8 if self.by_reference else max(64, int(self._max_key()))) * node_batch
-        self._wait_for_reader("the reader to size the batch ring")
-        self.ring = BatchRing.create(
-            topo.node, 0, slots=self.run_plan.prefetch_depth,
-            payload_bytes=max(cap, 1) if cap is not None else None,
-            max_records=node_batch if topo.is_reader else None,
-            key_bytes=keys if topo.is_reader else None,
-            colocated=topo.mode == "colocated", timeout=self.run_plan.timeout,
-            checksum=self.run_plan.checksum,
-            spin=0.0 if _host_oversubscribed(topo) else 2e-4,
-            reader_info=per_slot if topo.is_reader else None)
-        #: consecutive batches in one slot, as the node's reader chose them
-        self.batches_per_slot = int(self.ring.reader_info)
-
-    def _agreed_slot_size(self, per_slot: int) -> int:
-        """Collective over the readers: the smallest of their automatic slot sizes. Every
-        node's epoch plan lays slot groups out with one size, and nodes of unequal size
-        (or sizing from their own leaves) could choose different ones."""
-        readers = self.topo.readers
-        if readers is None:
-            return per_slot
-        from mpi4py import MPI
-
-        return int(readers.allreduce(per_slot, op=MPI.MIN))
-
-    def _wait_for_reader(self, what: str) -> None:
-        """Collective over the node: its workers wait here, sleeping
-        (:func:`~lmdbio.mpiutil.sleeping_barrier`), until the reader has done its part of
-        the setup (mapping, strategy, ring sizing), not in the next node collective."""
-        sleeping_barrier(self.topo.node, self.run_plan.timeout,
-                         f"node {self.topo.node_index}: waiting for {what}")
-
-    def _warm_up_worker(self) -> None:
-        """Load the compiled checksum a worker verifies slots with, while the readers set
-        up (the workers would otherwise wait for them in the next collective): numba's
-        first call in a process costs ~0.5 s of CPU, which then no batch pays."""
-        if checksum_kind(self.run_plan.checksum) == CHECKSUM_XXH64:
-            from lmdbio.shm.kernels import part_hash_at
-
-            empty = read_only(np.zeros(0, np.uint8))  # as part_checksum passes its arrays
-            part_hash_at(empty, empty, empty, empty, empty, 0, 0, 0, 0, 0, 0)
-
-    def _share_ring_codec(self, name: str, transport: RingTransport) -> None:
-        """The reader fits codec ``name``'s ring codec; the node's workers get it
-        (collective over the node)."""
-        if not self.shared:  # RunPlan.resolve refuses it; a plan built in code may not
-            raise ConfigError(f"codec {name} compresses node batches: it needs a node-level "
-                              f"strategy ({', '.join(node_level())})")
-        blob, err = None, None
-        if self.topo.is_reader:
-            try:
-                blob = transport.fit(self.db, dict(self.run_plan.codec_options)).to_bytes()
-            except Exception as exc:  # agreed on below so no rank waits forever
-                err = f"{type(exc).__name__}: {exc}"
-        what = f"the {transport.title} transport model"
-        self._wait_for_reader(f"the reader to fit {what}")
-        agree(self.topo.node, err is None, err or "", f"fitting {what}")
-        blob = self.topo.node.bcast(blob, root=0)
-        self.ring_codec = transport.from_bytes(blob)
-        self.slot_codec = name
-
-    def _max_key(self) -> int:
-        return 511  # LMDB's default maximum key size
 
     def plan_for(self, epoch: int, stop: int = 0) -> EpochPlan:
         """The plan of epoch ``epoch`` on this rank. Unshuffled epochs share one plan (it
