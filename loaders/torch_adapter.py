@@ -11,12 +11,17 @@ process pool's).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
 
-def to_torch(array: Any) -> Any:
+    from loaders.loader import Loader
+
+
+def to_torch(array: Any) -> torch.Tensor:
     """A torch tensor sharing ``array``'s memory (DLPack), for numpy and cupy arrays."""
     import torch
 
@@ -44,7 +49,7 @@ class TorchBatches:
     use so that importing this module does not import torch).
     """
 
-    def __new__(cls, loader: Any, as_dict: bool = False) -> Any:
+    def __new__(cls, loader: Loader, as_dict: bool = False) -> Any:  # not a TorchBatches
         base = _torch_dataset_base()
         impl = type("LmdbioIterableDataset", (base,), {
             "__init__": _init, "__iter__": _iter, "__len__": _len,
@@ -52,25 +57,33 @@ class TorchBatches:
         return impl(loader, as_dict)
 
 
-def _init(self: Any, loader: Any, as_dict: bool = False) -> None:
+class _Batches(Protocol):
+    """What the methods below find on the dataset built by :class:`TorchBatches`."""
+
+    loader: Loader
+    as_dict: bool
+
+
+def _init(self: _Batches, loader: Loader, as_dict: bool = False) -> None:
     self.loader = loader
     self.as_dict = as_dict
 
 
-def _len(self: Any) -> int:
+def _len(self: _Batches) -> int:
     return len(self.loader)
 
 
-def _set_epoch(self: Any, epoch: int, stop_iteration: int | None = None) -> None:
+def _set_epoch(self: _Batches, epoch: int, stop_iteration: int | None = None) -> None:
     self.loader.set_epoch(epoch, stop_iteration)
 
 
-def _epochs(self: Any) -> Iterator[int]:
+def _epochs(self: _Batches) -> Iterator[int]:
     """The job's epochs, each set before it is yielded (:meth:`loaders.Loader.epochs`)."""
     return self.loader.epochs()
 
 
-def _iter(self: Any) -> Iterator[Any]:
+def _iter(self: _Batches
+          ) -> Iterator[tuple[torch.Tensor, torch.Tensor] | dict[str, Any]]:
     import torch
 
     for batch in self.loader:

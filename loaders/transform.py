@@ -29,17 +29,22 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from lmdbio.codecs.binaryproto import read_mean_file
 from lmdbio.errors import ConfigError
 from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
 from loaders.stores import run_with_stores
+
+if TYPE_CHECKING:  # pragma: no cover
+    from lmdbio.config import TransformConfig
+    from loaders.decode import Allocator, DatumSpans
 
 __all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch",
            "transform_rng"]
@@ -72,7 +77,8 @@ class RaggedImages:
         self.shapes = np.ascontiguousarray(shapes, np.int64).reshape(-1, 3)  # (N, 3)
 
     @classmethod
-    def from_list(cls, images: list[np.ndarray], dtype: Any = None) -> RaggedImages:
+    def from_list(cls, images: list[np.ndarray], dtype: DTypeLike | None = None
+                  ) -> RaggedImages:
         """Images ``(C, H, W)`` (or ``(H, W)``: one channel) copied back to back."""
         arrays = [im[None] if im.ndim == 2 else im for im in images]
         if any(a.ndim != 3 for a in arrays):
@@ -103,7 +109,14 @@ class RaggedImages:
         s = int(self.starts[i])
         return self.pixels[s:s + c * h * w].reshape(c, h, w)
 
-    def __getitem__(self, index: Any) -> Any:
+    @overload
+    def __getitem__(self, index: int | np.integer) -> np.ndarray: ...
+
+    @overload
+    def __getitem__(self, index: slice | np.ndarray | list[int]) -> RaggedImages: ...
+
+    def __getitem__(self, index: int | np.integer | slice | np.ndarray | list[int]
+                    ) -> np.ndarray | RaggedImages:
         if isinstance(index, int | np.integer):
             return self._image(int(index))
         return RaggedImages(self.pixels, self.starts[index], self.shapes[index])
@@ -131,7 +144,7 @@ class RaggedImages:
             return self.pixels[s0:s0 + size * len(self)].reshape(len(self), c, h, w)
         return np.stack([self._image(i) for i in range(len(self))])
 
-    def astype(self, dtype: Any, copy: bool = True) -> np.ndarray:
+    def astype(self, dtype: DTypeLike, copy: bool = True) -> np.ndarray:
         """The ``(N, C, H, W)`` batch in ``dtype`` (images of one shape only)."""
         u = self.uniform()
         if u is None:
@@ -175,7 +188,7 @@ class TransformDraw:
 
 
 @functools.cache
-def _fused_kernels() -> tuple[Any, int, np.ndarray]:
+def _fused_kernels() -> tuple[ModuleType, int, np.ndarray]:
     """The fused Datum kernels' module, the parse table's width and the empty header
     format, imported once (numba loads with the kernels: not when this module is imported)
     and then looked up per batch without an import statement."""
@@ -235,7 +248,7 @@ class DataTransformer:
         self._device_means: dict[tuple[int, bytes | None], tuple[Any, Any]] = {}
 
     @classmethod
-    def from_config(cls, cfg: Any) -> DataTransformer:
+    def from_config(cls, cfg: TransformConfig) -> DataTransformer:
         """From a :class:`lmdbio.config.TransformConfig` (or anything with its attributes)."""
         return cls(scale=cfg.scale, mean_values=tuple(cfg.mean_values), mean_file=cfg.mean_file,
                    crop_size=cfg.crop_size, mirror=cfg.mirror, phase=cfg.phase)
@@ -296,7 +309,8 @@ class DataTransformer:
                              np.ascontiguousarray(mirror, np.bool_), h_u, w_u)
 
     def __call__(self, batch: Any, rng: np.random.Generator | None = None, *,
-                 draw: TransformDraw | None = None, out: Any = None, xp: Any = np) -> Any:
+                 draw: TransformDraw | None = None, out: Any = None, xp: ModuleType = np
+                 ) -> Any:
         """Transform a ``(N, C, H, W)`` uint8/float batch into float32 ``(N, C, h, w)``.
 
         Decisions come from ``draw`` when given, else are drawn from ``rng``. ``xp`` is the
@@ -383,7 +397,7 @@ class DataTransformer:
                            self.scale, out)
         return out
 
-    def _means_on(self, xp: Any, mean_values: np.ndarray | None) -> tuple[Any, Any]:
+    def _means_on(self, xp: ModuleType, mean_values: np.ndarray | None) -> tuple[Any, Any]:
         """The mean image and per-channel means as arrays of ``xp``, copied to a device
         once (a mean file is as large as an image: not a copy per batch)."""
         key = (id(xp), None if mean_values is None else mean_values.tobytes())
@@ -394,9 +408,9 @@ class DataTransformer:
             self._device_means[key] = hit
         return hit
 
-    def datums(self, buf: np.ndarray, spans: Any, rng: np.random.Generator | None = None,
+    def datums(self, buf: np.ndarray, spans: DatumSpans, rng: np.random.Generator | None = None,
                *, out: np.ndarray | None = None, header_fmt: np.ndarray | None = None,
-               alloc: Callable[[tuple[int, ...], Any], np.ndarray] | None = None
+               alloc: Allocator | None = None
                ) -> tuple[np.ndarray, np.ndarray] | None:
         """The transformed float32 batch ``(N, C, h, w)`` and int64 labels of the raw
         uint8 Datums ``spans`` (:class:`loaders.decode.DatumSpans`) in ``buf``, in one
@@ -431,7 +445,7 @@ class DataTransformer:
             return self._ragged_datums(buf, spans, draw, mode, mv, out, labels, table, fmt)
         return out, labels
 
-    def _ragged_datums(self, buf: np.ndarray, spans: Any, draw: TransformDraw, mode: int,
+    def _ragged_datums(self, buf: np.ndarray, spans: DatumSpans, draw: TransformDraw, mode: int,
                        mv: np.ndarray, out: np.ndarray, labels: np.ndarray,
                        table: np.ndarray, fmt: np.ndarray
                        ) -> tuple[np.ndarray, np.ndarray] | None:
@@ -541,7 +555,7 @@ def transform_batch(
     mean: Any = None,
     mean_values: Any = None,
     out: Any = None,
-    xp: Any = np,
+    xp: ModuleType = np,
 ) -> Any:
     """The whole-batch computation, given the decisions: gather each image's crop (a strided
     window view indexed once), subtract the mean at the same source positions, scale, and
