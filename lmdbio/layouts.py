@@ -17,9 +17,12 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lmdbio.errors import ConfigError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from loaders.decode import Decoder
 
 __all__ = ["LAYOUTS", "Layout", "get_layout", "layout_names"]
 
@@ -66,12 +69,12 @@ class Layout:
     #: one record is one stored mini-batch: each worker rank takes exactly one per batch
     batch_per_record: bool = False
 
-    def decoder_factory(self) -> Callable[..., Any] | None:
+    def decoder_factory(self) -> Callable[..., Decoder] | None:
         """The loader's decoder factory (imported now), or None where there is none."""
         if self.decoder is None:
             return None
         module, _, attr = self.decoder.partition(":")
-        factory: Callable[..., Any] = getattr(importlib.import_module(module), attr)
+        factory: Callable[..., Decoder] = getattr(importlib.import_module(module), attr)
         return factory
 
     def converter_module(self) -> ModuleType:

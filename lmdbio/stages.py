@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from typing import Any
 
 __all__ = ["READER_STAGES", "WORKER_STAGES", "StageClock", "merged", "per_sample"]
 
@@ -63,7 +62,7 @@ class StageClock:
         self._lock = threading.Lock()
         self._totals: dict[str, list[float]] = {}
 
-    def span(self, name: str) -> Any:
+    def span(self, name: str) -> contextlib.AbstractContextManager[None]:
         """A context manager timing its block as stage ``name`` (a no-op while off)."""
         return _Span(self, name) if self.enabled else _OFF
 
