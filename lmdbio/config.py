@@ -646,7 +646,7 @@ class _Ctx:
         self.problems: list[ConfigProblem] = []
         self.path_bases: dict[str, Path | None] = {}
 
-    def add(self, path: str, message: str, owner: Any = None, key: Any = None) -> None:
+    def add(self, path: str, message: str, owner: object = None, key: object = None) -> None:
         location = None
         lines = getattr(owner, "lines", None)
         if lines and key in lines:
@@ -658,7 +658,7 @@ def _join(prefix: str, key: str) -> str:
     return f"{prefix}.{key}" if prefix else key
 
 
-def _describe(value: Any) -> str:
+def _describe(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -718,7 +718,7 @@ class _Key:
     """A key being checked: its dotted path, and the mapping and key its line is kept under
     (``owner.lines[key]``), so that a refusal names both."""
 
-    def __init__(self, path: str, ctx: _Ctx, owner: Any, key: Any) -> None:
+    def __init__(self, path: str, ctx: _Ctx, owner: object, key: object) -> None:
         self.path, self.ctx, self.owner, self.key = path, ctx, owner, key
 
     def refuse(self, message: str, path: str | None = None) -> tuple[bool, Any]:
@@ -728,7 +728,8 @@ class _Key:
 
 
 def _coerce(
-    tp: Any, value: Any, meta: Mapping[str, Any], path: str, ctx: _Ctx, owner: Any, key: Any
+    tp: Any, value: Any, meta: Mapping[str, Any], path: str, ctx: _Ctx, owner: object,
+    key: object,
 ) -> tuple[bool, Any]:
     """Check ``value`` against ``tp``; return (ok, converted value)."""
     site = _Key(path, ctx, owner, key)
@@ -845,7 +846,7 @@ def _resolve_path(value: str, base: Path | None) -> str:
 
 
 def _build(
-    cls: type, raw: Any, prefix: str, ctx: _Ctx, owner: Any = None, owner_key: Any = None
+    cls: type, raw: Any, prefix: str, ctx: _Ctx, owner: object = None, owner_key: object = None
 ) -> Any:
     """Validate ``raw`` (a mapping) against dataclass ``cls``; None if anything is wrong."""
     if not isinstance(raw, Mapping):
@@ -904,8 +905,8 @@ def _field_values(
     prefix: str,
     ctx: _Ctx,
     flds: Mapping[str, dataclasses.Field],
-    owner: Any,
-    owner_key: Any,
+    owner: object,
+    owner_key: object,
 ) -> tuple[bool, dict[str, Any]]:
     """The checked value of each field of ``cls`` that ``raw`` sets (a section built in
     turn); False where one is wrong or a required one is missing."""
@@ -968,7 +969,7 @@ def _codec_options(
     return ok, tuple(sorted((k, _freeze(v)) for k, v in extra.items()))
 
 
-def _plain_value(value: Any) -> bool:
+def _plain_value(value: object) -> bool:
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
     if isinstance(value, (list, tuple)):
