@@ -37,7 +37,7 @@ from loaders.decode import (
 )
 from loaders.metrics import LoaderMetrics, Pace
 from loaders.schedule import batch_bounds
-from loaders.transform import DataTransformer, transform_rng
+from loaders.transform import DataTransformer, XpArray, transform_rng
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmdbio.config import JobConfig
@@ -62,8 +62,8 @@ class Batch:
     records repeated to fill the epoch's last batch (policy ``pad``).
     """
 
-    data: Any
-    label: Any
+    data: Any  # an XpArray, or a TOC matrix (see above)
+    label: XpArray
     ids: np.ndarray
     padding: np.ndarray
     epoch: int
@@ -356,8 +356,8 @@ class BatchAssembler:
             out = self.alloc((data.shape[0], *t.check(data.shape)), np.float32)
         return t(data, rng=rng, out=out)
 
-    def transform_on_device(self, data: np.ndarray, labels: Any, iteration: int,
-                            epoch: int) -> tuple[Any, Any]:
+    def transform_on_device(self, data: np.ndarray, labels: XpArray, iteration: int,
+                            epoch: int) -> tuple[XpArray, XpArray]:
         """Caffe's transform of a decoded batch on the worker's device: the pixels cross
         as they are (uint8 for Datums: a quarter of float32's bytes; with the labels, from
         the pinned ring of :attr:`feed`), and crop, mirror, mean and scale run there

@@ -46,8 +46,12 @@ if TYPE_CHECKING:  # pragma: no cover
     from lmdbio.config import TransformConfig
     from loaders.decode import Allocator, DatumSpans
 
-__all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "transform_batch",
+__all__ = ["DataTransformer", "RaggedImages", "TransformDraw", "XpArray", "transform_batch",
            "transform_rng"]
+
+#: an array of a worker's array module: numpy on a CPU worker, cupy on a GPU worker (cupy
+#: has no type stubs and the two share no Protocol mypy can check: Any, named once here)
+XpArray = Any
 
 #: the mean image argument of the compiled kernels when there is none
 _NO_MEAN = np.zeros((1, 1, 1), np.float32)
@@ -245,7 +249,8 @@ class DataTransformer:
                               and not self.mean_values.size and not self.crop_size
                               and not self.mirror)
         #: the means on each device array module (:meth:`_means_on`)
-        self._device_means: dict[tuple[int, bytes | None], tuple[Any, Any]] = {}
+        self._device_means: dict[tuple[int, bytes | None],
+                                 tuple[XpArray | None, XpArray | None]] = {}
 
     @classmethod
     def from_config(cls, cfg: TransformConfig) -> DataTransformer:
@@ -308,9 +313,9 @@ class DataTransformer:
         return TransformDraw(h_off.astype(np.int64), w_off.astype(np.int64),
                              np.ascontiguousarray(mirror, np.bool_), h_u, w_u)
 
-    def __call__(self, batch: Any, rng: np.random.Generator | None = None, *,
-                 draw: TransformDraw | None = None, out: Any = None, xp: ModuleType = np
-                 ) -> Any:
+    def __call__(self, batch: XpArray | RaggedImages, rng: np.random.Generator | None = None,
+                 *, draw: TransformDraw | None = None, out: XpArray | None = None,
+                 xp: ModuleType = np) -> XpArray:
         """Transform a ``(N, C, H, W)`` uint8/float batch into float32 ``(N, C, h, w)``.
 
         Decisions come from ``draw`` when given, else are drawn from ``rng``. ``xp`` is the
@@ -397,7 +402,8 @@ class DataTransformer:
                            self.scale, out)
         return out
 
-    def _means_on(self, xp: ModuleType, mean_values: np.ndarray | None) -> tuple[Any, Any]:
+    def _means_on(self, xp: ModuleType, mean_values: np.ndarray | None
+                  ) -> tuple[XpArray | None, XpArray | None]:
         """The mean image and per-channel means as arrays of ``xp``, copied to a device
         once (a mean file is as large as an image: not a copy per batch)."""
         key = (id(xp), None if mean_values is None else mean_values.tobytes())
@@ -547,16 +553,16 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
 
 
 def transform_batch(
-    batch: Any,
+    batch: XpArray,
     draw: TransformDraw,
     *,
     crop_size: int = 0,
     scale: float | np.floating = 1.0,
-    mean: Any = None,
-    mean_values: Any = None,
-    out: Any = None,
+    mean: XpArray | None = None,
+    mean_values: XpArray | None = None,
+    out: XpArray | None = None,
     xp: ModuleType = np,
-) -> Any:
+) -> XpArray:
     """The whole-batch computation, given the decisions: gather each image's crop (a strided
     window view indexed once), subtract the mean at the same source positions, scale, and
     mirror the flagged images. ``mean`` is ``(C, H, W)``; ``mean_values`` ``(C,)``."""
