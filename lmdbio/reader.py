@@ -8,12 +8,13 @@ then, slot by slot, locates the node's records
 slot (no intermediate copy), or encodes each worker's part with the ring codec the batch
 codec registry names (:class:`~lmdbio.codecs.registry.RingCodec`), and publishes it.
 Strategies in which every rank reads for itself (the naive ones) gather into a private
-buffer instead. Everything it does is accounted per iteration.
+buffer instead. Everything it does is accounted per iteration. The node's workers receive
+the slots (:meth:`ReadSession.receive`) through a
+:class:`~lmdbio.slot_receiver.SlotReceiver`, which checks each before it is read.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,13 +25,7 @@ import numpy as np
 
 from lmdbio.codecs.registry import BATCH_CODECS, RingCodec
 from lmdbio.errors import ConfigError, LmdbioError
-from lmdbio.io.gather import (
-    check_value_spans,
-    copy_spans_by_batch,
-    gather_batch,
-    gather_keys,
-    gather_refs,
-)
+from lmdbio.io.gather import gather_batch, gather_keys, gather_refs
 from lmdbio.io.prefetch import MADV_RANDOM
 from lmdbio.io.symmap import map_symmetric
 from lmdbio.kernel_cache import kernel_module
@@ -54,141 +49,13 @@ from lmdbio.ring_setup import batch_capacity as batch_capacity
 from lmdbio.ring_setup import choose_batches_per_slot as choose_batches_per_slot
 from lmdbio.ring_setup import largest_values as largest_values
 from lmdbio.run_plan import RunPlan
-from lmdbio.shm import BatchRing, SlotCorruptError
+from lmdbio.shm import BatchRing
 from lmdbio.slot_locator import SlotLocator
+from lmdbio.slot_receiver import Delivered, SlotReceiver
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
 log = logging.getLogger(__name__)
-
-
-#: the page bitmap of a gather that accounts no page
-_NO_PAGES = np.zeros(1, np.uint8)
-
-
-@dataclass
-class Delivered:
-    """A batch as a consumer receives it: record ids, keys, values (one buffer + offsets)."""
-
-    epoch: int
-    iteration: int
-    ids: np.ndarray
-    padding: np.ndarray
-    payload: np.ndarray
-    offsets: np.ndarray
-    key_offsets: np.ndarray
-    key_data: np.ndarray
-    view: Any = None  # the ring slot view to release, when shared
-    #: consecutive iterations in this delivery, from ``iteration`` on (a ring slot may
-    #: carry several batches of each worker, back to back)
-    batches: int = 1
-    #: by-reference delivery (``RunPlan.transfer="spans"``): record ``i`` is
-    #: ``payload[offsets[i]:offsets[i] + lengths[i]]`` of the database mapping; None when
-    #: ``offsets`` are the ``n + 1`` bounds of records copied into ``payload``
-    lengths: np.ndarray | None = None
-    #: keys by reference (spans slots): key ``i`` is
-    #: ``key_data[key_offsets[i]:key_offsets[i] + key_lengths[i]]`` of the database mapping;
-    #: None when ``key_offsets`` are the ``n + 1`` bounds of keys copied into ``key_data``
-    key_lengths: np.ndarray | None = None
-    #: by-reference delivery: the database whose mapping the spans are of (None when the
-    #: records were copied into the slot: the reader checked them as it copied)
-    database: Database | None = None
-    #: whether the overflow page headers of a by-reference delivery's values were checked:
-    #: False after ``receive(defer_value_check=True)`` until :meth:`check_values` or a copy
-    #: that checks in the same pass (:meth:`copy_batches`)
-    values_checked: bool = True
-    #: cumulative value lengths of a by-reference delivery (:meth:`value_bytes`), made once
-    _cumulative_lengths: np.ndarray | None = field(default=None, repr=False)
-
-    def keys(self) -> list[bytes]:
-        """The batch's keys as bytes (for logs and checks, not for hot paths)."""
-        ko, kd = self.packed_keys()
-        data = kd.tobytes()
-        return [data[a:b] for a, b in itertools.pairwise(ko.tolist())]
-
-    def packed_keys(self) -> tuple[np.ndarray, np.ndarray]:
-        """The keys as ``(n + 1 bounds, bytes)``, copies that outlive :meth:`release`:
-        those the slot carried, or, for keys by reference, gathered from the database
-        mapping with one compiled copy."""
-        if self.key_lengths is None:
-            return np.array(self.key_offsets, np.int64), np.array(self.key_data, np.uint8)
-        gather_ranges = kernel_module("lmdbio.lmdb").gather_ranges
-
-        starts = np.ascontiguousarray(self.key_offsets, np.int64)
-        lengths = np.ascontiguousarray(self.key_lengths, np.int64)
-        data = np.empty(int(lengths.sum()), np.uint8)
-        bounds = np.empty(starts.shape[0] + 1, np.int64)
-        # spans the worker checked against its mapping (ReadSession.receive)
-        gather_ranges(self.key_data, starts, lengths, data, bounds, 1, _NO_PAGES, False)
-        return bounds, data
-
-    def verify(self) -> None:
-        """Verify the slot checksum of a batch received with ``defer_verify`` (raises
-        :class:`~lmdbio.shm.SlotCorruptError`); a no-op otherwise."""
-        if self.view is not None:
-            self.view.verify()
-
-    def check_values(self) -> None:
-        """Check the overflow page headers of a by-reference batch received with
-        ``defer_value_check`` (raises :class:`~lmdbio.errors.LmdbFormatError` naming the
-        page); a no-op otherwise or once done."""
-        if not self.values_checked:
-            assert self.lengths is not None and self.database is not None
-            check_value_spans(self.database, self.offsets, self.lengths)
-            self.values_checked = True
-
-    def check_value_rows(self, a: int, b: int) -> None:
-        """:meth:`check_values` for records ``a .. b - 1`` only: a consumer that reads
-        the slot batch by batch checks each batch's headers just before it reads the values
-        (the header shares its cache line with the value's first bytes). A no-op once the
-        whole delivery is checked."""
-        if not self.values_checked:
-            assert self.lengths is not None and self.database is not None
-            check_value_spans(self.database, self.offsets[a:b], self.lengths[a:b])
-
-    def value_bytes(self, a: int, b: int) -> int:
-        """The value bytes of records ``a .. b - 1``: from cumulative lengths made once per
-        delivery, so that a consumer taking a slot batch by batch pays no numpy reduction
-        per batch."""
-        if self.lengths is None:  # records copied back to back: their bounds
-            return int(self.offsets[b] - self.offsets[a])
-        cum = self._cumulative_lengths
-        if cum is None:
-            lengths = self.lengths
-            cum = np.zeros(lengths.shape[0] + 1, np.int64)
-            np.cumsum(lengths, out=cum[1:])
-            self._cumulative_lengths = cum
-        return int(cum[b] - cum[a])
-
-    def header_format(self) -> np.ndarray | None:
-        """The database's page format (:attr:`Database.fmt`) while the overflow page headers
-        of this by-reference delivery are still to be checked, for a compiled consumer that
-        checks them as it reads the values (see :meth:`check_value_rows`); ``None`` once
-        checked, or for values the slot carries."""
-        if self.values_checked or self.lengths is None or self.database is None:
-            return None
-        return self.database.fmt
-
-    def copy_batches(self, out: np.ndarray, batch: int) -> int:
-        """Copy a by-reference delivery's values ``batch`` records at a time into ``out``,
-        each batch from ``out[0]`` on (a consumer taking the slot's batches one after
-        another into memory the size of one batch), checking the overflow page headers
-        still to be checked in the same pass (:func:`~lmdbio.io.gather.copy_spans_by_batch`).
-        Returns the bytes copied, or -1 when ``out`` is too small for one batch (call again
-        with a larger one)."""
-        if self.lengths is None or self.database is None:
-            raise LmdbioError("copy_batches: the records were copied into the slot; read "
-                              "them from payload")
-        nbytes = copy_spans_by_batch(self.database, self.offsets, self.lengths, batch, out,
-                                                   check=not self.values_checked)
-        if nbytes >= 0:
-            self.values_checked = True
-        return nbytes
-
-    def release(self) -> None:
-        if self.view is not None:
-            self.view.release()
-            self.view = None
 
 
 @dataclass
@@ -431,6 +298,8 @@ class ReadSession:
         (:class:`~lmdbio.ring_setup.RingSetup`), the O_DIRECT node cache attached and
         cleared. Collective over each node."""
         self.ring: BatchRing | None = None
+        #: the worker side of the node's ring (None without one)
+        self.receiver: SlotReceiver | None = None
         self.batches_per_slot = 1  # a node ring may carry several (RingSetup.create_ring)
         #: the codec the node's ring carries each worker's part encoded with (None: the
         #: records travel as they are), and its name in the slot headers
@@ -450,6 +319,7 @@ class ReadSession:
                                           by_reference=self.by_reference)
             #: consecutive batches in one slot, as the node's reader chose them
             self.batches_per_slot = int(self.ring.reader_info)
+            self.receiver = SlotReceiver(self.ring, self.db, self.ring_codec)
         if self.node_cache is not None:
             if self.reads:
                 self.db.accounting.node_cache = self.node_cache
@@ -694,73 +564,21 @@ class ReadSession:
         """Consumer side: whether :meth:`receive` would return at once (never blocks)."""
         if not self.shared:
             return self.last_private is not None
-        assert self.ring is not None
-        return self.ring.poll()
+        assert self.receiver is not None
+        return self.receiver.poll()
 
     def receive(self, timeout: float | None = None, *, defer_verify: bool = False,
                 defer_value_check: bool = False) -> Delivered | None:
-        """Consumer side: the next batch for this rank (None when the reader stopped).
-
-        ``defer_verify``: the slot checksum is left to :meth:`Delivered.verify` (call it
-        before reading the records, e.g. on a decoding thread); encoded slots are verified
-        here, before they are decoded. Records delivered by reference: their spans are
-        checked against this rank's mapping here, and their values' overflow page headers
-        too unless ``defer_value_check`` leaves them to :meth:`Delivered.check_values` or
-        to a copy that checks them in the same pass (:meth:`Delivered.copy_batches`)."""
+        """Consumer side: the next batch for this rank (None when the reader stopped): the
+        node ring's next slot, received and checked by :meth:`SlotReceiver.receive
+        <lmdbio.slot_receiver.SlotReceiver.receive>` (``defer_verify`` and
+        ``defer_value_check``: see there), or the batch this rank read for itself."""
         if not self.shared:
             out, self.last_private = self.last_private, None
             return out
-        assert self.ring is not None
-        view = self.ring.next_slot(timeout=timeout, defer_verify=defer_verify)
-        if view is None:
-            return None
-        if view.encoded:
-            view.verify()
-        labels = np.asarray(view.labels)
-        pad = labels < 0
-        ids = np.where(pad, -labels - 1, labels)
-        payload = view.payload
-        if view.encoded:
-            assert self.ring_codec is not None  # the node's reader encodes with it alone
-            payload = self.ring_codec.decode_part(payload, int(view.count))
-        batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
-        if view.by_reference:
-            starts, lengths = self._checked_spans(view, *view.spans, "record")
-            key_offsets, key_data, key_lengths = view.key_offsets, view.key_data, None
-            if view.keys_by_reference:
-                key_offsets, key_lengths = self._checked_spans(view, *view.key_spans, "key")
-                key_data = self.db.buf
-            got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
-                            offsets=starts, key_offsets=key_offsets, key_data=key_data,
-                            view=view, batches=batches, lengths=lengths,
-                            key_lengths=key_lengths, database=self.db, values_checked=False)
-            if not defer_value_check:
-                try:  # a corrupt file fails here, naming the page, as a copying reader would
-                    got.check_values()
-                except LmdbioError:
-                    got.release()
-                    raise
-            return got
-        return Delivered(view.epoch, view.iteration, ids, pad, payload=payload,
-                         offsets=view.offsets, key_offsets=view.key_offsets,
-                         key_data=view.key_data, view=view, batches=batches)
-
-    def _checked_spans(self, view: Any, starts: np.ndarray, lengths: np.ndarray, what: str
-                       ) -> tuple[np.ndarray, np.ndarray]:
-        """``(starts, lengths)`` of a by-reference slot, checked against this rank's
-        mapping of the file: a span outside it raises
-        :class:`~lmdbio.shm.SlotCorruptError` (and releases the slot) before any read."""
-        size = self.db.buf.shape[0]
-        # ``lengths > size - starts``, not ``starts + lengths > size``: the sum of two
-        # corrupt int64 values can wrap around to a small one (with no negative start or
-        # length it also refuses a start past the end)
-        if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
-                            or bool((lengths > size - starts).any())):
-            view.release()
-            raise SlotCorruptError(f"a {what} span lies outside the {size}-byte mapping of "
-                                   f"{self.db.path}", slot=view.slot, seq=view.seq,
-                                   epoch=view.epoch, iteration=view.iteration, part=view.part)
-        return starts, lengths
+        assert self.receiver is not None
+        return self.receiver.receive(timeout, defer_verify=defer_verify,
+                                     defer_value_check=defer_value_check)
 
     def stop(self) -> None:
         """Reader: tell the node's workers that no more batches come."""
@@ -774,6 +592,7 @@ class ReadSession:
         if self.ring is not None:
             self.ring.close()
             self.ring = None
+            self.receiver = None
         if self.node_cache is not None:
             self.db.accounting.node_cache = None
             self.node_cache.close()
