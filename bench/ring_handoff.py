@@ -123,7 +123,7 @@ def measure_db(path: str, slots: int, rounds: int, run_slot: tuple[int, int]
     and the phases' shares; and at the slot of the database's calibration runs
     (``run_slot``: batch, batches per slot) the cycle with the consumer's copy against
     the cycle without it, as CPU seconds per byte copied."""
-    from lmdbio.reader import SLOT_BATCHES_SHIFT
+    from lmdbio.ring_setup import SLOT_BATCHES_SHIFT
 
     session = open_session(path, max(*SLOT_RECORDS, run_slot[0] * run_slot[1]))
     table = session.db.record_table()
@@ -186,7 +186,7 @@ def copy_in_cycle(session: Any, table: Any, run_slot: tuple[int, int], slots: in
     calibration runs' size, the cycle with and without the copy interleaved ``rounds``
     times (fewer slots when a slot is large: about 2.4 GB copied per round), the fastest
     of each kept."""
-    from lmdbio.reader import SLOT_BATCHES_SHIFT
+    from lmdbio.ring_setup import SLOT_BATCHES_SHIFT
 
     batch, per_slot = run_slot
     size = batch * per_slot

@@ -41,13 +41,6 @@ from lmdbio.plan.strategies import (
     strategy_class,
 )
 from lmdbio.ring_setup import SLOT_BATCHES_SHIFT, RingSetup, check_batch_fits
-
-# the ring's sizing rules (lmdbio.ring_setup), where the loaders, the scale tracer and tests
-# still look for them
-from lmdbio.ring_setup import SLOT_TARGET_DECODED_BYTES as SLOT_TARGET_DECODED_BYTES
-from lmdbio.ring_setup import batch_capacity as batch_capacity
-from lmdbio.ring_setup import choose_batches_per_slot as choose_batches_per_slot
-from lmdbio.ring_setup import largest_values as largest_values
 from lmdbio.run_plan import RunPlan
 from lmdbio.shm import BatchRing
 from lmdbio.slot_locator import SlotLocator

@@ -111,7 +111,7 @@ class RunPlan:
     #: ring slots a reader may fill ahead of the consumers
     prefetch_depth: int
     #: consecutive batches per ring slot (0: the readers choose from the record sizes, see
-    #: :func:`lmdbio.reader.choose_batches_per_slot`)
+    #: :func:`lmdbio.ring_setup.choose_batches_per_slot`)
     batches_per_slot: int
     subdb: str | None
     #: batch codec between reader and workers ("none" or "ibp") and its options (read-only)
@@ -133,7 +133,7 @@ class RunPlan:
     origin: ConfigOrigin
     #: the workers assemble each batch from the slot as it is asked for, never a whole
     #: slot at once (Caffe Datums on CPU workers): slots of record spans may then hold
-    #: many more records (:func:`lmdbio.reader.choose_batches_per_slot`)
+    #: many more records (:func:`lmdbio.ring_setup.choose_batches_per_slot`)
     batchwise_assembly: bool = False
 
     @classmethod

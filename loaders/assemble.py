@@ -24,7 +24,7 @@ import numpy as np
 
 from lmdbio.errors import LmdbioError, RecordError
 from lmdbio.layouts import get_layout
-from lmdbio.reader import SLOT_TARGET_DECODED_BYTES
+from lmdbio.ring_setup import SLOT_TARGET_DECODED_BYTES
 from lmdbio.stages import StageClock
 from loaders.decode import (
     ROW_PER_RECORD_LAYOUTS,
@@ -42,7 +42,7 @@ from loaders.transform import DataTransformer, XpArray, transform_rng
 if TYPE_CHECKING:  # pragma: no cover
     from lmdbio.config import JobConfig
     from lmdbio.plan.epoch import EpochPlan
-    from lmdbio.reader import Delivered
+    from lmdbio.slot_receiver import Delivered
     from loaders.device_feed import DeviceFeed
 
 log = logging.getLogger("lmdbio.loader")

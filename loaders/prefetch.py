@@ -27,7 +27,8 @@ from loaders.metrics import LoaderMetrics, Pace
 from loaders.schedule import EpochSlots, whole_first_slot_batches
 
 if TYPE_CHECKING:  # pragma: no cover
-    from lmdbio.reader import Delivered, ReadSession
+    from lmdbio.reader import ReadSession
+    from lmdbio.slot_receiver import Delivered
 
 log = logging.getLogger("lmdbio.loader")
 

@@ -17,7 +17,7 @@ import lmdbio
 from bench.kinds.read import BatchCopy
 from bench.lmdbgen import random_items, write_db
 from lmdbio.errors import LmdbFormatError
-from lmdbio.reader import Delivered
+from lmdbio.slot_receiver import Delivered
 
 
 @functools.cache

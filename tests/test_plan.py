@@ -118,7 +118,7 @@ def test_group_records_never_let_a_caller_write_into_the_plan():
 
 
 def test_slot_groups_and_the_automatic_slot_size():
-    from lmdbio.reader import choose_batches_per_slot
+    from lmdbio.ring_setup import choose_batches_per_slot
     from lmdbio.slot_locator import slot_groups
 
     assert slot_groups(0, 7, 3) == [(0, 3), (3, 3), (6, 1)]
@@ -156,7 +156,7 @@ def test_slot_groups_and_the_automatic_slot_size():
 
 
 def test_batch_capacity_bounds_any_batch_even_beyond_the_database():
-    from lmdbio.reader import batch_capacity
+    from lmdbio.ring_setup import batch_capacity
 
     top = np.array([1, 5, 9])  # the largest value sizes, ascending
     assert batch_capacity(top, 2) == 14
@@ -261,7 +261,7 @@ def test_largest_values_reads_no_leaf_of_an_inline_tree_and_bounds_every_value(
     with no page read; with them, from the exact largest values."""
     import lmdbio
     from bench.lmdbgen import random_items, write_db
-    from lmdbio.reader import largest_values
+    from lmdbio.ring_setup import largest_values
 
     items = random_items(300, sizes, seed=3, key_fmt="k%06d")
     write_db(tmp_path, items)

@@ -33,7 +33,7 @@ to run the command again.
 
 Ring slots: the node-level strategies hand batches to their workers through a ring of
 slots. By default a slot holds as many consecutive batches as a training job's default
-(``--batches-per-slot 0``, :func:`lmdbio.reader.choose_batches_per_slot`: 4,096 records
+(``--batches-per-slot 0``, :func:`lmdbio.ring_setup.choose_batches_per_slot`: 4,096 records
 per worker when slots carry record spans, e.g. 47 batches of 64 CIFAR-sized records (the
 48 MiB decoded-output cap); 16
 batches with ``--transfer copy``), which LMM and the DM chains read with one walk and one
@@ -165,7 +165,7 @@ class BatchCopy:
         same buffer, as a consumer takes a slot of several batches: each batch's bytes land
         in memory the size of one batch, as a naive rank's do, not in one slot-sized
         buffer; the values' overflow page headers are checked in the same pass
-        (:meth:`~lmdbio.reader.Delivered.copy_batches`, one compiled call per slot).
+        (:meth:`~lmdbio.slot_receiver.Delivered.copy_batches`, one compiled call per slot).
         Returns the bytes copied."""
         step = max(int(batch), 1)
         nbytes = got.copy_batches(self.buf, step)

@@ -261,9 +261,9 @@ def _alone(ctx: Any) -> Iterator[None]:
 
 def default_batches_per_slot(db: Any, batch: int, node_ranks: tuple[int, ...]) -> int:
     """The slot size ``batches_per_slot: 0`` gives node rings of record spans (``bench
-    read``'s default): :func:`lmdbio.reader.choose_batches_per_slot` per node from the
+    read``'s default): :func:`lmdbio.ring_setup.choose_batches_per_slot` per node from the
     file's bytes per record, the smallest over the nodes (the readers agree on it)."""
-    from lmdbio.reader import choose_batches_per_slot
+    from lmdbio.ring_setup import choose_batches_per_slot
 
     per_record = db.psize * (db.meta.last_pg + 1) // max(len(db), 1)
     return min(choose_batches_per_slot(batch, per_record * batch * c, spans=True, consumers=c)
