@@ -21,9 +21,9 @@ indices the row loops vectorize; measured on the 2-core VM on a CIFAR-like batch
 arithmetic, and 1.9 us for numpy's gather + convert + scale of the same bytes (the
 ``bench/peers.py`` floor). Callers check every offset and shape: these kernels do not.
 
-A batch too large for the cache may be written with non-temporal stores, a cache line at a
-time (:func:`_stream_run`): ordinary stores read every output line first. Same values;
-which is faster depends on the host, and :mod:`loaders.stores` measures it.
+A batch too large for the cache is written with non-temporal stores, a cache line at a time
+(:func:`_stream_run`): ordinary stores read every output line first. Same values; which is
+faster depends on the host, so :mod:`loaders.stores` makes it a setting.
 
 Decode: when the transform is the identity (Caffe's output is the pixels as float32),
 decoding to uint8 and then converting writes and reads the batch once more than needed;

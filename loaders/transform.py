@@ -40,7 +40,7 @@ from lmdbio.codecs.binaryproto import read_mean_file
 from lmdbio.errors import ConfigError
 from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
-from loaders.stores import run_with_stores
+from loaders.stores import streams
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmdbio.config import TransformConfig
@@ -440,11 +440,9 @@ class DataTransformer:
         labels = np.empty(n, np.int64)
         table = np.empty((n, ncols), np.int64)
         fmt = no_check if header_fmt is None else header_fmt
-        bad = run_with_stores(out.nbytes, lambda streaming: k.transform_datums(
-            read_only(buf), spans.starts, spans.lengths, dims, draw.h_off, draw.w_off,
-            draw.mirror, mode, mean, mv, self.scale, out, labels, table, fmt, streaming),
-            lambda bad: bad < 0)
-        if bad >= 0:
+        if k.transform_datums(read_only(buf), spans.starts, spans.lengths, dims, draw.h_off,
+                              draw.w_off, draw.mirror, mode, mean, mv, self.scale,
+                              out, labels, table, fmt, streams(out.nbytes)) >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
             # records of several sizes, each cropped as Caffe crops it: its own pass
@@ -547,8 +545,8 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
         batch = batch.astype(np.float32)
     src = read_only(np.ascontiguousarray(batch))
     mirror = np.ascontiguousarray(draw.mirror, np.bool_)
-    run_with_stores(out.nbytes, lambda streaming: k.transform(
-        src, h_off, w_off, mirror, mode, m, read_only(mv), np.float32(scale), out, streaming))
+    k.transform(src, h_off, w_off, mirror, mode, m, read_only(mv), np.float32(scale), out,
+                streams(out.nbytes))
     return out
 
 

@@ -84,9 +84,9 @@ def test_widening_writes_exactly_the_row_at_any_alignment(n, src_off, dst_off, s
 
 @pytest.mark.parametrize("policy", ["always", "never"], ids=["streaming", "ordinary"])
 def test_float32_batches_equal_with_streaming_and_ordinary_stores(monkeypatch, policy):
-    """Both store kinds the decoder picks between (by timing, per process:
-    loaders.stores) give the reference pixels, also for rows whose length is no multiple
-    of a cache line."""
+    """Both store kinds the decoder writes with (LMDBIO_STREAMING_STORES, loaders.stores)
+    give the reference pixels, also for rows whose length is no multiple of a cache
+    line."""
     import loaders.decode as dec
     import loaders.stores
 
