@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,6 +20,27 @@ def shared_testdata() -> Path:
     if not SHARED_TESTDATA.is_dir():
         pytest.skip("../shared/testdata is not present")
     return SHARED_TESTDATA
+
+
+@pytest.fixture(scope="module")
+def ibp_rows_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A database of 40 IBP-able tensor rows (tests.engine_helpers.ibp_rows), once a module."""
+    from bench.lmdbgen import write_db
+    from tests.engine_helpers import ibp_rows
+
+    path = tmp_path_factory.mktemp("ibp-rows")
+    write_db(path, ibp_rows(40))
+    return path
+
+
+@pytest.fixture(scope="module")
+def one_rank_topology() -> Iterator[Any]:
+    """The topology of this process alone (MPI as a singleton: no mpiexec), once a module,
+    for tests of one rank's reader and worker."""
+    from lmdbio.topology import Topology
+
+    with Topology.build() as topo:
+        yield topo
 
 
 def shared_lmdbs() -> list[Path]:

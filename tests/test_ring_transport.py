@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -26,20 +25,6 @@ from lmdbio.plan.strategies import node_level
 from lmdbio.reader import ReadSession
 from lmdbio.run_plan import RunPlan
 from lmdbio.topology import Topology
-from tests.engine_helpers import ibp_rows
-
-
-@pytest.fixture(scope="module")
-def tensor_db(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("ring-tensor")
-    write_db(path, ibp_rows(40))
-    return path
-
-
-@pytest.fixture(scope="module")
-def topo() -> Iterator[Topology]:
-    with Topology.build() as topo:
-        yield topo
 
 
 def _rows(db: Database, n: int) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
@@ -60,10 +45,10 @@ def test_ring_transports_are_named_by_transport_codecs_only():
         BatchCodecSpec("x", "a storage format", None, transport=False, ring="m:T")
 
 
-def test_each_ring_codec_encodes_parts_its_rebuilt_copy_decodes(tensor_db: Path):
+def test_each_ring_codec_encodes_parts_its_rebuilt_copy_decodes(ibp_rows_db: Path):
     """Fitted on the reader, rebuilt from its bytes on a worker: each part decodes to its
     own records; the slot size covers every part."""
-    with Database(tensor_db) as db:
+    with Database(ibp_rows_db) as db:
         payload, offsets, keys = _rows(db, 10)
         for spec in BATCH_CODECS.values():
             transport = spec.ring_transport()
@@ -82,7 +67,7 @@ def test_each_ring_codec_encodes_parts_its_rebuilt_copy_decodes(tensor_db: Path)
 
 
 def test_ibp_refusals_name_the_file_the_keys_and_what_was_expected(tmp_path: Path,
-                                                                   tensor_db: Path):
+                                                                   ibp_rows_db: Path):
     empty = tmp_path / "empty"
     write_db(empty, [])
     with Database(empty) as db, pytest.raises(ConfigError, match=f"{empty}.*no records"):
@@ -93,7 +78,7 @@ def test_ibp_refusals_name_the_file_the_keys_and_what_was_expected(tmp_path: Pat
         fit_transport_model(db, {})
     assert str(mixed) in str(err.value) and "fixed-size" in str(err.value)
     assert "key b'a' holds 8 bytes, key b'c' 9" in str(err.value)
-    with Database(tensor_db) as db:
+    with Database(ibp_rows_db) as db:
         model = fit_transport_model(db, {})
         payload, offsets, keys = _rows(db, 3)
     short = offsets.copy()
@@ -105,14 +90,14 @@ def test_ibp_refusals_name_the_file_the_keys_and_what_was_expected(tmp_path: Pat
         compress_parts(model, payload, short, np.array([3]))
 
 
-def test_a_ring_codec_needs_a_node_level_strategy(tensor_db: Path, topo: Topology):
+def test_a_ring_codec_needs_a_node_level_strategy(ibp_rows_db: Path, one_rank_topology: Topology):
     """A plan built in code past the configuration's check: the reader refuses it, naming
     the registry's node-level strategies."""
     assert node_level() == ("lmm", "dm-serial", "dm-spec", "indexed")
-    plan = dataclasses.replace(_plan(tensor_db, topo), strategy="naive-stride")
+    plan = dataclasses.replace(_plan(ibp_rows_db, one_rank_topology), strategy="naive-stride")
     names = ", ".join(node_level())
     with pytest.raises(ConfigError, match=f"codec ibp .* node-level strategy \\({names}\\)"):
-        ReadSession(str(tensor_db), topo, plan)
+        ReadSession(str(ibp_rows_db), one_rank_topology, plan)
 
 
 class _XorRing:
@@ -152,15 +137,16 @@ def _plan(path: Path, topo: Topology) -> RunPlan:
 
 
 @pytest.mark.parametrize("codec", ["ibp", "xor"])
-def test_the_reader_carries_any_registered_ring_codec(tensor_db: Path, topo: Topology,
+def test_the_reader_carries_any_registered_ring_codec(ibp_rows_db: Path,
+                                                      one_rank_topology: Topology,
                                                       monkeypatch, codec: str):
     """The reader fits, shares and applies the codec its registry entry names, and the
     slot header carries its name: a second ring codec is one registry entry."""
     monkeypatch.setitem(registry.BATCH_CODECS, "xor", BatchCodecSpec(
         "xor", "test", None, transport=True, ring=f"{__name__}:_XorRing"))
-    plan = dataclasses.replace(_plan(tensor_db, topo), codec=codec)
-    values = [v for _, v in read_pylmdb(tensor_db)]
-    session = ReadSession(str(tensor_db), topo, plan)
+    plan = dataclasses.replace(_plan(ibp_rows_db, one_rank_topology), codec=codec)
+    values = [v for _, v in read_pylmdb(ibp_rows_db)]
+    session = ReadSession(str(ibp_rows_db), one_rank_topology, plan)
     try:
         assert session.slot_codec == codec and isinstance(session.ring_codec, RingCodec)
         session.begin_epoch(0)

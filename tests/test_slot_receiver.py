@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,20 +19,6 @@ from lmdbio.run_plan import RunPlan
 from lmdbio.shm import SlotCorruptError
 from lmdbio.slot_receiver import Delivered, SlotReceiver
 from lmdbio.topology import Topology
-from tests.engine_helpers import ibp_rows
-
-
-@pytest.fixture(scope="module")
-def db_path(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("slot-receiver")
-    write_db(path, ibp_rows(40))
-    return path
-
-
-@pytest.fixture(scope="module")
-def topo() -> Iterator[Topology]:
-    with Topology.build() as topo:
-        yield topo
 
 
 def _session(path: Path, topo: Topology, transfer: str) -> ReadSession:
@@ -53,10 +38,10 @@ def _values(got: Delivered) -> list[bytes]:
 
 
 @pytest.mark.parametrize("transfer", ["copy", "spans"])
-def test_each_slot_is_received_as_it_was_published(db_path: Path, topo: Topology,
+def test_each_slot_is_received_as_it_was_published(ibp_rows_db: Path, one_rank_topology: Topology,
                                                    transfer: str):
-    records = read_pylmdb(db_path)
-    session = _session(db_path, topo, transfer)
+    records = read_pylmdb(ibp_rows_db)
+    session = _session(ibp_rows_db, one_rank_topology, transfer)
     try:
         assert isinstance(session.receiver, SlotReceiver)
         assert session.by_reference == (transfer == "spans")
@@ -78,12 +63,12 @@ def test_each_slot_is_received_as_it_was_published(db_path: Path, topo: Topology
 
 
 def test_spans_outside_the_mapping_are_refused_and_the_slot_released(
-        db_path: Path, topo: Topology, tmp_path: Path):
+        ibp_rows_db: Path, one_rank_topology: Topology, tmp_path: Path):
     """A worker whose mapping of the file is smaller than its reader's (a truncated copy):
     the slot's spans are checked before any read."""
     small = tmp_path / "small"
     write_db(small, [])  # two meta pages: every record of the other file lies past them
-    session = _session(db_path, topo, "spans")
+    session = _session(ibp_rows_db, one_rank_topology, "spans")
     try:
         assert session.ring is not None
         session.begin_epoch(0)
