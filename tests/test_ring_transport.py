@@ -88,6 +88,11 @@ def test_ibp_refusals_name_the_file_the_keys_and_what_was_expected(tmp_path: Pat
         compress_parts(model, payload, short, np.array([3]), keys=keys, where="f.mdb")
     with pytest.raises(ConfigError, match="record 1 of the batch in the database"):
         compress_parts(model, payload, short, np.array([3]))
+    offset_sum = offsets.copy()
+    offset_sum[2] -= 1  # the second record one byte short, the third one byte long: the
+    # total is right, only every record's size tells
+    with pytest.raises(ConfigError, match="record 1 of the batch in the database holds 127"):
+        compress_parts(model, payload, offset_sum, np.array([3]))
 
 
 def test_a_ring_codec_needs_a_node_level_strategy(ibp_rows_db: Path, one_rank_topology: Topology):

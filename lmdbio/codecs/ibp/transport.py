@@ -117,7 +117,9 @@ def compress_parts(model: IBPModel, payload: np.ndarray, offsets: np.ndarray,
     ``keys``, the batch's key bounds and bytes, when given) and ``where`` (the file)."""
     n = offsets.shape[0] - 1
     size = int(model.row_bytes)
-    if n and (int(offsets[-1]) != n * size or int(offsets[1] - offsets[0]) != size):
+    # every record, not only the first and the total: sizes that differ but add up would
+    # otherwise be cut into rows silently (one whole-array pass per slot)
+    if n and (int(offsets[0]) != 0 or bool((np.diff(offsets) != size).any())):
         raise ConfigError(_size_refusal(offsets, size, keys, where))
     rows = payload[:n * size].reshape(n, size) if n else payload[:0].reshape(0, 0)
     blobs = []
