@@ -178,7 +178,7 @@ def agree(comm: MPI.Comm, ok: bool, message: str = "", what: str = "collective c
 
 
 @contextlib.contextmanager
-def agreed(comm: MPI.Comm, what: str) -> Iterator[None]:
+def agreed(comm: MPI.Comm, what: str, *, own_error: bool = False) -> Iterator[None]:
     """Run a local step and agree on its outcome (collective on exit of the block).
 
     An exception inside the block is caught and reported to :func:`agree`; then every rank
@@ -186,6 +186,10 @@ def agreed(comm: MPI.Comm, what: str) -> Iterator[None]:
 
         with agreed(readers, "open data.mdb"):
             db = lmdbio.open(path)
+
+    ``own_error``: a rank whose step failed raises its own exception (a refusal naming the
+    key and its line reads better than the agreement's summary); the others still raise
+    :class:`AgreementError`, naming it.
     """
     try:
         yield
@@ -193,6 +197,8 @@ def agreed(comm: MPI.Comm, what: str) -> Iterator[None]:
         try:
             agree(comm, False, f"{type(exc).__name__}: {exc}", what)
         except AgreementError as err:
+            if own_error:
+                raise exc from None
             raise err from exc
     else:
         agree(comm, True, "", what)

@@ -53,6 +53,7 @@ class Loader:
 
     def __init__(self, cfg: JobConfig, comm: MPI.Comm | None = None, *,
                  slot_checksum: bool | str | None = None) -> None:
+        from lmdbio.mpiutil import agreed
         from lmdbio.reader import ReadSession
         from lmdbio.run_plan import RunPlan
         from lmdbio.topology import Topology
@@ -61,14 +62,19 @@ class Loader:
             comm, simulate_nodes=cfg.topology.simulate_nodes,
             readers_per_node=options.readers_per_node(cfg), mode=options.reader_mode(cfg),
             simulate_nodes_at=cfg.origin.location("topology.simulate_nodes"))
-        #: the resolved, checked settings every stage of this loader reads
-        self.run_plan = RunPlan.resolve(
-            cfg, self.topo, purpose="train", checksum=slot_checksum,
-            batchwise_assembly=options.assembles_batchwise(cfg))
-        #: Caffe's transform of this job's image batches, or None (options.transformer);
-        #: made before the read session, so that a transform the records refuse stops the
-        #: job before its ring is made
-        self.transform: DataTransformer | None = options.transformer_agreed(cfg, self.topo.world)
+        # what the data set's sidecar decides (a crop larger than its images, a transform
+        # for records that are not images) is read by every rank itself, and a node-local
+        # copy may differ: agreed on, so that no rank waits in the read session for one
+        # that refused
+        with agreed(self.topo.world, "the job's settings", own_error=True):
+            #: the resolved, checked settings every stage of this loader reads
+            self.run_plan = RunPlan.resolve(
+                cfg, self.topo, purpose="train", checksum=slot_checksum,
+                batchwise_assembly=options.assembles_batchwise(cfg))
+            #: Caffe's transform of this job's image batches, or None (options.transformer);
+            #: made before the read session, so that a transform the records refuse stops
+            #: the job before its ring is made
+            self.transform: DataTransformer | None = options.transformer(cfg)
         #: a progressive layout (PCR): the scan groups the readers read (None: all; see
         #: :meth:`set_scan_groups`)
         self.scan_groups = cfg.dataset.scan_groups \

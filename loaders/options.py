@@ -20,7 +20,6 @@ from loaders.decode import dataset_meta
 from loaders.transform import DataTransformer
 
 if TYPE_CHECKING:  # pragma: no cover
-    from mpi4py import MPI
 
     from lmdbio.config import JobConfig
     from lmdbio.topology import Topology
@@ -73,26 +72,6 @@ def transformer(cfg: JobConfig) -> DataTransformer | None:
     if active:
         _check_image_records(cfg, active[0])
     return DataTransformer.from_config(cfg.transform)
-
-
-def transformer_agreed(cfg: JobConfig, comm: MPI.Comm) -> DataTransformer | None:
-    """:func:`transformer` on every rank of ``comm`` (collective): where it refuses the
-    settings on some ranks only (each reads the data set's sidecar itself: a node-local
-    copy may differ), every rank raises, the refusing ones their own error, before any
-    rank waits in the read session's collectives."""
-    from lmdbio.mpiutil import AgreementError, agree
-
-    try:
-        made, refused = transformer(cfg), None
-    except LmdbioError as exc:
-        made, refused = None, exc
-    try:
-        agree(comm, refused is None, str(refused), "the transform's settings")
-    except AgreementError:
-        if refused is not None:
-            raise refused from None
-        raise
-    return made
 
 
 def _check_image_records(cfg: JobConfig, key: str) -> None:

@@ -633,16 +633,18 @@ def test_a_transform_refused_on_one_rank_only_is_refused_on_every_rank(monkeypat
     does not, both raise (the refusing one its own error) instead of one waiting in the read
     session's collectives for the other."""
     from lmdbio.config import load_config
-    from lmdbio.mpiutil import AgreementError
+    from lmdbio.mpiutil import AgreementError, agreed
     from loaders import options
 
     cfg = load_config(config("unused"))
-    with pytest.raises(AgreementError, match=r"rank 1.*the records are rows"):
-        options.transformer_agreed(cfg, _TwoRanks("ConfigError: the records are rows"))
+    with pytest.raises(AgreementError, match=r"rank 1.*the records are rows"), \
+            agreed(_TwoRanks("ConfigError: the records are rows"), "settings", own_error=True):
+        options.transformer(cfg)
 
     def refuse(_cfg: object) -> None:
         raise ConfigError("transform.scale: the records are rows")
 
     monkeypatch.setattr(options, "transformer", refuse)
-    with pytest.raises(ConfigError, match="the records are rows"):
-        options.transformer_agreed(cfg, _TwoRanks(None))
+    with pytest.raises(ConfigError, match="the records are rows"), \
+            agreed(_TwoRanks(None), "settings", own_error=True):
+        options.transformer(cfg)
