@@ -140,7 +140,7 @@ def _stream_run(src, s, dst, d, count, flip, mode, mean, m, mv, scale):
 
 @njit(cache=True, nogil=True)
 def _image(src, base, c, height, width, ho, wo, flip, mode, mean, mean_values, scale,
-           dst, d0, oh, ow, streaming=False):
+           dst, d0, oh, ow, streaming):
     """One image: the ``(C, H, W)`` pixels at ``src[base:]`` to the ``(C, oh, ow)`` output
     at ``dst[d0:]``, cropped at ``(ho, wo)``, mirrored when ``flip``. ``mean`` is the flat
     ``(C, H, W)`` mean image (read at the crop offset, as Caffe does)."""

@@ -538,11 +538,6 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
         mode, mv, m = k.MEAN_NONE, np.zeros(c, np.float32), None
     if m is None:
         m = np.zeros((1, 1, 1), np.float32)
-    # the kernel converts each value to float32 before any arithmetic, so a batch of another
-    # dtype than uint8 or float32 is converted first, with the same values: one compiled
-    # specialisation each fewer, at the cost of a copy on an uncommon path
-    if batch.dtype not in (np.uint8, np.float32):
-        batch = batch.astype(np.float32)
     src = read_only(np.ascontiguousarray(batch))
     mirror = np.ascontiguousarray(draw.mirror, np.bool_)
     k.transform(src, h_off, w_off, mirror, mode, m, read_only(mv), np.float32(scale), out,
