@@ -72,6 +72,10 @@ KIND_TENSOR = 2
 #: G scan groups (uint16), N items, H header bytes (uint32 each); the group table follows
 FIXED_HEAD = struct.Struct("<4sBBHII")
 FIXED = FIXED_HEAD.size  # bytes of the fixed part of the header (16)
+#: the group count G alone, at its place in :data:`FIXED_HEAD` (read per record by the
+#: reader's value prefix: not the whole head into a named tuple)
+_GROUPS = struct.Struct("<H")
+_GROUPS_AT = struct.calcsize("<4sBB")
 #: kind 2, before the labels: the dtype string (NUL-padded), ndim, reserved (0); then
 #: ndim x uint64 shape
 TENSOR_HEAD = struct.Struct("<8sII")
@@ -308,7 +312,9 @@ def pcr_prefix_bytes(value: bytes | memoryview | np.ndarray, k: int) -> int:
     mv = memoryview(value).cast("B") if not isinstance(value, memoryview) else value
     if mv.ndim != 1 or mv.itemsize != 1:
         mv = mv.cast("B")
-    g = unpack_fixed(mv).n_groups
+    if len(mv) < FIXED:
+        raise CodecError(f"PCR value: {len(mv)} bytes, the fixed header needs {FIXED}")
+    (g,) = _GROUPS.unpack_from(mv, _GROUPS_AT)
     return read_group_prefix_length(mv[:FIXED + 8 * g], k)
 
 
