@@ -18,30 +18,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from lmdbio.lmdb import RecordRefs
+from lmdbio.plan.epoch import slot_length
 
 if TYPE_CHECKING:
     from lmdbio.plan.epoch import EpochPlan
     from lmdbio.plan.strategies import IterationStats, ReadStrategy
 
-__all__ = ["SlotLocator", "slot_groups", "slot_length"]
-
-
-def slot_groups(start: int, end: int, per_slot: int) -> list[tuple[int, int]]:
-    """The ``(first iteration, batches)`` of the slots that carry iterations ``start ..
-    end - 1``: the epoch's runs of ``per_slot`` iterations from iteration 0 on (the slot
-    groups of the epoch plan), the last one shorter; an epoch resumed inside a run starts
-    with the rest of that run. Readers and workers derive the same runs from the same
-    arguments; iteration ``i`` travels in slot ``i // per_slot - start // per_slot``."""
-    per = max(per_slot, 1)
-    starts = [start, *range(start // per * per + per, end, per)] if start < end else []
-    return [(i, slot_length(i, end, per)) for i in starts]
-
-
-def slot_length(iteration: int, end: int, per_slot: int) -> int:
-    """Batches in the slot that starts at ``iteration`` (:func:`slot_groups`): up to the
-    next multiple of ``per_slot``, or to ``end``."""
-    per = max(per_slot, 1)
-    return min(per - iteration % per, end - iteration)
+__all__ = ["SlotLocator"]
 
 
 class SlotLocator:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError, LmdbioError
-from lmdbio.slot_locator import slot_groups
+from lmdbio.plan.epoch import slot_groups
 
 #: the state entries that must be the same when a state is loaded as when it was saved
 RESUME_INVARIANTS = ("seed", "shuffle", "batch_size", "last", "consumers", "snapshot")
@@ -29,7 +29,7 @@ RESUME_INVARIANTS = ("seed", "shuffle", "batch_size", "last", "consumers", "snap
 @dataclass(frozen=True)
 class EpochSlots:
     """The slots that carry batches ``start .. end - 1`` of an epoch, ``per_slot``
-    consecutive batches each (:func:`lmdbio.slot_locator.slot_groups`: the epoch's runs from
+    consecutive batches each (:func:`lmdbio.plan.epoch.slot_groups`: the epoch's runs from
     batch 0 on, so an epoch resumed inside a run starts with the rest of that run)."""
 
     start: int

@@ -118,8 +118,8 @@ def test_group_records_never_let_a_caller_write_into_the_plan():
 
 
 def test_slot_groups_and_the_automatic_slot_size():
+    from lmdbio.plan.epoch import slot_groups
     from lmdbio.ring_setup import choose_batches_per_slot
-    from lmdbio.slot_locator import slot_groups
 
     assert slot_groups(0, 7, 3) == [(0, 3), (3, 3), (6, 1)]
     # a resumed epoch: the rest of the slot it resumes in, then the epoch's slots

@@ -13,9 +13,9 @@ import pytest
 from bench.lmdbgen import write_db
 from lmdbio.io.gather import gather_refs
 from lmdbio.lmdb import Database, RecordRefs
-from lmdbio.plan.epoch import plan_epoch
+from lmdbio.plan.epoch import plan_epoch, slot_groups
 from lmdbio.plan.strategies import STRATEGIES, Indexed, IterationStats, ReaderContext
-from lmdbio.slot_locator import SlotLocator, slot_groups
+from lmdbio.slot_locator import SlotLocator
 from tests.fuzz_lmdb import random_items
 
 

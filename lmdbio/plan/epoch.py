@@ -179,15 +179,29 @@ def iteration_schedule(plan_iters: int, iters: int) -> list[tuple[int, int]]:
     return out
 
 
+def slot_groups(start: int, end: int, per_slot: int) -> list[tuple[int, int]]:
+    """The ``(first iteration, batches)`` of the slots that carry iterations ``start ..
+    end - 1``: the epoch's runs of ``per_slot`` iterations from iteration 0 on (the slot
+    groups of the epoch plan), the last one shorter; an epoch resumed inside a run starts
+    with the rest of that run. Readers and workers derive the same runs from the same
+    arguments; iteration ``i`` travels in slot ``i // per_slot - start // per_slot``."""
+    per = max(per_slot, 1)
+    starts = [start, *range(start // per * per + per, end, per)] if start < end else []
+    return [(i, slot_length(i, end, per)) for i in starts]
+
+
+def slot_length(iteration: int, end: int, per_slot: int) -> int:
+    """Batches in the slot that starts at ``iteration`` (:func:`slot_groups`): up to the
+    next multiple of ``per_slot``, or to ``end``."""
+    per = max(per_slot, 1)
+    return min(per - iteration % per, end - iteration)
+
+
 def schedule_slots(schedule: list[tuple[int, int]],
                    per_slot: int) -> list[tuple[int, int, int]]:
     """``(epoch, first iteration, batches)`` of the ring slots that carry ``schedule``
     (every epoch's iterations from 0 on): each epoch's
-    :func:`~lmdbio.slot_locator.slot_groups`, the last one cut where the schedule ends."""
-    # imported here: lmdbio.slot_locator refers to this module (for its types), and planning
-    # should not load the LMDB reader it imports
-    from lmdbio.slot_locator import slot_groups
-
+    :func:`slot_groups`, the last one cut where the schedule ends."""
     ends: dict[int, int] = {}
     for epoch, it in schedule:
         ends[epoch] = it + 1
