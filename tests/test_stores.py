@@ -23,7 +23,7 @@ def test_the_policy_comes_from_the_environment(monkeypatch):
     assert policy_from_env() == "never"
     monkeypatch.setenv("LMDBIO_STREAMING_STORES", "auto")
     with pytest.raises(ValueError, match="expected one of large, always, never, got 'auto'"):
-        policy_from_env()
+        StoreChoice(policy_from_env())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("policy", ["always", "never"])

@@ -118,8 +118,9 @@ def compress_parts(model: IBPModel, payload: np.ndarray, offsets: np.ndarray,
     n = offsets.shape[0] - 1
     size = int(model.row_bytes)
     # every record, not only the first and the total: sizes that differ but add up would
-    # otherwise be cut into rows silently (one whole-array pass per slot)
-    if n and (int(offsets[0]) != 0 or bool((np.diff(offsets) != size).any())):
+    # otherwise be cut into rows silently (one whole-array pass per slot); the bounds
+    # start at 0 (the reader gathers the batch into its own buffer)
+    if n and bool((np.diff(offsets) != size).any()):
         raise ConfigError(_size_refusal(offsets, size, keys, where))
     rows = payload[:n * size].reshape(n, size) if n else payload[:0].reshape(0, 0)
     blobs = []
@@ -139,7 +140,7 @@ def _size_refusal(offsets: np.ndarray, size: int, keys: tuple[np.ndarray, np.nda
     named by its key when ``keys`` are given, else by its place in the batch."""
     lens = np.diff(offsets)
     bad = np.flatnonzero(lens != size)
-    i = int(bad[0]) if bad.size else 0  # none: whole bytes disagree with the bounds
+    i = int(bad[0])  # compress_parts calls this only when a record is off
     if keys is not None:
         bounds, data = keys
         name = f"key {bytes(data[int(bounds[i]):int(bounds[i + 1])])!r}"
