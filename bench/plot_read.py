@@ -20,9 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from bench.common import REPO, RESULTS
-from lmdbio.plan.strategies import STRATEGIES as _REGISTERED
+from bench.read import STRATEGIES
 
-STRATEGIES = list(_REGISTERED)  # every registered strategy, in registry order
 MARKERS = {s: "osv^Dxp*"[i % 8] for i, s in enumerate(STRATEGIES)}
 
 

@@ -91,7 +91,7 @@ import numpy as np
 from bench import read as bench_read
 from bench.common import BENCH_DATA, RESULTS, random_db, write_json
 from bench.pingpong import run as pingpong_run
-from lmdbio.plan.strategies import strategy_class
+from lmdbio.plan.strategies import node_level
 from lmdbio.scale import Costs, epoch_time, trace
 from lmdbio.scale.model import actor_cpu_seconds, step_costs
 from lmdbio.scale.trace import Trace, cached_trace
@@ -119,7 +119,7 @@ SIZE_SHAPES = {"size-48k": (2_000, 48_000, 8)}
 FIT_SLOT_SIZES = (1, 4)
 #: the node-level strategies (a node's reader hands slots through a ring), from the
 #: strategy registry
-NODE_STRATEGIES = tuple(s for s in STRATEGIES if strategy_class(s).shared)
+NODE_STRATEGIES = node_level()
 #: the fit / held-out splits: name -> (what it fits on, what it holds out). The first
 #: gives bench/results/scale/fitted-costs.yaml
 SPLITS = {

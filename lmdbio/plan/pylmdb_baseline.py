@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from lmdbio.errors import ConfigError
-from lmdbio.plan.strategies import STRATEGIES, node_level
+from lmdbio.plan.strategies import STRATEGIES
 
 
 def _open(path: str | os.PathLike):
@@ -95,8 +95,7 @@ def run_pattern(path: str | os.PathLike, session: Any, schedule: list[tuple[int,
     are appended to it (for tests; the timing then includes the appends).
     """
     if session.cls.shared:
-        node = node_level()
-        naive = " and ".join(name for name in STRATEGIES if name not in node)
+        naive = " and ".join(name for name, cls in STRATEGIES.items() if not cls.shared)
         raise ConfigError(f"the py-lmdb baseline replays {naive} (every rank reads for "
                           f"itself), not {session.cls.name!r}")
     if getattr(session.db, "subdb_name", None):
