@@ -1008,16 +1008,17 @@ class _Problems(list[ConfigProblem]):
 def check_combinations(cfg: JobConfig) -> None:
     """Refuse the combinations of ``cfg`` that each key allows alone but not together (what
     :func:`load_config` checks after the keys; for a :class:`JobConfig` built in code),
-    every problem at its line where ``cfg`` came from a file."""
-    _raise_problems(_combination_problems(cfg), cfg.origin.filename)
+    every problem at its line where ``cfg`` came from a file. Its closed choices first
+    (load_config refuses them as it reads each key; built in code, nothing has yet)."""
+    choices = _Problems(cfg.origin)
+    _check_choices(cfg, choices)
+    # a name outside a registry's allowed ones: the rules across keys would fail on it
+    _raise_problems(choices or _combination_problems(cfg), cfg.origin.filename)
 
 
 def _combination_problems(cfg: JobConfig) -> list[ConfigProblem]:
     """Cross-field rules: combinations each key allows alone but not together."""
     problems = _Problems(cfg.origin)
-    _check_choices(cfg, problems)
-    if problems:  # a name outside a registry's allowed ones: the rules below would fail
-        return problems
     _check_transport(cfg, problems)
     t = cfg.transform
     if t.mean_values and t.mean_file is not None:
