@@ -12,8 +12,8 @@ repeats) and the ratio ordinary / streaming (above 1: streaming is faster).
 Shapes: ``imagenet`` 32 x 3x224x224 (19.3 MB per batch: the service benchmark's ImageNet-like
 worker batch) and ``cifar`` 128 x 3x32x32 (1.6 MB: below
 ``loaders.stores.MIN_BYTES``, where the loader keeps ordinary stores by default). Each process
-fixes the store kind (``loaders.stores.set_policy``); the loader's default is ``large``
-(``LMDBIO_STREAMING_STORES``, ``loaders.stores``).
+fixes the store kind (``loaders.stores.set_policy``); the loader's default, ``auto``, times
+both on the job's own batches (``LMDBIO_STREAMING_STORES``, ``loaders.stores``).
 
 Writes bench/results/widen.json.
 Run: .venv/bin/python -m bench.widen [--repeat 2] [--seconds 3]   (from the repository root)

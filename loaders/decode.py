@@ -25,7 +25,7 @@ from lmdbio.config import setting_error
 from lmdbio.errors import ConfigError, LmdbioError, RecordError
 from lmdbio.kernel_cache import kernel_module
 from lmdbio.layouts import LAYOUTS, get_layout, layout_names
-from loaders.stores import streams
+from loaders import stores
 from loaders.transform import RaggedImages
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -362,8 +362,10 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     labels = np.empty(n, np.int64)
     table = np.empty((n, k.NCOLS), np.int64)
     fmt = NO_HEADER_CHECK if header_fmt is None else header_fmt
-    if widen_datums(payload, spans.starts, spans.lengths, spans.shape_array(),
-                    out.reshape(n, -1), labels, table, fmt, streams(out.nbytes)) >= 0:
+    shape, flat = spans.shape_array(), out.reshape(n, -1)
+    if stores.write(out.nbytes, lambda streaming: widen_datums(
+            payload, spans.starts, spans.lengths, shape, flat, labels, table, fmt,
+            streaming)) >= 0:
         return None
     return out, labels
 

@@ -28,7 +28,7 @@ import numpy as np
 from lmdbio.errors import LmdbioError
 from lmdbio.layouts import get_layout
 from lmdbio.stages import StageClock
-from loaders import options
+from loaders import options, stores
 from loaders.assemble import Batch, BatchAssembler
 from loaders.buffer_pool import BufferPool
 from loaders.decode import make_decoder
@@ -288,11 +288,13 @@ class Loader:
     # ----------------------------------------------------------------- lifecycle
     def summary(self) -> dict[str, Any]:
         """This rank's metrics and role, JSON-able; ``stages``: CPU and wall seconds per
-        stage of the data path, where :attr:`stages` was enabled (see :mod:`lmdbio.stages`)."""
+        stage of the data path, where :attr:`stages` was enabled (see :mod:`lmdbio.stages`);
+        ``stores``: the policy and trials of the store kind (:mod:`loaders.stores`)."""
         return {"rank": self.topo.rank, "node": self.topo.host_node,
                 "node_ring": self.topo.node_index,
                 "worker": self.is_worker, "reader": self.session.reads,
-                **self.metrics.as_dict(), "stages": self.stages.as_dict()}
+                **self.metrics.as_dict(), "stages": self.stages.as_dict(),
+                "stores": {"policy": stores.STORES.policy, "trials": stores.STORES.trials()}}
 
     @property
     def stages(self) -> StageClock:

@@ -7,59 +7,252 @@ rest of the cache. Both kinds write the same values; which is faster depends on 
 * on the 2-core VM's earlier host, streaming stores halved the CPU per ImageNet-like image
   (87 -> 45 µs, ``docs/findings/peers-2026-11-27b.md``);
 * on its host of 2026-11-28 (AMD EPYC, 32 MB last-level cache) ordinary stores were faster
-  in the loader: 16 against 19-20 µs an image in one process, though the store loop alone,
-  on a source already in the cache, favoured streaming stores (23 against 27 ps a byte;
-  ``docs/findings/peers-2026-11-28c.md``).
+  in the loader: 15-16 against 18-19 µs an image in one process and at two ranks
+  (``docs/findings/peers-2026-11-28d.md``), though the store loop alone, on a source
+  already in the cache, favoured streaming stores.
 
-Timing the loader's own first batches could not tell them apart: those batches also fault
-the database's pages into the process for the first time (and, on a cold cache, read them),
-which swamps the difference; a choice made that way flipped between runs. So the kind is a
-setting, ``LMDBIO_STREAMING_STORES``:
+So the default, ``auto``, measures the loader's own kernels on the job's own batches
+(:class:`StoreTrial`): each output size of :data:`TRIAL_MIN_BYTES` or more is written with
+ordinary stores, then with streaming stores, :data:`TIMED_BYTES` of each timed (CPU time of
+the writing thread), until each kind has :data:`SAMPLES` timings; the kind with the lower
+median wins for the rest of the process. Ordinary stores are timed only after
+:data:`WARM_BYTES`: their speed depends on the stores before them (after streaming stores,
+ordinary ones took some 300-450 MB to reach their own speed on the host above). A batch
+during which its thread took a page fault is not counted: a first epoch faults the
+database's pages into the process (on a cold cache reads them), which swamps the store
+kind; a choice timed over short alternating blocks without this filter flipped between runs
+(``docs/findings/peers-2026-11-28c.md``). If :data:`MAX_TRIAL_BYTES` give too few clean
+timings (a data set that faults on every batch), the ``large`` rule decides. Streaming
+stores must win by :data:`MARGIN` (a tie keeps ordinary stores), and every
+:data:`RETRIAL_BYTES` of one size the trial runs again, so that a choice made while a
+neighbour loaded the host's memory does not hold for the rest of a long job.
 
-* ``large`` (the default): streaming stores for batches of :data:`MIN_BYTES` and more, the
-  measured winner where the streaming kernels were written and likely where many workers
-  share a host's cache;
-* ``never``: ordinary stores always (hosts like the one above);
+``LMDBIO_STREAMING_STORES`` sets the policy:
+
+* ``auto`` (the default): as above;
+* ``large``: streaming stores for batches of :data:`MIN_BYTES` and more, the winner where
+  the streaming kernels were written;
+* ``never``: ordinary stores always;
 * ``always``: streaming stores for every batch (tests, benchmarks).
 """
 
 from __future__ import annotations
 
 import os
-from typing import Literal, get_args
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal, TypeVar, get_args
 
-#: batches at least this large take streaming stores by default: larger than a core's L2
-#: cache, and with several workers per host larger than their share of the last-level cache.
-#: Smaller ones keep ordinary stores: one process, CIFAR-like batches of 64 (786 KB),
-#: streaming them took 3.9 against 3.0 µs of CPU a sample (2-core VM)
+#: the ``large`` rule: batches at least this large take streaming stores; larger than a
+#: core's L2 cache, and with several workers per host larger than their share of the
+#: last-level cache. Smaller ones keep ordinary stores: one process, CIFAR-like batches of
+#: 64 (786 KB), streaming them took 3.9 against 3.0 µs of CPU a sample (2-core VM)
 MIN_BYTES = 8 << 20
+#: ``auto``: smaller batches are written with ordinary stores, untimed (they stay in the
+#: cache, where ordinary stores are as fast or faster)
+TRIAL_MIN_BYTES = 2 << 20
+#: ``auto``: bytes written with ordinary stores before their timings count. Ordinary stores
+#: reach their steady speed only some 300-450 MB after streaming ones, and from a process's
+#: start (ImageNet-like batches of 19 MB, 2-core VM, 2026-11-28: 17 -> 13 µs an image over
+#: 16-24 batches); streaming stores run at their own speed from their first batch
+WARM_BYTES = 512 << 20
+#: ``auto``: bytes of each kind timed in a block (after its warm-up: :data:`WARM_BYTES` for
+#: ordinary stores, one batch for streaming ones)
+TIMED_BYTES = 256 << 20
+#: ``auto``: clean timings of each kind before the choice
+SAMPLES = 4
+#: ``auto``: bytes of one output size tried before the ``large`` rule decides instead
+MAX_TRIAL_BYTES = 8 << 30
+#: ``auto``: streaming stores are chosen only when their median is at least this much below
+#: the ordinary stores' (a tie keeps ordinary stores: their output may still be in the cache
+#: when the trainer reads it, which a trial does not time). Under a memory-bound neighbour
+#: the two kinds measured within 1-6 % of each other, and the choice went either way
+MARGIN = 0.05
+#: ``auto``: bytes of one output size written with the choice before it is tried again
+#: (what the host's other tenants do changes; a choice made under their load should not
+#: hold for the rest of a long job): 64 GiB is 3,400 ImageNet-like batches of 32, a few
+#: seconds of one worker; a new trial costs a few milliseconds where the choice holds
+RETRIAL_BYTES = 64 << 30
+#: ``auto``: output sizes tried per process; further sizes follow the ``large`` rule
+MAX_TRIALS = 8
 #: the environment variable that sets the policy
 ENV = "LMDBIO_STREAMING_STORES"
 
-Policy = Literal["large", "always", "never"]
+Policy = Literal["auto", "large", "always", "never"]
 POLICIES: tuple[Policy, ...] = get_args(Policy)
+
+T = TypeVar("T")
+#: the kernel call of one batch, given whether to write it with streaming stores
+Writer = Callable[[bool], T]
+
+_THREAD_USAGE = getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)
+
+
+def page_faults() -> int:
+    """Page faults (minor and major) taken so far by the calling thread (by the process
+    where the platform does not count threads: a stricter filter, never a looser one)."""
+    u = resource.getrusage(_THREAD_USAGE)
+    return u.ru_minflt + u.ru_majflt
+
+
+def large_rule(nbytes: int) -> bool:
+    """The ``large`` policy: streaming stores for batches of :data:`MIN_BYTES` or more."""
+    return nbytes >= MIN_BYTES
+
+
+def faster_kind(ordinary: list[float], streaming: list[float]) -> bool:
+    """Whether streaming stores won a trial: their median time :data:`MARGIN` or more below
+    the ordinary ones'."""
+    return statistics.median(streaming) <= (1 - MARGIN) * statistics.median(ordinary)
+
+
+class StoreTrial:
+    """The trial of one output size under ``auto`` (see the module docstring): which kind
+    the next batch takes, whether it is timed, and the choice once made. Pairs of blocks,
+    ordinary stores then streaming ones, each timed for :data:`TIMED_BYTES` after its
+    warm-up, until both kinds have :data:`SAMPLES` clean timings. Not thread-safe:
+    :class:`StoreChoice` holds its lock around every call but :meth:`wrote`.
+
+    A choice holds for :data:`RETRIAL_BYTES`; then the size is tried again (:meth:`wrote`).
+    """
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        #: the choices made so far (``True``: streaming), the last one first made
+        self.choices: list[bool] = []
+        self.restart()
+
+    def restart(self) -> None:
+        """Begin a new trial (the earlier choices stay in :attr:`choices`)."""
+        self.batches = 0
+        #: blocks finished, and bytes written in the current one
+        self.blocks = 0
+        self.written = 0
+        #: clean CPU seconds per batch, by kind (``True``: streaming)
+        self.seconds: dict[bool, list[float]] = {False: [], True: []}
+        #: the choice (``None`` while trying), and bytes written with it
+        self.streaming: bool | None = None
+        self.since = 0
+
+    def wrote(self) -> bool:
+        """A batch written with the choice; whether it is time to try again. Called without
+        the lock: a lost increment only delays the next trial by a batch."""
+        self.since += self.nbytes
+        return self.since >= RETRIAL_BYTES
+
+    def decide(self, streaming: bool) -> None:
+        """Keep ``streaming`` as the choice from now on."""
+        self.streaming = streaming
+        self.choices.append(streaming)
+
+    def warm_bytes(self, streaming: bool) -> int:
+        """Bytes of a block of this kind written before its timings count (streaming
+        stores: the block's first batch)."""
+        return 1 if streaming else WARM_BYTES
+
+    def next_batch(self) -> tuple[bool, bool]:
+        """``(streaming, timed)`` for the next batch, once a pair of blocks ended: the
+        choice, if both kinds have their timings (or the ``large`` rule after
+        :data:`MAX_TRIAL_BYTES`)."""
+        if self.streaming is None:
+            if self.blocks and self.blocks % 2 == 0 and self.written == 0 and \
+                    min(len(v) for v in self.seconds.values()) >= SAMPLES:
+                self.decide(faster_kind(self.seconds[False], self.seconds[True]))
+            elif self.batches * self.nbytes >= MAX_TRIAL_BYTES:
+                self.decide(large_rule(self.nbytes))
+        if self.streaming is not None:
+            return self.streaming, False
+        streaming = self.blocks % 2 == 1
+        warm = self.warm_bytes(streaming)
+        timed = self.written >= warm
+        self.batches += 1
+        self.written += self.nbytes
+        if self.written >= warm + TIMED_BYTES:
+            self.blocks, self.written = self.blocks + 1, 0
+        return streaming, timed
+
+    def record(self, streaming: bool, seconds: float, faults: int) -> None:
+        """A timed batch took ``seconds`` of its thread's CPU and ``faults`` page faults
+        (counted only without faults)."""
+        if faults == 0:
+            self.seconds[streaming].append(seconds)
+
+    def as_dict(self) -> dict[str, object]:
+        """The trial, JSON-able: the choice and the median microseconds of each kind."""
+        med = {("streaming" if k else "ordinary"): round(statistics.median(v) * 1e6, 1)
+               for k, v in self.seconds.items() if v}
+        def kind(streaming: bool | None) -> str | None:
+            return None if streaming is None else ("streaming" if streaming else "ordinary")
+
+        return {"bytes": self.nbytes, "choice": kind(self.streaming), "batches": self.batches,
+                "median_us": med, "choices": [kind(c) for c in self.choices]}
 
 
 class StoreChoice:
     """The store kind of the float32 batches this process writes, under ``policy`` (see the
-    module docstring)."""
+    module docstring). Thread-safe: a worker writes on its decoding thread and, when it did
+    not decode ahead, on the trainer's."""
 
-    def __init__(self, policy: Policy = "large") -> None:
+    def __init__(self, policy: Policy = "auto") -> None:
         if policy not in POLICIES:
             raise ValueError(f"{ENV}: expected one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy = policy
+        self._trials: dict[int, StoreTrial] = {}
+        self._lock = threading.Lock()
 
     def streams(self, nbytes: int) -> bool:
-        """Whether a batch of ``nbytes`` is written with streaming stores."""
-        if self.policy == "large":
-            return nbytes >= MIN_BYTES
+        """Whether a batch of ``nbytes`` is written with streaming stores now (under
+        ``auto``: the choice made for its size, else the ``large`` rule)."""
+        if self.policy == "auto":
+            trial = self._trials.get(nbytes)
+            if trial is not None and trial.streaming is not None:
+                return trial.streaming
+        if self.policy in ("auto", "large"):
+            return large_rule(nbytes)
         return self.policy == "always"
+
+    def write(self, nbytes: int, kernel: Writer[T]) -> T:
+        """``kernel(streaming)``, the writing of one batch of ``nbytes``, with the kind this
+        policy picks; under ``auto`` a batch of a size still on trial is timed."""
+        if self.policy != "auto" or nbytes < TRIAL_MIN_BYTES:
+            return kernel(self.streams(nbytes))
+        trial = self._trials.get(nbytes)
+        if trial is not None:
+            streaming = trial.streaming
+            if streaming is not None:
+                if trial.wrote():
+                    with self._lock:
+                        if trial.streaming is not None and trial.since >= RETRIAL_BYTES:
+                            trial.restart()
+                return kernel(streaming)
+        with self._lock:
+            trial = self._trials.get(nbytes)
+            if trial is None and len(self._trials) < MAX_TRIALS:
+                trial = self._trials[nbytes] = StoreTrial(nbytes)
+            streaming, timed = (large_rule(nbytes), False) if trial is None else \
+                trial.next_batch()
+        if not timed or trial is None:
+            return kernel(streaming)
+        faults, cpu = page_faults(), time.thread_time()
+        result = kernel(streaming)
+        cpu, faults = time.thread_time() - cpu, page_faults() - faults
+        with self._lock:
+            trial.record(streaming, cpu, faults)
+        return result
+
+    def trials(self) -> list[dict[str, object]]:
+        """Every trial of this process (``auto``), JSON-able."""
+        with self._lock:
+            return [t.as_dict() for t in self._trials.values()]
 
 
 def policy_from_env() -> str:
-    """What ``LMDBIO_STREAMING_STORES`` says, normalised (``large`` when unset); checked by
+    """What ``LMDBIO_STREAMING_STORES`` says, normalised (``auto`` when unset); checked by
     :class:`StoreChoice`."""
-    return os.environ.get(ENV, "large").strip().lower() or "large"
+    return os.environ.get(ENV, "auto").strip().lower() or "auto"
 
 
 #: this process's choice (the loader's kernels ask it for every float32 batch they write)
@@ -74,5 +267,11 @@ def set_policy(policy: Policy) -> StoreChoice:
 
 
 def streams(nbytes: int) -> bool:
-    """Whether this process writes a float32 batch of ``nbytes`` with streaming stores."""
+    """Whether this process writes a float32 batch of ``nbytes`` with streaming stores now."""
     return STORES.streams(nbytes)
+
+
+def write(nbytes: int, kernel: Writer[T]) -> T:
+    """``kernel(streaming)`` for one float32 batch of ``nbytes``, with this process's store
+    kind (see :meth:`StoreChoice.write`)."""
+    return STORES.write(nbytes, kernel)

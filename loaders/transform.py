@@ -40,7 +40,7 @@ from lmdbio.codecs.binaryproto import read_mean_file
 from lmdbio.errors import ConfigError
 from lmdbio.kernel_args import read_only
 from lmdbio.kernel_cache import kernel_module
-from loaders.stores import streams
+from loaders import stores
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmdbio.config import TransformConfig
@@ -440,9 +440,10 @@ class DataTransformer:
         labels = np.empty(n, np.int64)
         table = np.empty((n, ncols), np.int64)
         fmt = no_check if header_fmt is None else header_fmt
-        if k.transform_datums(read_only(buf), spans.starts, spans.lengths, dims, draw.h_off,
-                              draw.w_off, draw.mirror, mode, mean, mv, self.scale,
-                              out, labels, table, fmt, streams(out.nbytes)) >= 0:
+        src = read_only(buf)
+        if stores.write(out.nbytes, lambda streaming: k.transform_datums(
+                src, spans.starts, spans.lengths, dims, draw.h_off, draw.w_off, draw.mirror,
+                mode, mean, mv, self.scale, out, labels, table, fmt, streaming)) >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
             # records of several sizes, each cropped as Caffe crops it: its own pass
@@ -540,8 +541,9 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
         m = np.zeros((1, 1, 1), np.float32)
     src = read_only(np.ascontiguousarray(batch))
     mirror = np.ascontiguousarray(draw.mirror, np.bool_)
-    k.transform(src, h_off, w_off, mirror, mode, m, read_only(mv), np.float32(scale), out,
-                streams(out.nbytes))
+    mvr, sc = read_only(mv), np.float32(scale)
+    stores.write(out.nbytes, lambda streaming: k.transform(src, h_off, w_off, mirror, mode, m,
+                                                           mvr, sc, out, streaming))
     return out
 
 
