@@ -22,7 +22,8 @@
 #   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1 --epochs 3 (at 16 ranks an epoch
 #                      is ~1 ms a rank: three timed as one window), CIFAR-like only, no streaming
 #                      (measured on this VM already; ~30 s): R = 2, 4, 8, 16: floor-R,
-#                      kernel-R (lmdbio's fused kernel alone), pylmdb-per-rank-R and
+#                      kernel-R (lmdbio's fused kernel alone), pylmdb-per-rank-R (unscaled,
+#                      the stricter baseline; not its -scaled- twin, for time) and
 #                      lmdbio colocated (a reader per rank, the default), one-reader and
 #                      dedicated, 24 launches of 1-5 s; torch's three
 #                      worker counts in one (~15 s)
@@ -128,7 +129,8 @@ if [ "$QUICK" = "1" ]; then
 else
     R_LOW=8; R_HIGH=16; BATCHES=300
     PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1 --epochs 3
-                --variants floor,kernel,sequential-read,pylmdb,torch,lmdbio)
+                --variants "floor,kernel,sequential-read,pylmdb-loop,$(
+                    printf 'pylmdb-per-rank-%s,' 2 4 8 16)torch,lmdbio")
 fi
 
 echo "device check: $REPO -> $OUT (quick=$QUICK)"

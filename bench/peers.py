@@ -31,8 +31,10 @@ bench/service.py launches it):
                          decode (lmdbio.pylmdb_per_rank's, by import), stack,
                          float32, scale
   pylmdb-per-rank-R      ``python -m lmdbio.pylmdb_per_rank`` at R ranks (each rank
-                         reads its DistributedSampler share); it has no scale option: its
-                         batches are float32 *unscaled*, said so in the JSON
+                         reads its DistributedSampler share), as the service benchmark and
+                         issue 34 ran it: float32 batches *unscaled*, said so in the JSON
+  pylmdb-per-rank-scaled-R  the same with ``--scale`` (each float32 batch multiplied in
+                         place): the output every other variant delivers
   torch-dataloader-wK    ``torch.utils.data.DataLoader(shuffle=True, batch_size=B,
                          num_workers=K)`` over a map-style Dataset opening py-lmdb lazily per
                          worker, one read transaction and one Datum decode per item, to a
@@ -310,13 +312,15 @@ def child_kernel(p: dict[str, Any]) -> dict[str, Any] | None:
         raise SystemExit(f"kernel: {p['db']}: the records are not raw uint8 Datums")
     transform = DataTransformer(scale=SCALE)
     outs = [np.empty((p["batch"], *spans.shape), np.float32) for _ in range(2)]
+    written = [0]  # this rank's batches so far: its two buffers in turn, at any rank count
 
     def epoch(e: int, rank: int, size: int, check: Check | None) -> int:
         n = 0
         for i, idx in enumerate(batches(len(db), p["batch"], p["seed"], e)):
             if i % size != rank:
                 continue
-            out = outs[i % 2] if idx.size == p["batch"] else None
+            out = outs[written[0] % 2] if idx.size == p["batch"] else None
+            written[0] += 1
             got = transform.datums(db.buf, DatumSpans(spans.starts[idx], spans.lengths[idx],
                                                       spans.shape), out=out)
             if got is None:
@@ -568,12 +572,12 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
         # clock reads would cost the timed epoch a few percent on small records)
         L.stages.enabled = True
         L.set_epoch(p["epochs"] + 1)
-        for _ in L:
-            pass
+        staged = sum(len(b) for b in L)  # the samples the stage times cover
         L.stages.enabled = False
         mine = {"rank": comm.Get_rank(), "worker": bool(L.is_worker), "samples": n,
                 "padding": pad, "seconds": secs, "cpu_seconds": cpu, "epoch_seconds": each,
-                "stages": L.stages.as_dict(),
+                "stages": L.stages.as_dict(), "staged_samples": staged,
+                "stores": L.summary()["stores"],
                 "check": check.as_dict() if L.is_worker else None}
     every = comm.gather(mine, root=0)
     if comm.Get_rank() != 0:
@@ -585,7 +589,9 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
             "cpu_seconds": sum(r["cpu_seconds"] for r in every),
             "nodes": nodes, "consumers": len(consumers), "global_batch": p["batch"] * workers,
             # CPU and idle microseconds per sample of the staged epoch, by role and stage
-            "stages_us_per_sample": stages_by_role(every, sum(r["samples"] for r in every)),
+            # (divided by that one epoch's samples, not by the timed window's)
+            "stages_us_per_sample": stages_by_role(every, sum(r["staged_samples"]
+                                                              for r in every)),
             "check": Check.merge([c for c in (r.pop("check") for r in every) if c]),
             "per_rank": every}
 
@@ -799,6 +805,8 @@ class Runner:
         p.append(("kernel", "kernel", {}, 0))
         p += [(f"kernel-{r}", "kernel", {"ranks": r}, r) for r in self.ranks]
         p += [(f"pylmdb-per-rank-{r}", "baseline", {}, r) for r in self.ranks]
+        p += [(f"pylmdb-per-rank-scaled-{r}", "baseline", {"scaled": True}, r)
+              for r in self.ranks]
         p += [(f"torch-dataloader-w{k}", "torch", {"workers": k}, 0) for k in (0, 1, 2)]
         p += [(f"streaming-w{k}", "streaming", {"workers": k}, 0) for k in (0, 2)]
         p.append(("lmdbio-1", "lmdbio", {"mode": "colocated"}, 1))
@@ -839,6 +847,8 @@ class Runner:
                 "--batch-size", str(p["batch"]), "--batches", str((1 + p["epochs"]) * per_epoch),
                 "--warmup", str(per_epoch), "--seed", str(p["seed"]),
                 "--parser", p["parser"], "--json", str(out)]
+        if p.get("scaled"):
+            argv += ["--scale", repr(SCALE)]
         r, why = run_child(argv, out, self.args.timeout, ranks)
         if r is None:
             return None, why
@@ -919,8 +929,10 @@ def variant_notes(variant: str, kind: str, p: dict[str, Any], ranks: int, cores:
     """What a reader of the JSON must know about a variant's figures."""
     notes = []
     if kind == "baseline":
-        notes += ["scale not applied: lmdbio.pylmdb_per_rank has no scale option; "
-                  "its batches are float32 unscaled (one multiply short of the others)",
+        notes += ["scale applied in place (--scale): the others' output" if p.get("scaled")
+                  else "scale not applied (as issue 34 measured it): its batches are float32 "
+                  "unscaled, one multiply short of the others (pylmdb-per-rank-scaled-R "
+                  "applies it)",
                   "full batches only (DataLoader drop_last=True semantics), DistributedSampler "
                   "shares; timed epoch = the steady window after one epoch of warm-up batches; "
                   "one read transaction for the whole run (its best case)"]
@@ -940,6 +952,12 @@ def variant_notes(variant: str, kind: str, p: dict[str, Any], ranks: int, cores:
         if p["mode"] == "dedicated":
             notes.append("dedicated: one reader rank per node delivers nothing itself; its "
                          "CPU is counted")
+    if kind in ("lmdbio", "kernel"):
+        from loaders.stores import policy_from_env
+        notes.append(f"store kind of large float32 batches: LMDBIO_STREAMING_STORES="
+                     f"{policy_from_env()} (loaders.stores)" + (
+                         "; each rank's trials and choices: per_rank[].stores"
+                         if kind == "lmdbio" else ""))
     if kind == "floor" and ranks:
         notes.append(f"{ranks} processes converting their shares of the batches at once: "
                      "the ceiling of any loader at this rank count on this machine")
@@ -1144,7 +1162,7 @@ def main() -> int:
                     "notes": variant_notes(variant, kind, {**p, **extra}, ranks, cores),
                     "repeats": [], "failures": []})
                 if kind == "baseline":
-                    v["scale_applied"] = False
+                    v["scale_applied"] = bool(extra.get("scaled"))
                 if kind == "streaming" and not p.get("mds"):
                     v["skipped"] = p.get("mds_error") or runner.skip_reason(kind)
                 if v.get("skipped") or (rep and once_only(v, kind, args.slow_seconds)):
