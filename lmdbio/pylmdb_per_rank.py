@@ -181,6 +181,19 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
     return {"totals": job_totals(every, args, len(keys), parser_name), "per_rank": every}
 
 
+def collate(images: list[np.ndarray], uint8: bool, scale: np.float32 | None) -> np.ndarray:
+    """One batch as the loop delivers it: the images stacked (PyTorch's default collate),
+    converted to float32 unless ``uint8``, then multiplied by ``scale`` in place (the
+    cheapest way a loop applies it) where given."""
+    data = np.stack(images)
+    if uint8:
+        return data
+    data = data.astype(np.float32)
+    if scale is not None:
+        data *= scale
+    return data
+
+
 def read_batches(world: Any, txn: Any, keys: list[bytes],
                  getitem: Callable[[bytes], tuple[np.ndarray, int]],
                  args: argparse.Namespace) -> LoopRecord:
@@ -220,12 +233,8 @@ def read_batches(world: Any, txn: Any, keys: list[bytes],
             img, label = getitem(value)
             images.append(img)
             labels.append(label)
-        data = np.stack(images)  # default_collate
+        data = collate(images, args.uint8, scale)
         label_arr = np.asarray(labels, np.int64)
-        if not args.uint8:
-            data = data.astype(np.float32)
-            if scale is not None:
-                data *= scale  # in place: the cheapest way a loop applies it
         samples += data.shape[0]
         in_get += time.perf_counter() - tg
         del label_arr

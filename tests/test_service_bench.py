@@ -321,3 +321,18 @@ def test_baseline_runs_the_same_batches(small_db, tmp_path):
     assert r["steady"]["batches"] == 7 and 0 < r["steady"]["loader_fraction"] <= 1
     with pytest.raises(SystemExit, match="larger than a rank's share"):
         sb.main(p.parse_args([str(path), "--batch-size", "51", "--batches", "1"]))
+
+
+@pytest.mark.parametrize(("uint8", "scale"), [(True, None), (False, None), (False, 0.25)])
+def test_baseline_batches_are_what_the_options_say(uint8, scale):
+    """pylmdb_per_rank.collate: stacked uint8 (--uint8), float32, or float32 scaled (--scale):
+    the last the output lmdbio's workers deliver under transform.scale."""
+    from lmdbio import pylmdb_per_rank as sb
+
+    images = [np.full((1, 2, 2), v, np.uint8) for v in (4, 8)]
+    got = sb.collate(images, uint8, None if scale is None else np.float32(scale))
+    want = np.stack(images)
+    if not uint8:
+        want = want.astype(np.float32) * np.float32(scale or 1.0)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)

@@ -4,8 +4,9 @@ py-lmdb loop, interleaved inside one MPI job.
 Run on every rank (``lmdbio launch -n N ... -- python -m lmdbio.commands.demo_compare``).
 Each repeat runs ``lmdbio run CONFIG`` (the loader, no model), then
 :mod:`lmdbio.pylmdb_per_rank` (every rank reads its own records with py-lmdb in
-``DistributedSampler`` order, parses each Datum with protobuf, stacks a float32 batch: what
-PyTorch and Caffe users run) with the same ranks, batch size and batches per rank. Both
+``DistributedSampler`` order, parses each Datum with protobuf, stacks a float32 batch,
+scaled as the job's ``transform.scale`` scales lmdbio's: what PyTorch and Caffe users run)
+with the same ranks, batch size and batches per rank. Both
 print their own summary; their JSON goes to ``OUT/lmdbio-R.json`` and
 ``OUT/pylmdb-R.json``. Repeats alternate the two so that a machine busy with other work
 for a moment slows both alike; the demo keeps the best steady state of each (the usual way
@@ -23,7 +24,7 @@ from pathlib import Path
 
 from lmdbio import pylmdb_per_rank
 from lmdbio.cli import main as lmdbio
-from lmdbio.config import load_config
+from lmdbio.config import JobConfig, load_config
 from lmdbio.mpiutil import start_mpi
 
 
@@ -49,13 +50,22 @@ def main(argv: list[str] | None = None) -> int:
         world.Barrier()  # rank 0 wrote the figures: how many batches every worker took
         totals = _read_totals(ours)
         batches = totals["samples"] // max(totals["workers"], 1) // cfg.batch.size
-        baseline = argparse.Namespace(
-            path=str(cfg.dataset.path), batch_size=cfg.batch.size, batches=batches,
-            seed=cfg.shuffle.seed, warmup=2, step_seconds=0.0, parser="auto", uint8=False,
-            json=str(out / f"pylmdb-{rep}.json"))
-        pylmdb_per_rank.main(baseline)
+        pylmdb_per_rank.main(baseline_arguments(cfg, batches, out / f"pylmdb-{rep}.json"))
         world.Barrier()
     return 0
+
+
+def baseline_arguments(cfg: JobConfig, batches: int, json_out: Path) -> argparse.Namespace:
+    """The per-rank loop's arguments for the job ``cfg`` (its parser's, so that every
+    option has its default): the same records per batch, batches, seed, and the same
+    output, float32 multiplied by the job's ``transform.scale``."""
+    parser = argparse.ArgumentParser()
+    pylmdb_per_rank.add_arguments(parser)
+    argv = [str(cfg.dataset.path), "--batch-size", str(cfg.batch.size), "--batches",
+            str(batches), "--seed", str(cfg.shuffle.seed), "--json", str(json_out)]
+    if cfg.transform.scale != 1.0:
+        argv += ["--scale", repr(cfg.transform.scale)]
+    return parser.parse_args(argv)
 
 
 def _read_totals(path: Path) -> dict:
