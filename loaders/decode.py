@@ -26,7 +26,7 @@ from lmdbio.errors import ConfigError, LmdbioError, RecordError
 from lmdbio.kernel_cache import kernel_module
 from lmdbio.layouts import LAYOUTS, get_layout, layout_names
 from loaders import stores
-from loaders.transform import RaggedImages
+from loaders.transform import RaggedImages, fused_kernel_wrote
 
 if TYPE_CHECKING:  # pragma: no cover
     from lmdbio.codecs.datum.batch import DatumHeaders
@@ -365,7 +365,7 @@ def uniform_datums_float32(payload: np.ndarray, offsets: np.ndarray | DatumSpans
     shape, flat = spans.shape_array(), out.reshape(n, -1)
     if stores.write(out.nbytes, lambda streaming: widen_datums(
             payload, spans.starts, spans.lengths, shape, flat, labels, table, fmt,
-            streaming)) >= 0:
+            streaming), wrote=fused_kernel_wrote) >= 0:
         return None
     return out, labels
 

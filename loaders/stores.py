@@ -13,19 +13,24 @@ rest of the cache. Both kinds write the same values; which is faster depends on 
 
 So the default, ``auto``, measures the loader's own kernels on the job's own batches
 (:class:`StoreTrial`): each output size of :data:`TRIAL_MIN_BYTES` or more is written with
-ordinary stores, then with streaming stores, :data:`TIMED_BYTES` of each timed (CPU time of
-the writing thread), until each kind has :data:`SAMPLES` timings; the kind with the lower
-median wins for the rest of the process. Ordinary stores are timed only after
-:data:`WARM_BYTES`: their speed depends on the stores before them (after streaming stores,
-ordinary ones took some 300-450 MB to reach their own speed on the host above). A batch
-during which its thread took a page fault is not counted: a first epoch faults the
-database's pages into the process (on a cold cache reads them), which swamps the store
-kind; a choice timed over short alternating blocks without this filter flipped between runs
-(``docs/findings/peers-2026-11-28c.md``). If :data:`MAX_TRIAL_BYTES` give too few clean
-timings (a data set that faults on every batch), the ``large`` rule decides. Streaming
-stores must win by :data:`MARGIN` (a tie keeps ordinary stores), and every
+ordinary stores, then with streaming stores, in blocks that each time at least
+:data:`TIMED_BYTES` and :data:`SAMPLES` batches (CPU time of the writing thread), and the
+kind with the lower median is kept until the size is tried again. Ordinary stores are
+timed only after :data:`WARM_BYTES`: their speed depends on the stores before them (after
+streaming stores, ordinary ones took some 300-450 MB to reach their own speed on the host
+above); streaming stores after one batch. A batch during which its thread took a page
+fault is not counted: a first epoch faults the database's pages into the process (on a
+cold cache reads them), which swamps the store kind; a choice timed over short
+alternating blocks without this filter flipped between runs
+(``docs/findings/peers-2026-11-28c.md``). Nor is a call that wrote nothing (a kernel that
+gave up on a record of another shape). Streaming stores must win by :data:`MARGIN` (a tie
+keeps ordinary stores); if :data:`MAX_PAIRS` pairs of blocks give too few clean timings
+(a data set that faults on every batch) the ``large`` rule decides; and every
 :data:`RETRIAL_BYTES` of one size the trial runs again, so that a choice made while a
-neighbour loaded the host's memory does not hold for the rest of a long job.
+neighbour loaded the host's memory does not hold for the rest of a long job. A size seen
+rarely (an epoch's short last batch) stays on trial for long, written with ordinary
+stores meanwhile; at most :data:`MAX_TRIALS` sizes are tried, the others follow the
+``large`` rule.
 
 ``LMDBIO_STREAMING_STORES`` sets the policy:
 
@@ -60,12 +65,12 @@ TRIAL_MIN_BYTES = 2 << 20
 #: 16-24 batches); streaming stores run at their own speed from their first batch
 WARM_BYTES = 512 << 20
 #: ``auto``: bytes of each kind timed in a block (after its warm-up: :data:`WARM_BYTES` for
-#: ordinary stores, one batch for streaming ones)
+#: ordinary stores, one batch for streaming ones), and at least :data:`SAMPLES` batches
 TIMED_BYTES = 256 << 20
-#: ``auto``: clean timings of each kind before the choice
+#: ``auto``: clean timings of each kind before the choice (and timed batches a block)
 SAMPLES = 4
-#: ``auto``: bytes of one output size tried before the ``large`` rule decides instead
-MAX_TRIAL_BYTES = 8 << 30
+#: ``auto``: pairs of blocks tried for clean timings before the ``large`` rule decides
+MAX_PAIRS = 4
 #: ``auto``: streaming stores are chosen only when their median is at least this much below
 #: the ordinary stores' (a tie keeps ordinary stores: their output may still be in the cache
 #: when the trainer reads it, which a trial does not time). Under a memory-bound neighbour
@@ -73,7 +78,7 @@ MAX_TRIAL_BYTES = 8 << 30
 MARGIN = 0.05
 #: ``auto``: bytes of one output size written with the choice before it is tried again
 #: (what the host's other tenants do changes; a choice made under their load should not
-#: hold for the rest of a long job): 64 GiB is 3,400 ImageNet-like batches of 32, a few
+#: hold for the rest of a long job): 64 GiB is 3,500 ImageNet-like batches of 32, a few
 #: seconds of one worker; a new trial costs a few milliseconds where the choice holds
 RETRIAL_BYTES = 64 << 30
 #: ``auto``: output sizes tried per process; further sizes follow the ``large`` rule
@@ -111,10 +116,11 @@ def faster_kind(ordinary: list[float], streaming: list[float]) -> bool:
 
 class StoreTrial:
     """The trial of one output size under ``auto`` (see the module docstring): which kind
-    the next batch takes, whether it is timed, and the choice once made. Pairs of blocks,
-    ordinary stores then streaming ones, each timed for :data:`TIMED_BYTES` after its
-    warm-up, until both kinds have :data:`SAMPLES` clean timings. Not thread-safe:
-    :class:`StoreChoice` holds its lock around every call but :meth:`wrote`.
+    the next batch takes (:meth:`next_batch`), what it cost (:meth:`finish`), and the
+    choice once made. Pairs of blocks, ordinary stores then streaming ones, each timing
+    :data:`TIMED_BYTES` and :data:`SAMPLES` batches after its warm-up, until both kinds
+    have :data:`SAMPLES` clean timings. Not thread-safe: :class:`StoreChoice` holds its
+    lock around every call but :meth:`wrote`.
 
     A choice holds for :data:`RETRIAL_BYTES`; then the size is tried again (:meth:`wrote`).
     """
@@ -127,10 +133,12 @@ class StoreTrial:
 
     def restart(self) -> None:
         """Begin a new trial (the earlier choices stay in :attr:`choices`)."""
+        #: batches written in this trial, blocks finished, and the current block's bytes
+        #: written and batches timed
         self.batches = 0
-        #: blocks finished, and bytes written in the current one
         self.blocks = 0
         self.written = 0
+        self.timed = 0
         #: clean CPU seconds per batch, by kind (``True``: streaming)
         self.seconds: dict[bool, list[float]] = {False: [], True: []}
         #: the choice (``None`` while trying), and bytes written with it
@@ -148,37 +156,40 @@ class StoreTrial:
         self.streaming = streaming
         self.choices.append(streaming)
 
-    def warm_bytes(self, streaming: bool) -> int:
-        """Bytes of a block of this kind written before its timings count (streaming
-        stores: the block's first batch)."""
-        return 1 if streaming else WARM_BYTES
-
     def next_batch(self) -> tuple[bool, bool]:
-        """``(streaming, timed)`` for the next batch, once a pair of blocks ended: the
-        choice, if both kinds have their timings (or the ``large`` rule after
-        :data:`MAX_TRIAL_BYTES`)."""
-        if self.streaming is None:
-            if self.blocks and self.blocks % 2 == 0 and self.written == 0 and \
-                    min(len(v) for v in self.seconds.values()) >= SAMPLES:
-                self.decide(faster_kind(self.seconds[False], self.seconds[True]))
-            elif self.batches * self.nbytes >= MAX_TRIAL_BYTES:
-                self.decide(large_rule(self.nbytes))
+        """``(streaming, timed)`` for the next batch: the current block's kind, and whether
+        its warm-up is over (:data:`WARM_BYTES` of ordinary stores, one batch of streaming
+        ones); the choice, untimed, once made."""
         if self.streaming is not None:
             return self.streaming, False
         streaming = self.blocks % 2 == 1
-        warm = self.warm_bytes(streaming)
-        timed = self.written >= warm
+        warm = self.written < (self.nbytes if streaming else WARM_BYTES)
+        return streaming, not warm
+
+    def finish(self, streaming: bool, timed: bool, seconds: float, faults: int) -> None:
+        """A batch :meth:`next_batch` gave was written: ``seconds`` of its thread's CPU
+        with ``faults`` page faults (a timing counted only without faults). Ends the block
+        when it timed :data:`TIMED_BYTES` and :data:`SAMPLES` batches; after each pair of
+        blocks decides, if both kinds have their timings (the ``large`` rule after
+        :data:`MAX_PAIRS`)."""
+        if self.streaming is not None or streaming != (self.blocks % 2 == 1):
+            return  # the kind of a block that ended meanwhile (another thread's batch)
         self.batches += 1
         self.written += self.nbytes
-        if self.written >= warm + TIMED_BYTES:
-            self.blocks, self.written = self.blocks + 1, 0
-        return streaming, timed
-
-    def record(self, streaming: bool, seconds: float, faults: int) -> None:
-        """A timed batch took ``seconds`` of its thread's CPU and ``faults`` page faults
-        (counted only without faults)."""
+        if not timed:
+            return
+        self.timed += 1
         if faults == 0:
             self.seconds[streaming].append(seconds)
+        if self.timed < SAMPLES or self.timed * self.nbytes < TIMED_BYTES:
+            return
+        self.blocks, self.written, self.timed = self.blocks + 1, 0, 0
+        if self.blocks % 2:
+            return
+        if min(len(v) for v in self.seconds.values()) >= SAMPLES:
+            self.decide(faster_kind(self.seconds[False], self.seconds[True]))
+        elif self.blocks >= 2 * MAX_PAIRS:
+            self.decide(large_rule(self.nbytes))
 
     def as_dict(self) -> dict[str, object]:
         """The trial, JSON-able: the choice and the median microseconds of each kind."""
@@ -201,6 +212,8 @@ class StoreChoice:
             raise ValueError(f"{ENV}: expected one of {', '.join(POLICIES)}, got {policy!r}")
         self.policy = policy
         self._trials: dict[int, StoreTrial] = {}
+        #: sizes past :data:`MAX_TRIALS`: the ``large`` rule, without the lock
+        self._untried: set[int] = set()
         self._lock = threading.Lock()
 
     def streams(self, nbytes: int) -> bool:
@@ -214,10 +227,12 @@ class StoreChoice:
             return large_rule(nbytes)
         return self.policy == "always"
 
-    def write(self, nbytes: int, kernel: Writer[T]) -> T:
+    def write(self, nbytes: int, kernel: Writer[T],
+              wrote: Callable[[T], bool] = lambda _: True) -> T:
         """``kernel(streaming)``, the writing of one batch of ``nbytes``, with the kind this
-        policy picks; under ``auto`` a batch of a size still on trial is timed."""
-        if self.policy != "auto" or nbytes < TRIAL_MIN_BYTES:
+        policy picks; under ``auto`` a batch of a size on trial is timed, and counts if
+        ``wrote(result)`` (a kernel that gave up wrote nothing: its time says nothing)."""
+        if self.policy != "auto" or nbytes < TRIAL_MIN_BYTES or nbytes in self._untried:
             return kernel(self.streams(nbytes))
         trial = self._trials.get(nbytes)
         if trial is not None:
@@ -230,17 +245,22 @@ class StoreChoice:
                 return kernel(streaming)
         with self._lock:
             trial = self._trials.get(nbytes)
-            if trial is None and len(self._trials) < MAX_TRIALS:
-                trial = self._trials[nbytes] = StoreTrial(nbytes)
+            if trial is None:
+                if len(self._trials) >= MAX_TRIALS:
+                    self._untried.add(nbytes)
+                    trial = None
+                else:
+                    trial = self._trials[nbytes] = StoreTrial(nbytes)
             streaming, timed = (large_rule(nbytes), False) if trial is None else \
                 trial.next_batch()
-        if not timed or trial is None:
+        if trial is None:
             return kernel(streaming)
         faults, cpu = page_faults(), time.thread_time()
         result = kernel(streaming)
         cpu, faults = time.thread_time() - cpu, page_faults() - faults
-        with self._lock:
-            trial.record(streaming, cpu, faults)
+        if wrote(result):
+            with self._lock:
+                trial.finish(streaming, timed, cpu, faults)
         return result
 
     def trials(self) -> list[dict[str, object]]:
@@ -271,7 +291,7 @@ def streams(nbytes: int) -> bool:
     return STORES.streams(nbytes)
 
 
-def write(nbytes: int, kernel: Writer[T]) -> T:
+def write(nbytes: int, kernel: Writer[T], wrote: Callable[[T], bool] = lambda _: True) -> T:
     """``kernel(streaming)`` for one float32 batch of ``nbytes``, with this process's store
     kind (see :meth:`StoreChoice.write`)."""
-    return STORES.write(nbytes, kernel)
+    return STORES.write(nbytes, kernel, wrote)

@@ -443,7 +443,8 @@ class DataTransformer:
         src = read_only(buf)
         if stores.write(out.nbytes, lambda streaming: k.transform_datums(
                 src, spans.starts, spans.lengths, dims, draw.h_off, draw.w_off, draw.mirror,
-                mode, mean, mv, self.scale, out, labels, table, fmt, streaming)) >= 0:
+                mode, mean, mv, self.scale, out, labels, table, fmt, streaming),
+                wrote=fused_kernel_wrote) >= 0:
             if not self.crop_size or self.mean is not None:
                 return None
             # records of several sizes, each cropped as Caffe crops it: its own pass
@@ -545,6 +546,12 @@ def _transform_cpu(batch: np.ndarray, draw: TransformDraw, crop_size: int, scale
     stores.write(out.nbytes, lambda streaming: k.transform(src, h_off, w_off, mirror, mode, m,
                                                            mvr, sc, out, streaming))
     return out
+
+
+def fused_kernel_wrote(status: int) -> bool:
+    """Whether a fused Datum kernel wrote its batch (a status of 0 or more: it gave up at
+    that record, having written nothing the caller keeps)."""
+    return status < 0
 
 
 def transform_batch(

@@ -3,12 +3,15 @@ whose default, ``auto``, times both kinds on the job's own batches."""
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
 import loaders.stores as stores
 from loaders.stores import (
-    MAX_TRIAL_BYTES,
+    MAX_PAIRS,
+    MAX_TRIALS,
     MIN_BYTES,
     SAMPLES,
     TIMED_BYTES,
@@ -38,42 +41,46 @@ def test_the_policy_comes_from_the_environment(monkeypatch):
         StoreChoice(policy_from_env())  # type: ignore[arg-type]
 
 
+def block(nbytes: int, streaming: bool) -> tuple[int, int]:
+    """(untimed, timed) batches of ``nbytes`` in a trial block of this kind."""
+    warm = 1 if streaming else -(-WARM_BYTES // nbytes)
+    return warm, max(SAMPLES, -(-TIMED_BYTES // nbytes))
+
+
+def pair(nbytes: int) -> int:
+    """Batches of ``nbytes`` in a pair of trial blocks."""
+    return sum(block(nbytes, False)) + sum(block(nbytes, True))
+
+
 def drive(trial: StoreTrial, seconds: dict[bool, float], faults: dict[bool, int],
           batches: int) -> list[tuple[bool, bool]]:
-    """``batches`` batches of ``trial``: the (streaming, timed) of each; a timed one records
+    """``batches`` batches of ``trial``: the (streaming, timed) of each, finished with
     ``seconds[kind]`` and ``faults[kind]``."""
     seen = []
     for _ in range(batches):
         streaming, timed = trial.next_batch()
         seen.append((streaming, timed))
-        if timed:
-            trial.record(streaming, seconds[streaming], faults[streaming])
+        trial.finish(streaming, timed, seconds[streaming], faults[streaming])
     return seen
 
 
-def block_batches(nbytes: int, warm: int) -> int:
-    """Batches of ``nbytes`` in a trial block whose warm-up is ``warm`` bytes."""
-    return -(-(warm + TIMED_BYTES) // nbytes)
-
-
+@pytest.mark.parametrize("nbytes", [64 << 20, 300 << 20, 800 << 20])
 @pytest.mark.parametrize("streaming_wins", [True, False])
-def test_a_trial_times_each_kind_after_its_warm_up_and_keeps_the_faster(streaming_wins):
-    nbytes = 64 << 20
-    ordinary, streaming = block_batches(nbytes, WARM_BYTES), block_batches(nbytes, 1)
+def test_a_trial_times_each_kind_after_its_warm_up_and_keeps_the_faster(streaming_wins,
+                                                                        nbytes):
+    """An ordinary block (timed after WARM_BYTES), a streaming one (after one batch), each
+    timing at least TIMED_BYTES and SAMPLES batches, then the choice: at any batch size,
+    one larger than a block's bytes too."""
+    (ow, ot), (sw, st) = block(nbytes, False), block(nbytes, True)
     trial = StoreTrial(nbytes)
     fast, slow = 1.0, 1.5
     seen = drive(trial, {True: fast if streaming_wins else slow,
                          False: slow if streaming_wins else fast}, {True: 0, False: 0},
-                 ordinary + streaming + 5)
-    # an ordinary block, timed after WARM_BYTES; then a streaming one, after one batch
-    warm = WARM_BYTES // nbytes
-    assert seen[:ordinary] == [(False, False)] * warm + [(False, True)] * (ordinary - warm)
-    assert seen[ordinary:ordinary + streaming] == \
-        [(True, False)] + [(True, True)] * (streaming - 1)
-    assert min(ordinary - warm, streaming - 1) >= SAMPLES  # one pair decides here
-    # then the choice, for every later batch, untimed
+                 pair(nbytes) + 5)
+    assert seen[:ow + ot] == [(False, False)] * ow + [(False, True)] * ot
+    assert seen[ow + ot:pair(nbytes)] == [(True, False)] * sw + [(True, True)] * st
     assert trial.streaming is streaming_wins
-    assert seen[ordinary + streaming:] == [(streaming_wins, False)] * 5
+    assert seen[pair(nbytes):] == [(streaming_wins, False)] * 5
     assert trial.as_dict()["choice"] == ("streaming" if streaming_wins else "ordinary")
 
 
@@ -81,21 +88,32 @@ def test_timings_with_page_faults_do_not_count():
     """A block whose streaming batches all faulted gives no streaming timings: the trial
     goes on (a second pair of blocks), and the faulting batches' times never decide."""
     nbytes = 64 << 20
-    pair = block_batches(nbytes, WARM_BYTES) + block_batches(nbytes, 1)
     trial = StoreTrial(nbytes)
-    drive(trial, {True: 0.1, False: 1.0}, {True: 3, False: 0}, pair + 1)
+    drive(trial, {True: 0.1, False: 1.0}, {True: 3, False: 0}, pair(nbytes))
     assert trial.streaming is None and trial.seconds[True] == []
     assert len(trial.seconds[False]) >= SAMPLES
-    drive(trial, {True: 2.0, False: 1.0}, {True: 0, False: 0}, pair)
-    trial.next_batch()
+    drive(trial, {True: 2.0, False: 1.0}, {True: 0, False: 0}, pair(nbytes))
     assert trial.streaming is False  # the clean streaming timings were the slower ones
 
 
 def test_a_trial_that_never_gets_clean_timings_falls_back_to_the_size_rule():
     nbytes = 64 << 20
     trial = StoreTrial(nbytes)
-    drive(trial, {True: 1.0, False: 1.0}, {True: 1, False: 1}, MAX_TRIAL_BYTES // nbytes + 1)
+    drive(trial, {True: 1.0, False: 1.0}, {True: 1, False: 1}, MAX_PAIRS * pair(nbytes) - 1)
+    assert trial.streaming is None
+    drive(trial, {True: 1.0, False: 1.0}, {True: 1, False: 1}, 1)
     assert trial.streaming is stores.large_rule(nbytes) is True
+
+
+def test_the_median_decides_not_one_outlier():
+    assert not stores.faster_kind([1.0, 1.0, 1.0, 100.0], [2.0] * 4)
+    assert stores.faster_kind([2.0] * 4, [1.0, 1.0, 1.0, 100.0])
+
+
+@pytest.mark.parametrize(("streaming_seconds", "streaming_wins"), [(0.97, False), (0.90, True)])
+def test_streaming_stores_must_win_by_the_margin(streaming_seconds, streaming_wins):
+    """A tie (streaming 3 % faster: within stores.MARGIN) keeps ordinary stores."""
+    assert stores.faster_kind([1.0] * SAMPLES, [streaming_seconds] * SAMPLES) is streaming_wins
 
 
 def test_auto_writes_small_batches_with_ordinary_stores_untimed(monkeypatch):
@@ -104,30 +122,127 @@ def test_auto_writes_small_batches_with_ordinary_stores_untimed(monkeypatch):
     assert kinds == [False] * 3 and choice.trials() == []
 
 
-def test_auto_times_the_kernel_on_its_own_thread_and_keeps_the_faster_kind(monkeypatch):
-    """StoreChoice.write under ``auto``: the kernel's CPU time (a fake thread clock the
-    kernel advances: ordinary batches cost half) decides, and the choice then holds for
-    that output size only."""
-    clock = [0.0]
-    monkeypatch.setattr(stores.time, "thread_time", lambda: clock[0])
-    monkeypatch.setattr(stores, "page_faults", lambda: 0)
-    choice = StoreChoice("auto")
+class Host:
+    """A fake machine for StoreChoice.write: a thread clock the kernel advances, where
+    streaming stores cost ``streaming`` a batch and ordinary ones ``ordinary``, but
+    ``slow`` for the first ``recovery`` ordinary batches after a streaming batch or the
+    process's start (the history the warm-up is for)."""
+
+    def __init__(self, monkeypatch, choice: StoreChoice, ordinary: float, streaming: float,
+                 slow: float, recovery: int) -> None:
+        self.clock = 0.0
+        self.choice = choice
+        self.cost = {False: ordinary, True: streaming}
+        self.slow, self.recovery = slow, recovery
+        self.since_streaming = 0
+        self.kinds: list[bool] = []
+        monkeypatch.setattr(stores.time, "thread_time", lambda: self.clock)
+        monkeypatch.setattr(stores, "page_faults", lambda: 0)
+
+    def kernel(self, streaming: bool) -> int:
+        assert not self.choice._lock.locked(), "a kernel ran under the trial's lock"
+        self.kinds.append(streaming)
+        if streaming:
+            self.since_streaming = 0
+            self.clock += self.cost[True]
+        else:
+            self.since_streaming += 1
+            self.clock += self.slow if self.since_streaming <= self.recovery \
+                else self.cost[False]
+        return -1
+
+
+def test_auto_times_only_after_the_warm_up_and_keeps_the_steady_winner(monkeypatch):
+    """Ordinary stores are slow for as many batches as WARM_BYTES after streaming ones (and
+    at the start), then the fastest: timing the warm-up would choose streaming stores."""
     nbytes = 64 << 20
-
-    def kernel(streaming: bool) -> str:
-        clock[0] += 2.0 if streaming else 1.0
-        return "wrote"
-
-    ordinary = block_batches(nbytes, WARM_BYTES)
-    kinds = []
-    for _ in range(ordinary + block_batches(nbytes, 1) + 3):
-        assert choice.write(nbytes, lambda s: (kinds.append(s), kernel(s))[1]) == "wrote"
-    assert kinds[:ordinary] == [False] * ordinary
-    assert kinds[-3:] == [False] * 3 and not choice.streams(nbytes)
+    choice = StoreChoice("auto")
+    host = Host(monkeypatch, choice, ordinary=1.0, streaming=1.5, slow=3.0,
+                recovery=WARM_BYTES // nbytes)
+    for _ in range(pair(nbytes) + 3):
+        choice.write(nbytes, host.kernel)
+    ow, ot = block(nbytes, False)
+    assert host.kinds[:ow + ot] == [False] * (ow + ot)
+    assert host.kinds[-3:] == [False] * 3 and not choice.streams(nbytes)
     [trial] = choice.trials()
     assert trial["choice"] == "ordinary" and trial["median_us"] == {"ordinary": 1e6,
-                                                                   "streaming": 2e6}
+                                                                   "streaming": 1.5e6}
     assert choice.streams(nbytes + 1)  # another size: undecided, under the size rule
+
+
+def test_a_batch_the_kernel_gave_up_on_is_not_counted(monkeypatch):
+    """A fused kernel that stops at a record of another shape wrote nothing: its call is
+    neither timed nor counted towards a block."""
+    choice = StoreChoice("auto")
+    host = Host(monkeypatch, choice, 1.0, 1.0, 1.0, 0)
+    nbytes = 64 << 20
+    for _ in range(2 * pair(nbytes)):
+        choice.write(nbytes, host.kernel, wrote=lambda status: False)
+    [trial] = choice.trials()
+    assert trial["batches"] == 0 and trial["median_us"] == {} and trial["choice"] is None
+
+
+class CountingLock:
+    """A lock that counts its acquisitions."""
+
+    def __init__(self) -> None:
+        self.lock, self.taken = threading.Lock(), 0
+
+    def locked(self) -> bool:
+        return self.lock.locked()
+
+    def __enter__(self) -> None:
+        self.lock.acquire()
+        self.taken += 1
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_sizes_past_max_trials_follow_the_size_rule_without_the_lock(monkeypatch):
+    choice = StoreChoice("auto")
+    host = Host(monkeypatch, choice, 1.0, 1.0, 1.0, 0)
+    sizes = [(16 << 20) + i for i in range(MAX_TRIALS + 1)]
+    for n in sizes:
+        choice.write(n, host.kernel)
+    assert len(choice.trials()) == MAX_TRIALS
+    assert host.kinds == [False] * MAX_TRIALS + [stores.large_rule(sizes[-1])]
+    choice._lock = lock = CountingLock()  # type: ignore[assignment]
+    for _ in range(3):
+        choice.write(sizes[-1], host.kernel)
+    assert lock.taken == 0 and host.kinds[-3:] == [stores.large_rule(sizes[-1])] * 3
+
+
+def test_the_choice_comes_after_a_pair_of_blocks():
+    """Ordinary timings that all faulted in the first pair: the second pair's ordinary
+    block gives them, and its streaming block still runs before the choice (both kinds'
+    timings from one pair of blocks, side by side)."""
+    nbytes = 64 << 20
+    trial = StoreTrial(nbytes)
+    drive(trial, {True: 1.0, False: 2.0}, {True: 0, False: 5}, pair(nbytes))
+    assert trial.streaming is None and len(trial.seconds[True]) >= SAMPLES
+    seen = drive(trial, {True: 1.0, False: 2.0}, {True: 0, False: 0}, pair(nbytes))
+    assert seen[-1] == (True, True) and trial.streaming is True
+
+
+def test_a_choice_is_tried_again_after_retrial_bytes(monkeypatch):
+    """The host changes: after RETRIAL_BYTES written with the first choice (ordinary), a
+    second trial runs and, streaming stores now timed faster, changes it."""
+    nbytes = 64 << 20
+    monkeypatch.setattr(stores, "RETRIAL_BYTES", 10 * nbytes)
+    choice = StoreChoice("auto")
+    host = Host(monkeypatch, choice, ordinary=1.0, streaming=2.0, slow=1.0, recovery=0)
+    for _ in range(pair(nbytes)):
+        choice.write(nbytes, host.kernel)
+    assert choice.trials()[0]["choices"] == ["ordinary"] and not choice.streams(nbytes)
+    host.cost[True] = 0.5
+    for _ in range(9):  # still the first choice, RETRIAL_BYTES not yet written
+        choice.write(nbytes, host.kernel)
+    assert choice.trials()[0]["choice"] == "ordinary"
+    for _ in range(1 + pair(nbytes)):
+        choice.write(nbytes, host.kernel)
+    [trial] = choice.trials()
+    assert trial["choices"] == ["ordinary", "streaming"] and choice.streams(nbytes)
 
 
 @pytest.mark.parametrize("policy", ["always", "never"])
@@ -155,37 +270,3 @@ def test_the_loader_kernels_write_the_same_values_under_either_policy(monkeypatc
     zeros = np.zeros(4, np.int64)
     draw = TransformDraw(zeros, zeros, np.zeros(4, bool))
     np.testing.assert_array_equal(t(images, draw=draw), want)
-
-
-@pytest.mark.parametrize(("streaming_seconds", "streaming_wins"), [(0.97, False), (0.90, True)])
-def test_streaming_stores_must_win_by_the_margin(streaming_seconds, streaming_wins):
-    """A tie (streaming 3 % faster: within stores.MARGIN) keeps ordinary stores."""
-    assert stores.faster_kind([1.0] * SAMPLES, [streaming_seconds] * SAMPLES) is streaming_wins
-
-
-def test_a_choice_is_tried_again_after_retrial_bytes(monkeypatch):
-    """The host changes: after RETRIAL_BYTES written with the first choice (ordinary), a
-    second trial runs and, streaming stores now timed faster, changes it."""
-    clock = [0.0]
-    cost = {False: 1.0, True: 2.0}
-    monkeypatch.setattr(stores.time, "thread_time", lambda: clock[0])
-    monkeypatch.setattr(stores, "page_faults", lambda: 0)
-    nbytes = 64 << 20
-    monkeypatch.setattr(stores, "RETRIAL_BYTES", 10 * nbytes)
-    choice = StoreChoice("auto")
-    pair = block_batches(nbytes, WARM_BYTES) + block_batches(nbytes, 1)
-
-    def kernel(streaming: bool) -> None:
-        clock[0] += cost[streaming]
-
-    for _ in range(pair + 1):
-        choice.write(nbytes, kernel)
-    assert choice.trials()[0]["choices"] == ["ordinary"] and not choice.streams(nbytes)
-    cost[True] = 0.5
-    for _ in range(9):  # still the first choice, RETRIAL_BYTES not yet written
-        choice.write(nbytes, kernel)
-    assert choice.trials()[0]["choice"] == "ordinary"
-    for _ in range(1 + pair + 1):
-        choice.write(nbytes, kernel)
-    [trial] = choice.trials()
-    assert trial["choices"] == ["ordinary", "streaming"] and choice.streams(nbytes)

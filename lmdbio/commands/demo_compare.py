@@ -57,8 +57,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def baseline_arguments(cfg: JobConfig, batches: int, json_out: Path) -> argparse.Namespace:
     """The per-rank loop's arguments for the job ``cfg`` (its parser's, so that every
-    option has its default): the same records per batch, batches, seed, and the same
-    output, float32 multiplied by the job's ``transform.scale``."""
+    option has its default): the same records per batch, batches and seed, float32
+    multiplied by the job's ``transform.scale``: the job's output where its transform is
+    a scale alone (configs/quickstart.yaml's); mean, crop and mirror the loop leaves out."""
     parser = argparse.ArgumentParser()
     pylmdb_per_rank.add_arguments(parser)
     argv = [str(cfg.dataset.path), "--batch-size", str(cfg.batch.size), "--batches",
