@@ -19,14 +19,20 @@
 #   service-r8   50 s  bench/service.py --ranks 8 --repeat 1 --no-stall, CIFAR-like only, 300
 #                      batches per consuming rank (7 mpiexec runs of a few seconds each)
 #   service-r16  55 s  the same at 16 ranks
-#   peers       105 s  bench/peers.py --max-ranks 16 --repeat 1 --epochs 3 (at 16 ranks an epoch
+#   peers        65 s  bench/peers.py --ranks 8,16 --repeat 1 --epochs 3 (at 16 ranks an epoch
 #                      is ~1 ms a rank: three timed as one window), CIFAR-like only, no streaming
-#                      (measured on this VM already; ~30 s): R = 2, 4, 8, 16: floor-R,
-#                      kernel-R (lmdbio's fused kernel alone), pylmdb-per-rank-R (unscaled,
-#                      the stricter baseline; not its -scaled- twin, for time) and
-#                      lmdbio colocated (a reader per rank, the default), one-reader and
-#                      dedicated, 24 launches of 1-5 s; torch's three
-#                      worker counts in one (~15 s)
+#                      (measured on this VM already): R = 8, 16 (2 was measured on this VM):
+#                      floor-R, kernel-R (lmdbio's fused kernel alone), pylmdb-per-rank-R
+#                      (unscaled, the stricter baseline; not its -scaled- twin, for time) and
+#                      lmdbio colocated (a reader per rank, the default) and dedicated (not
+#                      one-reader, for time), 10 launches of 1-5 s; torch's three worker
+#                      counts in one
+#   imagenet     40 s  bench/peers.py --only imagenet --ranks 16 --repeat 1 --epochs 120: kernel,
+#                      kernel-16, pylmdb-per-rank(-scaled)-16, lmdbio-1 and lmdbio-colocated-16
+#                      (6 launches; 11 s at 2 ranks on the 2-core VM, data made included). Its
+#                      19 MB batches are what the store trial (loaders/stores.py, auto) tries:
+#                      each rank's choice of ordinary or streaming stores with 16 ranks writing
+#                      at once is in per_rank[].stores of $OUT/imagenet/peers.json
 #   gpu          30 s  only where nvidia-smi lists a GPU: bench/gpu.py --target-gb 0.5
 #                      --repeat 2 --records 8000 --epochs 1 (pageable vs pinned vs pinned ring vs IBP
 #                      from pinned H2D on digits, MNIST, breast-cancer rows; the Datum loader
@@ -34,8 +40,8 @@
 #                      $OUT/gpu.json; quick mode: --fake-gpu (the numpy stand-in, tiny sizes,
 #                      figures meaningless). The 30 s is an estimate: it has not run on a GPU
 #                      (venv, warm, service and peers each gave up 5-10 s of limit for it).
-# Not covered here: ImageNet-like, MNIST and photograph sets (run bench/peers.py alone for
-# those), the stall experiment of bench/service.py. lmdbio's workers in bench/peers.py
+# Not covered here: MNIST and photograph sets, ImageNet-like at 8 ranks (run bench/peers.py
+# alone for those), the stall experiment of bench/service.py. lmdbio's workers in bench/peers.py
 # deliver CPU (numpy) batches as the peers do; bench/service.py's take the GPU when cupy
 # finds one (workers.device auto).
 set -u
@@ -124,13 +130,19 @@ service_at() {
 export REPO OUT WHEELS PY
 export -f setup_venv probes service_at
 
+IMAGENET_VARIANTS=kernel,pylmdb-per-rank,lmdbio-1,lmdbio-colocated
 if [ "$QUICK" = "1" ]; then
     R_LOW=2; R_HIGH=2; BATCHES=20; PEERS_ARGS=(--quick --max-ranks 2 --repeat 1)
+    IMAGENET_ARGS=(--only imagenet --ranks 2 --repeat 1 --epochs 3
+                   --variants "$IMAGENET_VARIANTS")
 else
     R_LOW=8; R_HIGH=16; BATCHES=300
-    PEERS_ARGS=(--only cifar --max-ranks 16 --repeat 1 --epochs 3
+    PEERS_ARGS=(--only cifar --ranks 8,16 --repeat 1 --epochs 3
                 --variants "floor,kernel,sequential-read,pylmdb-loop,$(
-                    printf 'pylmdb-per-rank-%s,' 2 4 8 16)torch,lmdbio")
+                    printf 'pylmdb-per-rank-%s,' 8 16)torch,lmdbio-1,lmdbio-colocated,$(
+                    )lmdbio-dedicated")
+    IMAGENET_ARGS=(--only imagenet --ranks 16 --repeat 1 --epochs 120
+                   --variants "$IMAGENET_VARIANTS")
 fi
 
 echo "device check: $REPO -> $OUT (quick=$QUICK)"
@@ -141,7 +153,8 @@ if step venv 25 setup_venv; then
     if [ "$R_HIGH" != "$R_LOW" ]; then
         step "service-r$R_HIGH" 55 service_at "$R_HIGH" "$BATCHES"
     fi
-    step peers 105 "$PY" -m bench.peers "${PEERS_ARGS[@]}" --out "$OUT"
+    step peers 65 "$PY" -m bench.peers "${PEERS_ARGS[@]}" --out "$OUT"
+    step imagenet 40 "$PY" -m bench.peers "${IMAGENET_ARGS[@]}" --out "$OUT/imagenet"
     if [ "$QUICK" = "1" ]; then
         step gpu 30 "$PY" -m bench.gpu --fake-gpu --out "$OUT/gpu.json"
     elif nvidia-smi -L 2>/dev/null | grep -q GPU; then

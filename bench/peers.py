@@ -758,6 +758,18 @@ def rank_counts(max_ranks: int) -> list[int]:
     return [*out, max_ranks] if max_ranks >= 2 else []
 
 
+def rank_list(text: str) -> list[int]:
+    """``--ranks``: comma-separated rank counts, each 2 or more."""
+    try:
+        ranks = [int(r) for r in text.split(",") if r.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected rank counts like 8,16, got {text!r}") \
+            from None
+    if not ranks or min(ranks) < 2:
+        raise argparse.ArgumentTypeError(f"rank counts must be 2 or more, got {text!r}")
+    return sorted(set(ranks))
+
+
 def run_child(argv: list[str], result: Path, timeout: float, ranks: int = 0,
               env: dict[str, str] | None = None) -> tuple[dict[str, Any] | None, str]:
     """Run ``argv`` (under ``mpiexec -n ranks`` when ranks, with the benchmarks' MPI_ENV) and
@@ -785,7 +797,7 @@ class Runner:
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         self.args, self.tmp = args, tmp
         self.cores = usable_cores()
-        self.ranks = rank_counts(args.max_ranks)
+        self.ranks = args.ranks or rank_counts(args.max_ranks)
         self.have_torch = importlib.util.find_spec("torch") is not None
         self.have_streaming = self.have_torch and importlib.util.find_spec("streaming") is not None
 
@@ -1076,6 +1088,9 @@ def main() -> int:
                         "and one scheduling hiccup decides a multi-rank figure")
     parser.add_argument("--max-ranks", type=int, default=None,
                         help="largest R of the multi-rank variants (default min(2, cores))")
+    parser.add_argument("--ranks", type=rank_list, default=None, metavar="R1,R2,...",
+                        help="the R of the multi-rank variants, in place of 2, 4, ... "
+                        "--max-ranks (a 16-core machine: 8,16)")
     parser.add_argument("--out", default=str(RESULTS))
     parser.add_argument("--data", default=str(BENCH_DATA))
     parser.add_argument("--parser", choices=("auto", "protobuf", "python"), default="auto",
@@ -1103,6 +1118,7 @@ def main() -> int:
     if args.quick:
         names = ["cifar"] if args.only == parser.get_default("only") else names
         args.max_ranks = min(args.max_ranks, 2)
+        args.ranks = [r for r in args.ranks or [] if r <= 2]
     out, data = Path(args.out), Path(args.data)
     out.mkdir(parents=True, exist_ok=True)
     data.mkdir(parents=True, exist_ok=True)
