@@ -294,7 +294,7 @@ class Loader:
                 "node_ring": self.topo.node_index,
                 "worker": self.is_worker, "reader": self.session.reads,
                 **self.metrics.as_dict(), "stages": self.stages.as_dict(),
-                "stores": {"policy": stores.STORES.policy, "trials": stores.STORES.trials()}}
+                "stores": stores.STORES.as_dict()}
 
     @property
     def stages(self) -> StageClock:

@@ -108,6 +108,11 @@ def large_rule(nbytes: int) -> bool:
     return nbytes >= MIN_BYTES
 
 
+def kind_name(streaming: bool) -> str:
+    """``streaming`` or ``ordinary``: the store kind's name in reports."""
+    return "streaming" if streaming else "ordinary"
+
+
 def faster_kind(ordinary: list[float], streaming: list[float]) -> bool:
     """Whether streaming stores won a trial: their median time :data:`MARGIN` or more below
     the ordinary ones'."""
@@ -193,13 +198,12 @@ class StoreTrial:
 
     def as_dict(self) -> dict[str, object]:
         """The trial, JSON-able: the choice and the median microseconds of each kind."""
-        med = {("streaming" if k else "ordinary"): round(statistics.median(v) * 1e6, 1)
+        med = {kind_name(k): round(statistics.median(v) * 1e6, 1)
                for k, v in self.seconds.items() if v}
-        def kind(streaming: bool | None) -> str | None:
-            return None if streaming is None else ("streaming" if streaming else "ordinary")
-
-        return {"bytes": self.nbytes, "choice": kind(self.streaming), "batches": self.batches,
-                "median_us": med, "choices": [kind(c) for c in self.choices]}
+        return {"bytes": self.nbytes,
+                "choice": None if self.streaming is None else kind_name(self.streaming),
+                "batches": self.batches, "median_us": med,
+                "choices": [kind_name(c) for c in self.choices]}
 
 
 class StoreChoice:
@@ -245,19 +249,21 @@ class StoreChoice:
                 return kernel(streaming)
         with self._lock:
             trial = self._trials.get(nbytes)
-            if trial is None:
-                if len(self._trials) >= MAX_TRIALS:
-                    self._untried.add(nbytes)
-                    trial = None
-                else:
-                    trial = self._trials[nbytes] = StoreTrial(nbytes)
-            streaming, timed = (large_rule(nbytes), False) if trial is None else \
-                trial.next_batch()
+            if trial is None and len(self._trials) >= MAX_TRIALS:
+                self._untried.add(nbytes)
+            elif trial is None:
+                trial = self._trials[nbytes] = StoreTrial(nbytes)
+            if trial is not None:
+                streaming, timed = trial.next_batch()
         if trial is None:
-            return kernel(streaming)
-        faults, cpu = page_faults(), time.thread_time()
-        result = kernel(streaming)
-        cpu, faults = time.thread_time() - cpu, page_faults() - faults
+            return kernel(large_rule(nbytes))
+        cpu = faults = 0
+        if timed:  # the clocks (two system calls each) only where the timing counts
+            faults, start = page_faults(), time.thread_time()
+            result = kernel(streaming)
+            cpu, faults = time.thread_time() - start, page_faults() - faults
+        else:
+            result = kernel(streaming)
         if wrote(result):
             with self._lock:
                 trial.finish(streaming, timed, cpu, faults)
@@ -267,6 +273,10 @@ class StoreChoice:
         """Every trial of this process (``auto``), JSON-able."""
         with self._lock:
             return [t.as_dict() for t in self._trials.values()]
+
+    def as_dict(self) -> dict[str, object]:
+        """The policy and every trial, JSON-able (what a loader's summary reports)."""
+        return {"policy": self.policy, "trials": self.trials()}
 
 
 def policy_from_env() -> str:
