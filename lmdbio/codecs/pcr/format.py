@@ -271,14 +271,21 @@ def unpack_fixed(buf: Any) -> FixedHeader:
     """The fixed header of the value starting ``buf`` as stored, not checked (what
     ``lmdbio inspect`` looks at; :func:`parse_header` checks it). Raises
     :class:`~lmdbio.errors.CodecError` when ``buf`` is shorter than :data:`FIXED`."""
+    return FixedHeader._make(_fixed_fields(buf))
+
+
+def _fixed_fields(buf: Any) -> tuple[bytes, int, int, int, int, int]:
+    """:func:`unpack_fixed` as a plain tuple (the reader's once-a-record path)."""
     if len(buf) < FIXED:
         raise CodecError(f"PCR value: {len(buf)} bytes, the fixed header needs {FIXED}")
-    return FixedHeader._make(FIXED_HEAD.unpack_from(buf, 0))
+    return FIXED_HEAD.unpack_from(buf, 0)
 
 
 def _fixed(buf: memoryview) -> tuple[int, int, int, int]:
-    """``(kind, G, N, H)`` of a value's fixed header, checked: magic, version, kind, G."""
-    magic, kind, ver, g, n, h = unpack_fixed(buf)
+    """``(kind, G, N, H)`` of a value's fixed header, checked: magic, version, kind, G.
+    Called once per record by the reader (:func:`pcr_prefix_bytes`): a plain tuple, not
+    :func:`unpack_fixed`'s named one."""
+    magic, kind, ver, g, n, h = _fixed_fields(buf)
     if magic != MAGIC:
         raise CodecError(f"PCR value: bad magic {magic!r} (expected {MAGIC!r})")
     if ver != LAYOUT_VERSION:
