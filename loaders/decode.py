@@ -14,7 +14,9 @@ so that ``import loaders`` loads neither.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -423,12 +425,32 @@ def ibp_decoder(cfg: JobConfig, **_: object) -> Decoder:
     return decode
 
 
-def dataset_meta(cfg: JobConfig) -> dict[str, Any]:
-    """The ``lmdbio.json`` sidecar of the job's data set (``{}`` where there is none)."""
-    from lmdbio.dataset_meta import read_dataset_meta
+def dataset_meta(cfg: JobConfig) -> Mapping[str, Any]:
+    """The ``lmdbio.json`` sidecar of the job's data set (empty where there is none),
+    read-only. Opening a loader asks for it several times (crop and shape checks, items per
+    record, the PCR decoder): the file is read once and kept while its inode, modification
+    time and size stay the same, so every rank stats it instead of reading it again."""
+    from lmdbio.dataset_meta import META_FILE, dataset_dir
 
     path = getattr(getattr(cfg, "dataset", None), "path", None)
-    return read_dataset_meta(path) if path else {}
+    if not path:
+        return _NO_META
+    try:
+        st = (dataset_dir(path) / META_FILE).stat()
+    except FileNotFoundError:
+        return _NO_META
+    return _sidecar(str(path), (st.st_ino, st.st_mtime_ns, st.st_size))
+
+
+_NO_META: Mapping[str, Any] = MappingProxyType({})
+
+
+@functools.lru_cache(maxsize=8)
+def _sidecar(path: str, stamp: tuple[int, int, int]) -> Mapping[str, Any]:
+    """The sidecar of ``path`` as it was at ``stamp`` (inode, mtime, size)."""
+    from lmdbio.dataset_meta import read_dataset_meta
+
+    return MappingProxyType(read_dataset_meta(path))
 
 
 def items_per_record(cfg: JobConfig) -> int:
