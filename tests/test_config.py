@@ -446,3 +446,15 @@ def test_closed_vocabularies_are_declared_once():
     assert layout.CHECKSUM_NAMES["none"] == layout.CHECKSUM_NONE
     with pytest.raises(ConfigError, match="must be 'xxh64', 'crc32' or 'none'"):
         slot_checksum("md5")
+
+
+def test_was_loaded_tells_a_loaded_config_from_one_built_or_replaced_in_code():
+    """RunPlan.resolve checks the combinations again only where load_config did not."""
+    import dataclasses
+
+    from lmdbio.config import DatasetConfig, JobConfig, load_config, was_loaded
+
+    loaded = load_config({"dataset": {"path": "x", "layout": "caffe-datum"}})
+    assert was_loaded(loaded)
+    assert not was_loaded(dataclasses.replace(loaded, epochs=3))
+    assert not was_loaded(JobConfig(dataset=DatasetConfig(path="x")))
