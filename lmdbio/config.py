@@ -366,14 +366,7 @@ class TransformConfig:
     def active_keys(self) -> tuple[str, ...]:
         """The keys set to change the values (scale, means, crop, mirror), in schema
         order; none: the identity (``phase`` alone changes nothing)."""
-        active = {
-            "scale": self.scale != 1.0,
-            "mean_values": bool(self.mean_values),
-            "mean_file": self.mean_file is not None,
-            "crop_size": self.crop_size > 0,
-            "mirror": self.mirror,
-        }
-        return tuple(key for key, on in active.items() if on)
+        return tuple(k for k in _TRANSFORM_KEYS if getattr(self, k) != _TRANSFORM_DEFAULTS[k])
 
 
 @dataclass(frozen=True)
@@ -1369,6 +1362,8 @@ def _render_rules() -> list[str]:
 
 #: the transform's keys that change the values (``phase`` alone changes nothing)
 _TRANSFORM_KEYS = tuple(f.name for f in dataclasses.fields(TransformConfig) if f.name != "phase")
+#: their defaults (the identity)
+_TRANSFORM_DEFAULTS = {k: getattr(TransformConfig(), k) for k in _TRANSFORM_KEYS}
 
 
 def _field_type_text(f: dataclasses.Field, tp: Any) -> str:

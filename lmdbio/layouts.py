@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from lmdbio.codecs.registry import load_named
 from lmdbio.errors import ConfigError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -73,8 +74,7 @@ class Layout:
         """The loader's decoder factory (imported now), or None where there is none."""
         if self.decoder is None:
             return None
-        module, _, attr = self.decoder.partition(":")
-        factory: Callable[..., Decoder] = getattr(importlib.import_module(module), attr)
+        factory: Callable[..., Decoder] = load_named(self.decoder)
         return factory
 
     def converter_module(self) -> ModuleType:

@@ -295,9 +295,8 @@ class ReadSession:
         self.receiver: SlotReceiver | None = None
         self.batches_per_slot = 1  # a node ring may carry several (RingSetup.create_ring)
         #: the codec the node's ring carries each worker's part encoded with (None: the
-        #: records travel as they are), and its name in the slot headers
+        #: records travel as they are)
         self.ring_codec: RingCodec | None = None
-        self.slot_codec = "none"
         setup = RingSetup(self.topo, self.run_plan, self.db, node_consumers=self.node_consumers)
         spec = BATCH_CODECS.get(self.run_plan.codec)
         transport = spec.ring_transport() if spec is not None else None
@@ -306,7 +305,6 @@ class ReadSession:
                 raise ConfigError(f"codec {self.run_plan.codec} compresses node batches: it "
                                   f"needs a node-level strategy ({', '.join(node_level())})")
             self.ring_codec = setup.share_codec(transport)
-            self.slot_codec = self.run_plan.codec
         if self.shared:
             self.ring = setup.create_ring(ring_codec=self.ring_codec,
                                           by_reference=self.by_reference)
@@ -331,6 +329,11 @@ class ReadSession:
         except OSError as exc:  # advisory: the kernel's read-around stays
             log.warning("%s: read-around left on, madvise(MADV_RANDOM) refused: %s",
                         self.db.path, exc)
+
+    @property
+    def slot_codec(self) -> str:
+        """The ring codec's name in the slot headers (``none``: records as they are)."""
+        return self.run_plan.codec if self.ring_codec is not None else "none"
 
     @property
     def by_reference(self) -> bool:
@@ -401,8 +404,7 @@ class ReadSession:
         the same stop."""
         self.epoch = epoch
         self.plan = self.plan_for(epoch, stop_iteration)
-        self.locator.epoch_stop = stop_iteration if 0 < stop_iteration < self.plan.iterations \
-            else self.plan.iterations
+        self.locator.stop_epoch_at(self.plan, stop_iteration)
         if self.node_cache is not None:
             # every epoch reads from storage again, as when the data set is larger than a
             # node's memory: each rank from its own epoch on (not collective; one rank

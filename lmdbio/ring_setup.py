@@ -45,7 +45,8 @@ if TYPE_CHECKING:
     from lmdbio.topology import Topology
 
 __all__ = ["MAX_KEY_BYTES", "SLOT_BATCHES_SHIFT", "RingSetup", "batch_capacity",
-           "check_batch_fits", "choose_batches_per_slot", "largest_values"]
+           "check_batch_fits", "choose_batches_per_slot", "file_bytes_per_record",
+           "largest_values"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +83,12 @@ SLOT_MAX_SPAN_BATCHES = 64
 SLOT_TARGET_BATCHWISE_SPAN_RECORDS = 16384
 SLOT_MAX_BATCHWISE_SPAN_BYTES = 64 << 20
 SLOT_MAX_BATCHWISE_SPAN_BATCHES = 1024
+
+
+def file_bytes_per_record(db: Database) -> int:
+    """The database file's bytes per record (every page counted): what a slot of record
+    spans is sized by, since no leaf is read to size it."""
+    return db.psize * (db.meta.last_pg + 1) // max(len(db), 1)
 
 
 def choose_batches_per_slot(per_worker: int, batch_bytes: int, *, spans: bool = False,
@@ -251,7 +258,7 @@ class RingSetup:
             # spans: a slot holds 8 bytes per record, and no leaf is read to size it; the
             # decoded-output rule goes by the file's bytes per record
             if per_slot == 0:
-                per_record = self.db.psize * (self.db.meta.last_pg + 1) // max(len(self.db), 1)
+                per_record = file_bytes_per_record(self.db)
                 per_slot = self.agreed_slot_size(choose_batches_per_slot(
                     run.batch_size, per_record * node_batch, spans=True,
                     consumers=self.node_consumers, batchwise=run.batchwise_assembly))

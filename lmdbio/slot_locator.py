@@ -35,8 +35,8 @@ class SlotLocator:
     for itself delivers). ``first_consumer`` and ``node_consumers``: the consumer rank of
     the node's first worker and the node's number of workers, whose records the reader of
     a node-level strategy (:attr:`~lmdbio.plan.strategies.base.ReadStrategy.shared`)
-    delivers. ``batches_per_slot``: iterations per ring slot (1 without a ring). Set
-    :attr:`epoch_stop` at each epoch's start.
+    delivers. ``batches_per_slot``: iterations per ring slot (1 without a ring). Call
+    :meth:`stop_epoch_at` at each epoch's start.
     """
 
     def __init__(self, strategy: ReadStrategy, *, rank: int, first_consumer: int,
@@ -48,6 +48,11 @@ class SlotLocator:
         self.batches_per_slot = batches_per_slot
         #: the iteration the current epoch's run ends at: nothing after it is read ahead
         self.epoch_stop = 0
+
+    def stop_epoch_at(self, plan: EpochPlan, stop: int) -> None:
+        """Where ``plan``'s epoch ends: iteration ``stop`` where it lies inside the epoch,
+        else the epoch's end (0, or at or past the end: the whole epoch)."""
+        self.epoch_stop = stop if 0 < stop < plan.iterations else plan.iterations
 
     def share(self, plan: EpochPlan, first: int, count: int
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

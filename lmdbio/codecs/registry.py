@@ -104,8 +104,9 @@ class RingTransport(Protocol):
         ...
 
 
-def _load(name: str) -> Any:
-    """The object ``"module:attr"`` names, its module imported now."""
+def load_named(name: str) -> Any:
+    """The object ``"module:attr"`` names, its module imported now (how every registry of
+    lmdbio names what it loads lazily: codecs here, decoders in :mod:`lmdbio.layouts`)."""
     module, _, attr = name.partition(":")
     return getattr(importlib.import_module(module), attr)
 
@@ -137,7 +138,7 @@ class BatchCodecSpec:
         """The codec class (imported now), or None for ``none``."""
         if self.codec is None:
             return None
-        cls: type[BatchCodec] = _load(self.codec)
+        cls: type[BatchCodec] = load_named(self.codec)
         return cls
 
     def ring_transport(self) -> RingTransport | None:
@@ -145,7 +146,7 @@ class BatchCodecSpec:
         they travel raw (``none``) or the ring does not carry it."""
         if self.ring is None:
             return None
-        transport: RingTransport = _load(self.ring)
+        transport: RingTransport = load_named(self.ring)
         return transport
 
 

@@ -263,9 +263,9 @@ def default_batches_per_slot(db: Any, batch: int, node_ranks: tuple[int, ...]) -
     """The slot size ``batches_per_slot: 0`` gives node rings of record spans (``bench
     read``'s default): :func:`lmdbio.ring_setup.choose_batches_per_slot` per node from the
     file's bytes per record, the smallest over the nodes (the readers agree on it)."""
-    from lmdbio.ring_setup import choose_batches_per_slot
+    from lmdbio.ring_setup import choose_batches_per_slot, file_bytes_per_record
 
-    per_record = db.psize * (db.meta.last_pg + 1) // max(len(db), 1)
+    per_record = file_bytes_per_record(db)
     return min(choose_batches_per_slot(batch, per_record * batch * c, spans=True, consumers=c)
                for c in node_ranks)
 
@@ -392,7 +392,7 @@ class _Tracer:
                           split=stop)
         acc = self.db.accounting
         for a, sim in zip(self.actors, self.locators, strict=True):
-            sim.epoch_stop = stop if 0 < stop < plan.iterations else plan.iterations
+            sim.stop_epoch_at(plan, stop)
             acc.reset()
             with _alone(sim.strategy.ctx):
                 sim.strategy.begin_epoch(plan)
