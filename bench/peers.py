@@ -219,20 +219,25 @@ def dataloader_epoch(dl: Any) -> Any:
     return epoch
 
 
+def timed_window(epoch: Callable[[int], int], epochs: int) -> dict[str, Any]:
+    """Epochs ``1..epochs`` of ``epoch(e)`` (the samples it delivered) timed as one window:
+    samples, wall and CPU seconds, and each epoch's wall time."""
+    n, each = 0, []
+    cpu0, t0 = cpu_seconds(), time.perf_counter()
+    for e in range(1, epochs + 1):
+        a = time.perf_counter()
+        n += epoch(e)
+        each.append(time.perf_counter() - a)
+    return {"samples": n, "seconds": time.perf_counter() - t0,
+            "cpu_seconds": cpu_seconds() - cpu0, "epoch_seconds": each}
+
+
 def timed_epochs(epoch: Callable[[int, Check | None], int], epochs: int = 1) -> dict[str, Any]:
     """Run ``epoch(0, check)`` untimed, then epochs ``1..epochs`` timed as one window (wall
     and CPU); each timed epoch's wall time is kept too."""
     check = Check()
     epoch(0, check)
-    n, each = 0, []
-    cpu0, t0 = cpu_seconds(), time.perf_counter()
-    for e in range(1, epochs + 1):
-        a = time.perf_counter()
-        n += epoch(e, None)
-        each.append(time.perf_counter() - a)
-    secs, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
-    return {"samples": n, "seconds": secs, "cpu_seconds": cpu, "epoch_seconds": each,
-            "check": check.as_dict()}
+    return {**timed_window(lambda e: epoch(e, None), epochs), "check": check.as_dict()}
 
 
 def ranked_epochs(p: dict[str, Any],
@@ -249,14 +254,7 @@ def ranked_epochs(p: dict[str, Any],
     check = Check()
     epoch(0, rank, size, check)
     comm.Barrier()
-    n, each = 0, []
-    cpu0, t0 = cpu_seconds(), time.perf_counter()
-    for e in range(1, p["epochs"] + 1):
-        a = time.perf_counter()
-        n += epoch(e, rank, size, None)
-        each.append(time.perf_counter() - a)
-    mine = {"samples": n, "seconds": time.perf_counter() - t0,
-            "cpu_seconds": cpu_seconds() - cpu0, "epoch_seconds": each,
+    mine = {**timed_window(lambda e: epoch(e, rank, size, None), p["epochs"]),
             "check": check.as_dict()}
     every = comm.gather(mine, root=0)
     if rank != 0:
@@ -557,26 +555,25 @@ def child_lmdbio(p: dict[str, Any]) -> dict[str, Any] | None:
         for b in L:
             check.add(b.data, b.label)
         comm.Barrier()
-        n = pad = 0
-        each = []
-        cpu0, t0 = cpu_seconds(), time.perf_counter()
-        for e in range(1, p["epochs"] + 1):
-            a = time.perf_counter()
+        padding = [0]
+
+        def epoch(e: int) -> int:
             L.set_epoch(e)
+            n = 0
             for b in L:
                 n += len(b)
-                pad += int(np.count_nonzero(b.padding))
-            each.append(time.perf_counter() - a)
-        secs, cpu = time.perf_counter() - t0, cpu_seconds() - cpu0
+                padding[0] += int(np.count_nonzero(b.padding))
+            return n
+
+        window = timed_window(epoch, p["epochs"])
         # one more epoch, untimed, with every stage of the data path timed (the spans'
         # clock reads would cost the timed epoch a few percent on small records)
         L.stages.enabled = True
         L.set_epoch(p["epochs"] + 1)
         staged = sum(len(b) for b in L)  # the samples the stage times cover
         L.stages.enabled = False
-        mine = {"rank": comm.Get_rank(), "worker": bool(L.is_worker), "samples": n,
-                "padding": pad, "seconds": secs, "cpu_seconds": cpu, "epoch_seconds": each,
-                "stages": L.stages.as_dict(), "staged_samples": staged,
+        mine = {"rank": comm.Get_rank(), "worker": bool(L.is_worker), **window,
+                "padding": padding[0], "stages": L.stages.as_dict(), "staged_samples": staged,
                 "stores": L.summary()["stores"],
                 "check": check.as_dict() if L.is_worker else None}
     every = comm.gather(mine, root=0)
@@ -756,6 +753,17 @@ def rank_counts(max_ranks: int) -> list[int]:
         out.append(r)
         r *= 2
     return [*out, max_ranks] if max_ranks >= 2 else []
+
+
+def positive_int(text: str) -> int:
+    """``--epochs``: a whole number, 1 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more, got {value}")
+    return value
 
 
 def rank_list(text: str) -> list[int]:
@@ -1082,7 +1090,7 @@ def main() -> int:
     parser.add_argument("--variants", default="",
                         help="comma-separated variant names or prefixes (default: all)")
     parser.add_argument("--repeat", type=int, default=None, help="default 3 (1 with --quick)")
-    parser.add_argument("--epochs", type=int, default=1,
+    parser.add_argument("--epochs", type=positive_int, default=1,
                         help="shuffled epochs timed as one window after the warm-up epoch "
                         "(default 1); on small data sets a single epoch lasts milliseconds "
                         "and one scheduling hiccup decides a multi-rank figure")
