@@ -516,7 +516,7 @@ class ReadSession:
                 w.set_records(offsets, labels, keys=(koffs, kdata), decoded=True)
                 w.set_parts(sizes)
                 w.write_part_blobs(self.ring_codec.encode_parts(
-                    raw, offsets, sizes, keys=(koffs, kdata), where=str(self.db.path)))
+                    raw, offsets, sizes, keys=(koffs, kdata), where=self.db.where))
                 return
         w.set_parts(sizes)
 

@@ -542,6 +542,12 @@ class Database:
             "snapshot_pin": pin_state,
         }
 
+    @property
+    def where(self) -> str:
+        """The file, and the named database when one is read: what an error names."""
+        name = self.subdb_name
+        return f"{self.path}" if name is None else f"{self.path} (database {name!r})"
+
     def __repr__(self) -> str:
         name = "" if self.subdb_name is None else f", subdb={self.subdb_name!r}"
         return f"<lmdbio.Database {str(self.path)!r}{name} entries={len(self)}>"

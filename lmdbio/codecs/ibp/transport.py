@@ -75,19 +75,13 @@ def decompress_from(model: IBPModel, buffer: Any, nrows: int | None = None, xp: 
     return decompress(model, packed, xp=xp, method=method, out=out)
 
 
-def _database_name(db: Database) -> str:
-    """The file, and the named database when one is read, for an error message."""
-    name = db.subdb_name
-    return f"{db.path}" if name is None else f"{db.path} (database {name!r})"
-
-
 def fit_transport_model(db: Database, options: dict[str, Any]) -> IBPModel:
     """Fit the IBP model on up to ``SAMPLE_RECORDS`` records spread over the database
     (every value must have one size: a :class:`~lmdbio.errors.ConfigError` naming two
     keys of different sizes otherwise)."""
     n = len(db)
     if n == 0:
-        raise ConfigError(f"codec ibp: {_database_name(db)} holds no records; the transport "
+        raise ConfigError(f"codec ibp: {db.where} holds no records; the transport "
                           "model is fitted on a sample of its records (fixed-size values)")
     idx = np.unique(np.linspace(0, n - 1, min(n, SAMPLE_RECORDS)).astype(np.int64))
     refs = db.locate(idx) if db.has_leaf_directory else None
@@ -99,7 +93,7 @@ def fit_transport_model(db: Database, options: dict[str, Any]) -> IBPModel:
         a, b = (bytes(db.mv[o:o + k]) for o, k in ((int(where.key_off[i]),
                                                      int(where.key_len[i])) for i in (0, other)))
         raise ConfigError(f"codec ibp compresses fixed-size records (every value of one "
-                          f"size); {_database_name(db)} holds values of {sizes.size} sizes "
+                          f"size); {db.where} holds values of {sizes.size} sizes "
                           f"({sizes.min()}..{sizes.max()} bytes): key {a!r} holds "
                           f"{int(lens[0])} bytes, key {b!r} {int(lens[other])}")
     buf, _ = gather(db, idx) if refs is None else gather_refs(db, refs)
