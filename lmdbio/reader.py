@@ -8,7 +8,8 @@ then, slot by slot, locates the node's records
 slot (no intermediate copy), or encodes each worker's part with the ring codec the batch
 codec registry names (:class:`~lmdbio.codecs.registry.RingCodec`), and publishes it.
 Strategies in which every rank reads for itself (the naive ones) gather into a private
-buffer instead. Everything it does is accounted per iteration. The node's workers receive
+buffer instead, and a reader that is its ring's only worker hands its slots of record
+spans to itself in process (:attr:`ReadSession.hands_to_itself`). Everything it does is accounted per iteration. The node's workers receive
 the slots (:meth:`ReadSession.receive`) through a
 :class:`~lmdbio.slot_receiver.SlotReceiver`, which checks each before it is read.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,7 +46,7 @@ from lmdbio.ring_setup import SLOT_BATCHES_SHIFT, RingSetup, check_batch_fits
 from lmdbio.run_plan import RunPlan
 from lmdbio.shm import BatchRing
 from lmdbio.slot_locator import SlotLocator
-from lmdbio.slot_receiver import Delivered, SlotReceiver
+from lmdbio.slot_receiver import Delivered, SlotReceiver, spans_outside
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
@@ -225,6 +227,12 @@ class ReadSession:
             self.db.accounting.enable()
         self.strategy: ReadStrategy = self._open_strategy()
         self._set_up_transport()
+        #: a reader whose node ring has no worker but itself (colocated, a reader per
+        #: rank): see :attr:`hands_to_itself`
+        self.alone_on_ring = (self.shared and self.reads and topo.is_worker
+                              and self.node_consumers == 1)
+        #: slots this rank read for itself and has not received yet, oldest first
+        self._own_slots: deque[Delivered] = deque()
         #: which records this rank delivers per slot, where they are, what it reads ahead
         self.locator = SlotLocator(self.strategy, rank=topo.rank,
                                    first_consumer=self.first_consumer,
@@ -341,6 +349,17 @@ class ReadSession:
         (``RunPlan.transfer``; plain values only)."""
         return (self.shared and self.run_plan.transfer == "spans" and self.ring_codec is None
                 and self.value_prefix is None and not self.run_plan.direct_io)
+
+    @property
+    def hands_to_itself(self) -> bool:
+        """Whether this rank's slots go from its reading side to its receiving side in
+        this process instead of through the ring: it is its ring's only reader and only
+        worker, and slots carry record spans (nothing is copied either way). The ring
+        would add a slot's header, its checksum, two messages and the receiver's checks
+        of what this process itself wrote: on the 2-core VM, ImageNet-like batches of 32
+        at two ranks, ~1/4 of what each rank spent per epoch outside the transform
+        kernel."""
+        return self.alone_on_ring and self.by_reference
 
     def plan_for(self, epoch: int, stop: int = 0) -> EpochPlan:
         """The plan of epoch ``epoch`` on this rank. Unshuffled epochs share one plan (it
@@ -477,6 +496,13 @@ class ReadSession:
         count - 1`` (waiting for a free one) and publish it to the node's workers."""
         assert self.ring is not None
         clock = self.stages
+        if self.hands_to_itself:
+            self.ring.check_usable()  # aborted (a signal, a peer's error): stop here too
+            with Timer(stats, "copy"), clock.span("slot_fill"):
+                got = self._own_delivery(first, count, ids, pad, refs)
+            with clock.span("publish"):
+                self._own_slots.append(got)
+            return
         with clock.span("slot_wait"):
             w = self.ring.acquire_slot(self.epoch, first)
         with Timer(stats, "copy"), clock.span("slot_fill"):
@@ -486,6 +512,27 @@ class ReadSession:
             w.publish(codec=self.slot_codec,
                       flags=count << SLOT_BATCHES_SHIFT if count > 1 else 0)
         self.last_private = None
+
+    def _own_delivery(self, first: int, count: int, ids: np.ndarray, pad: np.ndarray,
+                      refs: RecordRefs) -> Delivered:
+        """Iterations ``first .. first + count - 1`` as this rank's own worker receives
+        them (:attr:`hands_to_itself`): the record spans located, checked against the
+        mapping as a worker checks a ring slot's (a record index may come from a sidecar
+        file), the overflow page headers left to the pass that reads the values, the
+        pages counted as a ring slot's are."""
+        db = self.db
+        size = db.buf.shape[0]
+        for what, starts, lengths in (("record", refs.val_off, refs.val_len),
+                                      ("key", refs.key_off, refs.key_len)):
+            if spans_outside(starts, lengths, size):
+                raise LmdbioError(f"{db.where}: epoch {self.epoch} iteration {first}: a "
+                                  f"located {what} span lies outside the {size}-byte "
+                                  "mapping of the file")
+        db.accounting.mark_values(refs, db.psize)
+        return Delivered(self.epoch, first, ids, pad, payload=db.buf, offsets=refs.val_off,
+                         key_offsets=refs.key_off, key_data=db.buf, batches=count,
+                         lengths=refs.val_len, key_lengths=refs.key_len, database=db,
+                         values_checked=False)
 
     def _fill_slot(self, w: Any, refs: RecordRefs, labels: np.ndarray,
                    sizes: np.ndarray) -> None:
@@ -559,6 +606,8 @@ class ReadSession:
         """Consumer side: whether :meth:`receive` would return at once (never blocks)."""
         if not self.shared:
             return self.last_private is not None
+        if self._own_slots:
+            return True
         assert self.receiver is not None
         return self.receiver.poll()
 
@@ -567,10 +616,17 @@ class ReadSession:
         """Consumer side: the next batch for this rank (None when the reader stopped): the
         node ring's next slot, received and checked by :meth:`SlotReceiver.receive
         <lmdbio.slot_receiver.SlotReceiver.receive>` (``defer_verify`` and
-        ``defer_value_check``: see there), or the batch this rank read for itself."""
+        ``defer_value_check``: see there), or the batch or slot this rank read for itself
+        (:attr:`hands_to_itself`: its spans' overflow page headers checked here unless
+        ``defer_value_check``)."""
         if not self.shared:
             out, self.last_private = self.last_private, None
             return out
+        if self._own_slots:  # read by this rank for itself (hands_to_itself)
+            got = self._own_slots.popleft()
+            if not defer_value_check:
+                got.check_values()
+            return got
         assert self.receiver is not None
         return self.receiver.receive(timeout, defer_verify=defer_verify,
                                      defer_value_check=defer_value_check)
@@ -582,6 +638,7 @@ class ReadSession:
 
     def close(self) -> None:
         """Collective: free the ring, the strategy and the mapping."""
+        self._own_slots.clear()  # views of the mapping
         if self.reads:
             self.strategy.close()
         if self.ring is not None:

@@ -35,10 +35,19 @@ if TYPE_CHECKING:
     from lmdbio.lmdb import Database
     from lmdbio.shm import BatchRing
 
-__all__ = ["Delivered", "SlotReceiver"]
+__all__ = ["Delivered", "SlotReceiver", "spans_outside"]
 
 #: the page bitmap of a gather that accounts no page
 _NO_PAGES = np.zeros(1, np.uint8)
+
+
+def spans_outside(starts: np.ndarray, lengths: np.ndarray, size: int) -> bool:
+    """Whether a span ``starts[i] .. starts[i] + lengths[i]`` lies outside a mapping of
+    ``size`` bytes. ``lengths > size - starts``, not ``starts + lengths > size``: the sum
+    of two corrupt int64 values can wrap around to a small one (with no negative start or
+    length it also refuses a start past the end)."""
+    return bool(starts.size) and (int(starts.min()) < 0 or int(lengths.min()) < 0
+                                  or bool((lengths > size - starts).any()))
 
 
 @dataclass
@@ -229,11 +238,7 @@ class SlotReceiver:
         mapping of the file: a span outside it raises
         :class:`~lmdbio.shm.SlotCorruptError` (and releases the slot) before any read."""
         size = self.db.buf.shape[0]
-        # ``lengths > size - starts``, not ``starts + lengths > size``: the sum of two
-        # corrupt int64 values can wrap around to a small one (with no negative start or
-        # length it also refuses a start past the end)
-        if starts.size and (int(starts.min()) < 0 or int(lengths.min()) < 0
-                            or bool((lengths > size - starts).any())):
+        if spans_outside(starts, lengths, size):
             view.release()
             raise SlotCorruptError(f"a {what} span lies outside the {size}-byte mapping of "
                                    f"{self.db.path}", slot=view.slot, seq=view.seq,

@@ -340,66 +340,98 @@ def test_spans_transfer_needs_records_as_stored(db_with_corrupt_record):
         loaders.open(cfg)
 
 
-def test_a_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch):
-    """A worker checks every span of a by-reference slot against its mapping of the
-    database before decoding (here the reader is made to hand out a span past the file's
-    end, with slot checksums off so that only that check stands)."""
-    from lmdbio.shm import SlotCorruptError, SlotWriter
+HANDOFFS = ["ring", "in-process"]
 
-    real = SlotWriter.set_spans
 
-    def shifted(self, starts, lengths, *args, **kwargs):
-        return real(self, np.asarray(starts) + (1 << 30), lengths, *args, **kwargs)
+def _corrupt_spans(monkeypatch, handoff, values=None, keys=None):
+    """Make the one rank's reader hand its worker spans changed by ``values(starts,
+    lengths)`` / ``keys(starts, lengths)``: in the ring slot it writes (``ring``), or in
+    the records it locates, which a rank that is its own ring's only worker hands over in
+    process (``in-process``)."""
+    from lmdbio.lmdb import RecordRefs
+    from lmdbio.shm import SlotWriter
+    from lmdbio.slot_locator import SlotLocator
 
-    monkeypatch.setattr(SlotWriter, "set_spans", shifted)
+    def same(st, ln):
+        return st, ln
+
+    values, keys = values or same, keys or same
+    if handoff == "ring":
+        real = SlotWriter.set_spans
+
+        def written(self, starts, lengths, *args, key_spans=None, **kwargs):
+            assert key_spans is not None  # the session sends keys by reference
+            return real(self, *values(starts, lengths), *args, key_spans=keys(*key_spans),
+                        **kwargs)
+
+        monkeypatch.setattr(SlotWriter, "set_spans", written)
+    else:
+        located = SlotLocator.fetch_group
+
+        def fetched(self, *args, **kwargs):
+            r = located(self, *args, **kwargs)
+            return RecordRefs(*values(r.val_off, r.val_len), r.leaf_pg, r.ovf_pages,
+                              *keys(r.key_off, r.key_len))
+
+        monkeypatch.setattr(SlotLocator, "fetch_group", fetched)
+
+
+def _first_batch(cfg, handoff):
+    """The first batch of a one-rank loader, its slots through the ring or in process."""
+    with loaders.open(cfg) as loader:
+        assert loader.session.hands_to_itself  # a lone rank's slots of spans: in process
+        loader.session.alone_on_ring = handoff == "in-process"
+        return next(iter(loader))
+
+
+def _refused(handoff):
+    """What refuses a span: the worker's check of a ring slot, or the reader's of the
+    records it hands itself."""
+    from lmdbio.shm import SlotCorruptError
+
+    return SlotCorruptError if handoff == "ring" else LmdbioError
+
+
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_a_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch, handoff):
+    """Every span of a by-reference delivery is checked against the mapping of the
+    database before decoding: by the worker for a ring slot, by the reader for the slots
+    it hands itself (here a span is moved past the file's end, with slot checksums off so
+    that only that check stands)."""
+    _corrupt_spans(monkeypatch, handoff, values=lambda st, ln: (np.asarray(st) + (1 << 30), ln))
     cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
-    with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match="outside"):
-        next(iter(loader))
+    with pytest.raises(_refused(handoff), match="record span lies outside") as refused:
+        _first_batch(cfg, handoff)
+    assert str(db_with_corrupt_record) in str(refused.value)  # the file is named
 
 
-def test_a_key_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch):
-    """The keys of a by-reference slot are spans of the mapped file too: a key span past
-    the file's end is refused before any key is read (slot checksums off, as above)."""
-    from lmdbio.shm import SlotCorruptError, SlotWriter
-
-    real = SlotWriter.set_spans
-
-    def shifted(self, starts, lengths, *args, key_spans=None, **kwargs):
-        assert key_spans is not None  # the session sends keys by reference
-        kst, kln = key_spans
-        return real(self, starts, lengths, *args, key_spans=(np.asarray(kst) + (1 << 30), kln),
-                    **kwargs)
-
-    monkeypatch.setattr(SlotWriter, "set_spans", shifted)
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_a_key_span_outside_the_mapping_is_refused(db_with_corrupt_record, monkeypatch,
+                                                   handoff):
+    """The keys of a by-reference delivery are spans of the mapped file too: a key span
+    past the file's end is refused before any key is read (slot checksums off, as above)."""
+    _corrupt_spans(monkeypatch, handoff, keys=lambda st, ln: (np.asarray(st) + (1 << 30), ln))
     cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
-    with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match="key span"):
-        next(iter(loader))
+    with pytest.raises(_refused(handoff), match="key span lies outside"):
+        _first_batch(cfg, handoff)
 
 
+@pytest.mark.parametrize("handoff", HANDOFFS)
 @pytest.mark.parametrize("which", ["record", "key"])
-def test_a_span_whose_end_wraps_around_is_refused(db_with_corrupt_record, monkeypatch, which):
+def test_a_span_whose_end_wraps_around_is_refused(db_with_corrupt_record, monkeypatch, which,
+                                                  handoff):
     """A span whose start and length are each inside int64 but whose sum wraps around
     (start 2**62, length 2**62) is refused like any span past the mapping, not read."""
-    from lmdbio.shm import SlotCorruptError, SlotWriter
-
-    real = SlotWriter.set_spans
 
     def wrapped(st, ln):
         st, ln = np.array(st, np.int64), np.array(ln, np.int64)
         st[0], ln[0] = 1 << 62, 1 << 62
         return st, ln
 
-    def corrupt(self, starts, lengths, *args, key_spans=None, **kwargs):
-        if which == "record":
-            starts, lengths = wrapped(starts, lengths)
-        else:
-            key_spans = wrapped(*key_spans)
-        return real(self, starts, lengths, *args, key_spans=key_spans, **kwargs)
-
-    monkeypatch.setattr(SlotWriter, "set_spans", corrupt)
+    _corrupt_spans(monkeypatch, handoff, **{"values" if which == "record" else "keys": wrapped})
     cfg = config(db_with_corrupt_record, readers__transfer="spans", readers__checksum="none")
-    with loaders.open(cfg) as loader, pytest.raises(SlotCorruptError, match=f"{which} span"):
-        next(iter(loader))
+    with pytest.raises(_refused(handoff), match=f"{which} span lies outside"):
+        _first_batch(cfg, handoff)
 
 
 def test_max_iterations_ends_the_job_inside_an_epoch_and_resumes_there(clean_db):

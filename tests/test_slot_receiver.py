@@ -1,7 +1,8 @@
 """The worker side of a node's ring (:mod:`lmdbio.slot_receiver`), on one rank (its own
-reader and worker): slots received through the read session as they were published, and a
-by-reference slot whose spans lie outside the worker's mapping refused before any read,
-naming the file, its slot released."""
+reader and worker): slots received through the read session as they were published (through
+the ring, or, for slots of spans, handed over in process), and a by-reference slot whose
+spans lie outside the worker's mapping refused before any read, naming the file, its slot
+released."""
 
 from __future__ import annotations
 
@@ -21,14 +22,18 @@ from lmdbio.slot_receiver import Delivered, SlotReceiver
 from lmdbio.topology import Topology
 
 
-def _session(path: Path, topo: Topology, transfer: str) -> ReadSession:
-    """A one-rank session (a short timeout: a slot never released fails, not waits)."""
+def _session(path: Path, topo: Topology, transfer: str, *, ring: bool = True) -> ReadSession:
+    """A one-rank session (a short timeout: a slot never released fails, not waits);
+    ``ring``: its slots go through its ring, though it is their only worker."""
     cfg = load_config({"dataset": {"path": str(path), "layout": "tensor"},
                        "batch": {"size": 4}, "readers": {"strategy": "indexed",
                                                          "transfer": transfer,
                                                          "batches_per_slot": 1}})
     plan = dataclasses.replace(RunPlan.resolve(cfg, topo), timeout=20.0)
-    return ReadSession(str(path), topo, plan)
+    session = ReadSession(str(path), topo, plan)
+    assert session.alone_on_ring
+    session.alone_on_ring = not ring
+    return session
 
 
 def _values(got: Delivered) -> list[bytes]:
@@ -37,14 +42,19 @@ def _values(got: Delivered) -> list[bytes]:
     return [bytes(got.payload[a:a + n]) for a, n in zip(got.offsets, got.lengths, strict=True)]
 
 
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "in-process"])
 @pytest.mark.parametrize("transfer", ["copy", "spans"])
 def test_each_slot_is_received_as_it_was_published(ibp_rows_db: Path, one_rank_topology: Topology,
-                                                   transfer: str):
+                                                   transfer: str, ring: bool):
+    """Slots of copies always travel through the ring; slots of spans that this rank
+    reads for itself are handed over in process unless it is told to use the ring."""
     records = read_pylmdb(ibp_rows_db)
-    session = _session(ibp_rows_db, one_rank_topology, transfer)
+    session = _session(ibp_rows_db, one_rank_topology, transfer, ring=ring)
     try:
         assert isinstance(session.receiver, SlotReceiver)
         assert session.by_reference == (transfer == "spans")
+        assert session.hands_to_itself == (transfer == "spans" and not ring)
+        held = []
         session.begin_epoch(0)
         assert not session.poll()
         for it in range(3):
@@ -55,7 +65,10 @@ def test_each_slot_is_received_as_it_was_published(ibp_rows_db: Path, one_rank_t
             assert (got.lengths is not None) == (transfer == "spans") and got.values_checked
             assert _values(got) == [records[i][1] for i in got.ids.tolist()]
             assert got.keys() == [records[i][0] for i in got.ids.tolist()]
+            assert (got.view is None) == session.hands_to_itself  # nothing of the ring
             got.release()
+            held.append(got)  # in process: nothing to give back, no slot to run out of
+        assert not session.poll()
     finally:
         session.stop()
         session.close()

@@ -644,6 +644,13 @@ class BatchRing:
         """Whether :meth:`close` completed."""
         return self._channel.closed
 
+    def check_usable(self) -> None:
+        """Raise what using the ring now would: a peer's :class:`RingAbortedError`, or
+        :class:`RingError` when this rank aborted it (a signal's shutdown) or it is closed.
+        For a rank whose slots bypass the ring (it is their only reader and worker) and
+        that must stop where the ring would have."""
+        self._channel.check_usable()
+
     @property
     def aborted(self) -> str | None:
         """The abort reason, or ``None`` if the ring was not aborted."""
