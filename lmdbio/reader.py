@@ -9,9 +9,10 @@ slot (no intermediate copy), or encodes each worker's part with the ring codec t
 codec registry names (:class:`~lmdbio.codecs.registry.RingCodec`), and publishes it.
 Strategies in which every rank reads for itself (the naive ones) gather into a private
 buffer instead, and a reader that is its ring's only worker hands its slots of record
-spans to itself in process (:attr:`ReadSession.hands_to_itself`). Everything it does is accounted per iteration. The node's workers receive
-the slots (:meth:`ReadSession.receive`) through a
-:class:`~lmdbio.slot_receiver.SlotReceiver`, which checks each before it is read.
+spans to itself in process (:attr:`ReadSession.hands_to_itself`). Everything it does is
+accounted per iteration. The node's workers receive the slots
+(:meth:`ReadSession.receive`) through a :class:`~lmdbio.slot_receiver.SlotReceiver`, which
+checks each before it is read.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from lmdbio.io.symmap import map_symmetric
 from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.lmdb.snapshot import resolve_file
+from lmdbio.plan.ahead import PlansAhead, epochs_ahead, freeze
 from lmdbio.plan.epoch import EpochPlan, plan_epoch, scheme_iterations
 from lmdbio.plan.strategies import (
     IterationStats,
@@ -246,6 +248,9 @@ class ReadSession:
         self.epoch = -1
         self.plan: EpochPlan | None = None
         self._unshuffled_plan: EpochPlan | None = None
+        #: shuffled epochs' plans, several made in one go on small data sets
+        self._plans_ahead = PlansAhead(lambda e: self._make_plan(e, 0),
+                                       epochs_ahead(len(self.db)))
 
     def _agree_on_layout(self, path: str) -> None:
         """One exchange over the world: every rank's node and consumer rank (the
@@ -363,33 +368,42 @@ class ReadSession:
 
     def plan_for(self, epoch: int, stop: int = 0) -> EpochPlan:
         """The plan of epoch ``epoch`` on this rank. Unshuffled epochs share one plan (it
-        does not depend on the epoch: ~0.6 ms of CPU per rank and epoch saved), its
-        arrays read-only. ``stop``: the iteration the run stops at in this epoch (0: it
-        runs the whole epoch); a slot group it cuts is laid out as two
-        (:func:`~lmdbio.plan.epoch.plan_epoch`'s ``split``; such a plan is built for the
-        one epoch, not shared, its arrays writable)."""
-        run = self.run_plan
-        shuffle = run.shuffle if self.reads or run.shuffle != "block" else "none"
-        if shuffle == "none" and self._unshuffled_plan is not None and not stop:
+        does not depend on the epoch: ~0.6 ms of CPU per rank and epoch saved); shuffled
+        ones are made several epochs at a time on small data sets
+        (:class:`~lmdbio.plan.ahead.PlansAhead`); both have read-only arrays. ``stop``:
+        the iteration the run stops at in this epoch (0: it runs the whole epoch); a slot
+        group it cuts is laid out as two (:func:`~lmdbio.plan.epoch.plan_epoch`'s
+        ``split``; such a plan is built for the one epoch, not shared, its arrays
+        writable)."""
+        if stop:
+            return self._make_plan(epoch, stop)
+        if self._shuffle() == "none":
+            if self._unshuffled_plan is None:
+                self._unshuffled_plan = freeze(self._make_plan(epoch, 0))
             return self._unshuffled_plan
+        return self._plans_ahead.get(epoch)
+
+    def _shuffle(self) -> str:
+        """This rank's epoch order: the job's, but key order for a worker of a ``block``
+        shuffle (workers plan for padding flags only; the order comes with the slot)."""
+        run = self.run_plan
+        return run.shuffle if self.reads or run.shuffle != "block" else "none"
+
+    def _make_plan(self, epoch: int, stop: int) -> EpochPlan:
+        """:func:`~lmdbio.plan.epoch.plan_epoch` of ``epoch`` as this session lays epochs
+        out (``stop``: see :meth:`plan_for`)."""
+        run = self.run_plan
+        shuffle = self._shuffle()
         leaf_first = self.db.leaf_directory() if self.cls.shuffles and self.reads else None
-        if run.shuffle == "block" and leaf_first is None:
-            # workers plan too (for padding flags): the order comes with the slot instead
-            leaf_first = None
         window = 1024
         if leaf_first is not None and leaf_first.shape[0] > 1:
             per_leaf = max(1, int(leaf_first[-1]) // (leaf_first.shape[0] - 1))
             window = max(1, run.window_blocks * run.block_pages * per_leaf)
-        plan = plan_epoch(len(self.db), self.consumers, run.batch_size, run.last,
+        return plan_epoch(len(self.db), self.consumers, run.batch_size, run.last,
                           shuffle, run.seed, epoch, leaf_first,
                           block_leaves=run.block_pages, window=window,
                           scheme=self.cls.scheme, group=self.plan_group,
                           node_consumers=self.consumers_per_node, split=stop)
-        if shuffle == "none" and not plan.split:
-            for array in (plan.order, plan.table, plan.sizes, plan.pad, plan.dropped):
-                array.flags.writeable = False
-            self._unshuffled_plan = plan
-        return plan
 
     @property
     def epoch_stop(self) -> int:
