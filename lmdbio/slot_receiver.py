@@ -136,13 +136,27 @@ class Delivered:
         per batch."""
         if self.lengths is None:  # records copied back to back: their bounds
             return int(self.offsets[b] - self.offsets[a])
+        cum = self._cumulative()
+        return int(cum[b] - cum[a])
+
+    def value_bytes_at(self, bounds: np.ndarray) -> np.ndarray:
+        """The value bytes of records ``0 .. bounds[i] - 1`` for each record index in
+        ``bounds``: their differences are the bytes of the records in between (a slot's
+        batches, all in one call)."""
+        if self.lengths is None:
+            offsets = np.asarray(self.offsets)
+            return offsets[bounds] - offsets[0]
+        return self._cumulative()[bounds]
+
+    def _cumulative(self) -> np.ndarray:
+        """The ``n + 1`` cumulative value lengths of a by-reference delivery, made once."""
         cum = self._cumulative_lengths
         if cum is None:
-            lengths = self.lengths
-            cum = np.zeros(lengths.shape[0] + 1, np.int64)
-            np.cumsum(lengths, out=cum[1:])
+            assert self.lengths is not None  # by reference only
+            cum = np.zeros(self.lengths.shape[0] + 1, np.int64)
+            np.cumsum(self.lengths, out=cum[1:])
             self._cumulative_lengths = cum
-        return int(cum[b] - cum[a])
+        return cum
 
     def header_format(self) -> np.ndarray | None:
         """The database's page format (:attr:`Database.fmt`) while the overflow page headers

@@ -174,9 +174,12 @@ class BatchAssembler:
         n = offsets.shape[0] - (1 if lengths is None else 0)
         bounds = batch_bounds(plan.sizes, self.worker, first, count, n)
         if rec.fused is not None:  # each batch assembled when asked for, or just ahead of it
+            # each batch's payload bytes now, in one pass (not a call per batch)
+            nbytes = np.diff(got.value_bytes_at(bounds)).tolist()
+            edges = bounds.tolist()
             self.metrics.decode_seconds += time.perf_counter() - t0
-            return [partial(self.fused_batch, rec, first + j, int(bounds[j]),
-                            int(bounds[j + 1]), epoch) for j in range(count)]
+            return [partial(self.fused_batch, rec, first + j, edges[j], edges[j + 1], epoch,
+                            nbytes[j]) for j in range(count)]
         out: list[Made] = []
         with self.stages.span("assemble"):
             # one decode call for the slot where its decoded records stay within what a
@@ -236,11 +239,11 @@ class BatchAssembler:
 
     # ----------------------------------------------------------------- a batch
     def fused_batch(self, rec: SlotRecords, iteration: int, a: int, b: int,
-                    epoch: int) -> Taken:
+                    epoch: int, nbytes: int) -> Taken:
         """Batch ``iteration`` (records ``a .. b - 1`` of the slot, parsed as
-        :class:`~loaders.decode.DatumSpans`) as :meth:`make_batches` gives it: ``(Batch,
-        payload bytes)``, or the error taking it raises. Reads the slot: it is held until
-        its last batch is assembled."""
+        :class:`~loaders.decode.DatumSpans`, ``nbytes`` of payload) as
+        :meth:`make_batches` gives it: ``(Batch, payload bytes)``, or the error taking it
+        raises. Reads the slot: it is held until its last batch is assembled."""
         t0 = time.perf_counter()
         try:
             with self.stages.span("assemble"):
@@ -262,8 +265,7 @@ class BatchAssembler:
                 # has just swept: finish_batch's own time was ~13 us a CIFAR-like batch
                 # under cProfile)
                 return (Batch(part[0], part[1], rec.ids[a:b], rec.padding[a:b], epoch,
-                              iteration, rec.ko[a:b + 1], rec.kd),
-                        rec.got.value_bytes(a, b))
+                              iteration, rec.ko[a:b + 1], rec.kd), nbytes)
         except LmdbioError as exc:
             return exc
         finally:

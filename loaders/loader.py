@@ -229,9 +229,12 @@ class Loader:
         self.slots = slots  # an epoch in progress: drained if left early
         self._published = 0
         self.prefetcher.begin_epoch(self.epoch, slots)
+        # colocated reader, or a naive strategy: reads ahead, then consumes; what it has
+        # to publish changes only where a slot begins
+        read_at = frozenset(first for first, _ in slots.groups) if s.reads else frozenset()
         try:
             for it in range(slots.start, slots.end):
-                if s.reads:  # colocated reader, or a naive strategy: read ahead, consume
+                if it in read_at:
                     self._read_ahead(it)
                 batch, nbytes = self.prefetcher.take(it)
                 self.metrics.batches += 1
@@ -258,9 +261,9 @@ class Loader:
         self.schedule.end(s.epoch_stop)
 
     def _read_ahead(self, it: int) -> None:
-        """Colocated reader (or a naive strategy): publish the slots up to
-        ``readers.prefetch_depth`` ahead of the one carrying ``it`` (just that one for a
-        rank reading for itself)."""
+        """Colocated reader (or a naive strategy), at the first batch ``it`` of a slot:
+        publish the slots up to ``readers.prefetch_depth`` ahead of the one carrying
+        ``it`` (just that one for a rank reading for itself)."""
         s, slots = self.session, self.slots
         assert slots is not None  # only while an epoch is delivered
         limit = slots.read_ahead_limit(it, self.run_plan.prefetch_depth if s.shared else 1)

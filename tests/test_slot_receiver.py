@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.lmdbgen import read_pylmdb, write_db
@@ -66,6 +67,11 @@ def test_each_slot_is_received_as_it_was_published(ibp_rows_db: Path, one_rank_t
             assert _values(got) == [records[i][1] for i in got.ids.tolist()]
             assert got.keys() == [records[i][0] for i in got.ids.tolist()]
             assert (got.view is None) == session.hands_to_itself  # nothing of the ring
+            sizes = [len(v) for v in _values(got)]
+            n = len(sizes)
+            assert got.value_bytes(1, n) == sum(sizes[1:])
+            assert got.value_bytes_at(np.array([0, 1, n])).tolist() == \
+                [0, sizes[0], sum(sizes)]
             got.release()
             held.append(got)  # in process: nothing to give back, no slot to run out of
         assert not session.poll()
