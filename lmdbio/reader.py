@@ -191,6 +191,12 @@ def node_consumers(ranks: Sequence[tuple[int, int, Any]], node: int
     return firsts.get(node, 1 << 30), counts.get(node, 0), tuple(counts[i] for i in order)
 
 
+def epoch_shuffle(run_plan: RunPlan, reads: bool) -> str:
+    """A rank's epoch order: the job's, but key order for a worker of a ``block`` shuffle
+    (workers plan for padding flags only; the order comes with the slot)."""
+    return run_plan.shuffle if reads or run_plan.shuffle != "block" else "none"
+
+
 class ReadSession:
     """One rank's part of reading: a strategy, the epoch plans, and (if shared) the ring.
 
@@ -249,7 +255,7 @@ class ReadSession:
         self.plan: EpochPlan | None = None
         self._unshuffled_plan: EpochPlan | None = None
         #: shuffled epochs' plans, several made in one go on small data sets
-        self._plans_ahead = PlansAhead(lambda e: self._make_plan(e, 0),
+        self._plans_ahead = PlansAhead(self.make_plan,
                                        epochs_ahead(len(self.db)))
 
     def _agree_on_layout(self, path: str) -> None:
@@ -376,31 +382,25 @@ class ReadSession:
         ``split``; such a plan is built for the one epoch, not shared, its arrays
         writable)."""
         if stop:
-            return self._make_plan(epoch, stop)
-        if self._shuffle() == "none":
+            return self.make_plan(epoch, stop)
+        if epoch_shuffle(self.run_plan, self.reads) == "none":
             if self._unshuffled_plan is None:
-                self._unshuffled_plan = freeze(self._make_plan(epoch, 0))
+                self._unshuffled_plan = freeze(self.make_plan(epoch))
             return self._unshuffled_plan
         return self._plans_ahead.get(epoch)
 
-    def _shuffle(self) -> str:
-        """This rank's epoch order: the job's, but key order for a worker of a ``block``
-        shuffle (workers plan for padding flags only; the order comes with the slot)."""
-        run = self.run_plan
-        return run.shuffle if self.reads or run.shuffle != "block" else "none"
-
-    def _make_plan(self, epoch: int, stop: int) -> EpochPlan:
+    def make_plan(self, epoch: int, stop: int = 0) -> EpochPlan:
         """:func:`~lmdbio.plan.epoch.plan_epoch` of ``epoch`` as this session lays epochs
-        out (``stop``: see :meth:`plan_for`)."""
+        out, made now, its arrays writable (:meth:`plan_for` shares them; ``stop``: see
+        there)."""
         run = self.run_plan
-        shuffle = self._shuffle()
         leaf_first = self.db.leaf_directory() if self.cls.shuffles and self.reads else None
         window = 1024
         if leaf_first is not None and leaf_first.shape[0] > 1:
             per_leaf = max(1, int(leaf_first[-1]) // (leaf_first.shape[0] - 1))
             window = max(1, run.window_blocks * run.block_pages * per_leaf)
         return plan_epoch(len(self.db), self.consumers, run.batch_size, run.last,
-                          shuffle, run.seed, epoch, leaf_first,
+                          epoch_shuffle(run, self.reads), run.seed, epoch, leaf_first,
                           block_leaves=run.block_pages, window=window,
                           scheme=self.cls.scheme, group=self.plan_group,
                           node_consumers=self.consumers_per_node, split=stop)

@@ -179,7 +179,7 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     assert sorted(consumers) == list(range(n_consumers)), (case, sorted(consumers))
     plans: dict[int, object] = {}
 
-    # the plan a reader of this session makes (ReadSession.plan_for: the session's run plan
+    # the plan a reader of this session makes (ReadSession.make_plan: the session's run plan
     # and the database's leaf directory), computed here without MPI (a topology of the
     # run's consuming ranks)
     cfg = load_config({"dataset": {"path": str(db.path)},
@@ -192,12 +192,11 @@ def check_case(db: Generated, case: dict, results: list[dict]) -> None:
     planner = SimpleNamespace(db=db.database, cls=strategy, run_plan=run_plan,
                               consumers=n_consumers,
                               reads=True, plan_group=results[0]["plan_group"],
-                              consumers_per_node=tuple(results[0]["consumers_per_node"]),
-                              _unshuffled_plan=None)
+                              consumers_per_node=tuple(results[0]["consumers_per_node"]))
 
     def plan(epoch: int):
         if epoch not in plans:
-            plans[epoch] = ReadSession.plan_for(planner, epoch)
+            plans[epoch] = ReadSession.make_plan(planner, epoch)
         return plans[epoch]
 
     iters = plan(0).iterations
