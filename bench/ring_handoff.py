@@ -8,7 +8,10 @@ apart, as ``bench/scale_calibrate.py --only copy`` measures the page accounting.
 
 One process is the node's reader and its only consumer (``mpiexec -n 1``; a colocated
 node, as every rank of the calibration's 1- and 2-rank runs is: one rank per simulated
-node); ``--ranks 2`` runs two such nodes at once, as the 2-rank runs do. It opens a real
+node); ``--ranks 2`` runs two such nodes at once, as the 2-rank runs do. Its slots go
+through the ring all the same, as a node of several workers hands them over (a lone rank
+hands its own slots of spans to itself in process: the model charges the hand-off only to
+nodes of several ranks). It opens a real
 :class:`~lmdbio.reader.ReadSession` on a calibration database (node-level strategy
 ``lmm``, records handed over by reference, page accounting on: ``bench read``'s
 settings), then, for each slot size N of :data:`SLOT_RECORDS`, hands ``slots`` slots of N
@@ -80,7 +83,11 @@ def open_session(path: str, max_records: int) -> Any:
         "topology": {"simulate_nodes": nodes},
     })
     run_plan = RunPlan.resolve(cfg, topo, purpose="bench", tuning=ReadTuning(accounting=True))
-    return ReadSession(path, topo, run_plan)
+    session = ReadSession(path, topo, run_plan)
+    # through the ring, as on a node of several workers (the model's only hand-off): a lone
+    # rank's own slots of spans no longer take it (ReadSession.hands_to_itself)
+    session.alone_on_ring = False
+    return session
 
 
 def slot_cycle(session: Any, refs: Any, labels: np.ndarray, parts: np.ndarray,

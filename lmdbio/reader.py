@@ -239,8 +239,9 @@ class ReadSession:
         #: rank): see :attr:`hands_to_itself`
         self.alone_on_ring = (self.shared and self.reads and topo.is_worker
                               and self.node_consumers == 1)
-        #: slots this rank read for itself and has not received yet, oldest first
-        self._own_slots: deque[Delivered] = deque()
+        #: slots this rank read for itself and has not received yet, oldest first (or the
+        #: error receiving that slot raises: its batches come after the ones before it)
+        self._own_slots: deque[Delivered | LmdbioError] = deque()
         #: which records this rank delivers per slot, where they are, what it reads ahead
         self.locator = SlotLocator(self.strategy, rank=topo.rank,
                                    first_consumer=self.first_consumer,
@@ -366,9 +367,9 @@ class ReadSession:
         """Whether this rank's slots go from its reading side to its receiving side in
         this process instead of through the ring: it is its ring's only reader and only
         worker, and slots carry record spans (nothing is copied either way). The ring
-        would add a slot's header, its checksum, two messages and the receiver's checks
-        of what this process itself wrote: on the 2-core VM, ImageNet-like batches of 32
-        at two ranks, ~1/4 of what each rank spent per epoch outside the transform
+        would add a slot's header and its CRC, two messages and the receiver's checks of
+        what this process itself wrote: on the 2-core VM, ImageNet-like batches of 32 at
+        two ranks, ~1/4 of what each rank spent per epoch outside the transform
         kernel."""
         return self.alone_on_ring and self.by_reference
 
@@ -511,7 +512,7 @@ class ReadSession:
         assert self.ring is not None
         clock = self.stages
         if self.hands_to_itself:
-            self.ring.check_usable()  # aborted (a signal, a peer's error): stop here too
+            self.ring.check_usable()  # aborted (a signal, this rank's error) or closed
             with Timer(stats, "copy"), clock.span("slot_fill"):
                 got = self._own_delivery(first, count, ids, pad, refs)
             with clock.span("publish"):
@@ -528,20 +529,22 @@ class ReadSession:
         self.last_private = None
 
     def _own_delivery(self, first: int, count: int, ids: np.ndarray, pad: np.ndarray,
-                      refs: RecordRefs) -> Delivered:
+                      refs: RecordRefs) -> Delivered | LmdbioError:
         """Iterations ``first .. first + count - 1`` as this rank's own worker receives
         them (:attr:`hands_to_itself`): the record spans located, checked against the
         mapping as a worker checks a ring slot's (a record index may come from a sidecar
         file), the overflow page headers left to the pass that reads the values, the
-        pages counted as a ring slot's are."""
+        pages counted as a ring slot's are. A span outside the mapping gives the error
+        that receiving the slot raises (after the batches read before it, as a worker
+        meets a bad ring slot)."""
         db = self.db
         size = db.buf.shape[0]
         for what, starts, lengths in (("record", refs.val_off, refs.val_len),
                                       ("key", refs.key_off, refs.key_len)):
             if spans_outside(starts, lengths, size):
-                raise LmdbioError(f"{db.where}: epoch {self.epoch} iteration {first}: a "
-                                  f"located {what} span lies outside the {size}-byte "
-                                  "mapping of the file")
+                return LmdbioError(f"{db.where}: epoch {self.epoch} iteration {first}: a "
+                                   f"located {what} span lies outside the {size}-byte "
+                                   "mapping of the file")
         db.accounting.mark_values(refs, db.psize)
         return Delivered(self.epoch, first, ids, pad, payload=db.buf, offsets=refs.val_off,
                          key_offsets=refs.key_off, key_data=db.buf, batches=count,
@@ -638,6 +641,8 @@ class ReadSession:
             return out
         if self._own_slots:  # read by this rank for itself (hands_to_itself)
             got = self._own_slots.popleft()
+            if isinstance(got, LmdbioError):
+                raise got
             if not defer_value_check:
                 got.check_values()
             return got

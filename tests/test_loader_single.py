@@ -434,6 +434,34 @@ def test_a_span_whose_end_wraps_around_is_refused(db_with_corrupt_record, monkey
         _first_batch(cfg, handoff)
 
 
+@pytest.mark.parametrize("handoff", HANDOFFS)
+def test_the_batches_before_a_bad_span_are_delivered_first(clean_db, monkeypatch, handoff):
+    """A bad span in the third slot (read ahead with the first) is raised where that slot
+    is taken, after the two batches before it, through the ring or in process alike."""
+    from lmdbio.lmdb import RecordRefs
+    from lmdbio.slot_locator import SlotLocator
+
+    located = SlotLocator.fetch_group
+
+    def fetched(self, plan, first, count, ids, stats):
+        r = located(self, plan, first, count, ids, stats)
+        if first != 2:
+            return r
+        return RecordRefs(r.val_off + (1 << 30), r.val_len, r.leaf_pg, r.ovf_pages,
+                          r.key_off, r.key_len)
+
+    monkeypatch.setattr(SlotLocator, "fetch_group", fetched)
+    cfg = config(clean_db[0], readers__transfer="spans", readers__checksum="none",
+                 readers__batches_per_slot=1, readers__prefetch_depth=3)
+    got = []
+    with loaders.open(cfg) as loader:
+        loader.session.alone_on_ring = handoff == "in-process"
+        with pytest.raises(_refused(handoff), match="span lies outside"):
+            for b in loader:
+                got.append(b.iteration)
+    assert got == [0, 1]
+
+
 def test_max_iterations_ends_the_job_inside_an_epoch_and_resumes_there(clean_db):
     """``max_iterations`` (Caffe's ``max_iter``): ``loader.epochs()`` runs whole epochs up
     to the limit and stops the last one at it, each record at most once in it; a state

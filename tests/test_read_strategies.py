@@ -4,7 +4,7 @@ Every case runs the reading loop of ``lmdbio bench read`` (tests/mpi/read_epochs
 generated database and checks, from what every consumer received:
 
 * the record ids, padding flags and (epoch, iteration) labels are exactly the epoch plan's,
-  as a reader of the session plans it (``ReadSession.plan_for``, computed here without MPI:
+  as a reader of the session plans it (``ReadSession.make_plan``, computed here without MPI:
   the plan is a pure function of the options, the database and the world size, which is
   the determinism check);
 * independently of the plan: within an epoch every record is delivered exactly once (pad,

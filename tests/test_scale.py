@@ -334,3 +334,16 @@ def test_a_node_rings_slot_costs_once_per_slot_and_the_fit_varies_the_slot(cifar
     assert all(c.role(split) == "fit" for c in sized for split in scale_calibrate.SPLITS)
     assert len({c.file("time", 3) for c in scale_calibrate.time_configs(False, sizes=True)}
                ) == len(scale_calibrate.time_configs(False, sizes=True))
+
+
+def test_the_ring_hand_off_is_charged_only_to_nodes_of_several_ranks(cifar: Path) -> None:
+    """A node of one rank hands its slots of spans to itself in process
+    (``ReadSession.hands_to_itself``): no ring hand-off; a node of two ranks pays one per
+    slot (its CPU shared by the node's two consumers, as the consuming is)."""
+    handoff = Costs(mpi_latency_s=0.0, handoff_s_per_slot=1.0)
+    alone = trace(cifar, "indexed", 2, 2, 16, iterations=12, batches_per_slot=4)
+    assert alone.node_ranks == (1, 1)
+    assert actor_cpu_seconds(alone, handoff).tolist() == [0.0, 0.0]
+    shared = trace(cifar, "indexed", 2, 1, 16, iterations=12, batches_per_slot=4)
+    assert shared.node_ranks == (2,)
+    assert actor_cpu_seconds(shared, handoff)[0] == pytest.approx(12 / 4)

@@ -338,7 +338,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
                 nbytes = int(got.offsets[-1])
             batch_times.append(time.perf_counter() - t_loop)
             # the ids as arrays, listed after the clock (copies: ring deliveries are fresh
-            # arrays already, private ones views of the epoch plan, not kept alive here)
+            # arrays already, private ones and a lone ring's own slots may be views of the
+            # epoch plan, not kept alive here)
             records.append(got.ids.copy())
             padding.append(got.padding.copy())
             batch_records.append(int(got.ids.size))

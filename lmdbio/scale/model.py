@@ -196,8 +196,10 @@ def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: in
     record, per page touched, per read, per page of the file when pages are counted, per
     speculating read, per slot of a node's ring), the cursor message, and
     the consuming (a copy per byte, a decode and a take per record, shared among the
-    node's ``consumers``, plus the slot's hand-off on a node ring), all of it times the
-    host's contention factor."""
+    node's ``consumers``, plus the slot's hand-off on a node ring of several workers: a
+    node of one rank hands its slots of spans to itself in process,
+    :attr:`~lmdbio.reader.ReadSession.hands_to_itself`), all of it times the host's
+    contention factor."""
     c.chain_cpu = step.chain_walked * costs.cpu_walk_s + \
         step.chain_skipped * costs.cpu_skip_s
     c.cpu = step.walked * costs.cpu_walk_s + step.skipped * costs.cpu_skip_s + \
@@ -210,7 +212,7 @@ def _step_cpu(trace: Trace, step: Step, costs: Costs, c: StepCost, consumers: in
     c.consume = (step.bytes * costs.copy_s_per_byte
                  + step.records * (costs.decode_s_per_record + costs.consume_s_per_record)
                  ) / consumers + \
-        (costs.handoff_s_per_slot if trace.shared else 0.0)
+        (costs.handoff_s_per_slot if trace.shared and consumers > 1 else 0.0)
     f = costs.cpu_contention_factor
     c.chain_cpu, c.cpu, c.consume = c.chain_cpu * f, c.cpu * f, c.consume * f
 
