@@ -63,3 +63,23 @@ def test_one_epoch_at_a_time_when_ahead_is_one() -> None:
     assert plans.made == 4
     with pytest.raises(ValueError, match="ahead >= 1"):
         PlansAhead(_plan, 0)
+
+
+def test_threads_asking_at_once_get_one_plan_each_epoch() -> None:
+    """A worker's decoding thread and its trainer's thread may ask at once: each epoch is
+    made once and every asker of it gets the same object."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    plans = PlansAhead(_plan, 2)
+    with ThreadPoolExecutor(4) as pool:
+        for e in range(6):
+            start = threading.Barrier(4)
+
+            def ask(epoch: int, start: threading.Barrier = start) -> EpochPlan:
+                start.wait(timeout=10)
+                return plans.get(epoch)
+
+            got = list(pool.map(ask, [e] * 4))
+            assert len({id(p) for p in got}) == 1 and _same(got[0], _plan(e))
+    assert plans.made == 6

@@ -18,6 +18,7 @@ is handed to everyone who asks for that epoch.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 
 from lmdbio.plan.epoch import EpochPlan
@@ -58,19 +59,23 @@ class PlansAhead:
         self._plans: dict[int, EpochPlan] = {}
         #: plans made so far (what tests and measurements read)
         self.made = 0
+        # a dedicated node's worker plans the next epoch on its decoding thread while the
+        # trainer's thread may begin one
+        self._lock = threading.Lock()
 
     def get(self, epoch: int) -> EpochPlan:
-        """The plan of ``epoch`` (read-only arrays)."""
-        plan = self._plans.get(epoch)
-        if plan is not None:
-            return plan
-        self._plans = {e: p for e, p in self._plans.items()
-                       if epoch - 1 <= e < epoch + self.ahead}
-        for e in range(epoch, epoch + self.ahead):
-            if e not in self._plans:
-                self._plans[e] = freeze(self.make(e))
-                self.made += 1
-        return self._plans[epoch]
+        """The plan of ``epoch`` (read-only arrays). Thread-safe."""
+        with self._lock:
+            plan = self._plans.get(epoch)
+            if plan is not None:
+                return plan
+            self._plans = {e: p for e, p in self._plans.items()
+                           if epoch - 1 <= e < epoch + self.ahead}
+            for e in range(epoch, epoch + self.ahead):
+                if e not in self._plans:
+                    self._plans[e] = freeze(self.make(e))
+                    self.made += 1
+            return self._plans[epoch]
 
     def __len__(self) -> int:
         return len(self._plans)
