@@ -215,6 +215,22 @@ def test_reader_groups_deliver_the_batches_of_one_reader(loader_runs):
             [(b["ids"], b["keys"], b["pixels"]) for b in two[rank]], rank
 
 
+def test_only_a_rank_alone_on_its_ring_hands_its_slots_to_itself(loader_runs):
+    """A colocated rank with a reader of its own hands its slots of spans to itself in
+    process; a ring with several workers (one reader per node, reader groups of two
+    ranks) or a dedicated reader hands them through the ring."""
+
+    def handed(case):
+        run = loader_runs[every_record_case(*case)]
+        return sorted({res[-1]["hands_to_itself"] for res in run.results.values()})
+
+    assert handed((4, ["readers.strategy=lmm", "topology.simulate_nodes=2",
+                       "readers.mode=colocated"])) == [True]
+    for case in (*GROUPS_CASES, (4, ["readers.strategy=indexed", "topology.simulate_nodes=2",
+                                     "shuffle.mode=global"])):
+        assert handed(case) == [False], case
+
+
 @pytest.mark.parametrize("last", LASTS)
 def test_equal_batch_counts(loader_runs, last):
     run = loader_runs[equal_counts_case(last)]
