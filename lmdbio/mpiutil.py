@@ -429,7 +429,7 @@ def wait_with_timeout(
     Raises :class:`MPITimeoutError` on timeout; the request is left pending and travels in
     the exception's ``request`` (the caller may ``Cancel`` it or keep waiting).
     """
-    from mpi4py import MPI
+    MPI = start_mpi()  # as a singleton safely, where nothing has started it yet
 
     deadline = time.monotonic() + float(seconds)
 

@@ -86,3 +86,17 @@ def test_without_a_slack_the_wait_is_as_before() -> None:
     req = Request(tests=3, value=None)
     assert wait_with_timeout(req, 5.0, max_sleep=1e-4) is None
     assert len(set(req.seen)) == 1  # the thread's own slack throughout
+
+
+def test_waiting_starts_mpi_through_start_mpi(monkeypatch) -> None:
+    """``wait_with_timeout`` may be the first MPI call of a process (a test's): it starts
+    MPI as ``start_mpi`` does, so that a singleton does not leave Open MPI's 16 MiB
+    ``sm_segment`` file in /dev/shm (a bare ``from mpi4py import MPI`` here did, whenever
+    this file's tests ran first in a pytest worker)."""
+    from lmdbio import mpiutil
+
+    calls = []
+    real = mpiutil.start_mpi
+    monkeypatch.setattr(mpiutil, "start_mpi", lambda: calls.append(1) or real())
+    assert wait_with_timeout(Request(tests=1), 5.0) == "cursor"
+    assert calls == [1]
