@@ -10,9 +10,10 @@ One process is the node's reader and its only consumer (``mpiexec -n 1``; a colo
 node, as every rank of the calibration's 1- and 2-rank runs is: one rank per simulated
 node); ``--ranks 2`` runs two such nodes at once, as the 2-rank runs do. Its slots go
 through the ring all the same, as a node of several workers hands them over (a lone rank
-hands its own slots of spans to itself in process: the model charges the hand-off only to
-nodes of several ranks). It opens a real
-:class:`~lmdbio.reader.ReadSession` on a calibration database (node-level strategy
+hands its own slots of spans to itself in process: the model charges the hand-off only
+to nodes of several ranks).
+
+It opens a real :class:`~lmdbio.reader.ReadSession` on a calibration database (node-level strategy
 ``lmm``, records handed over by reference, page accounting on: ``bench read``'s
 settings), then, for each slot size N of :data:`SLOT_RECORDS`, hands ``slots`` slots of N
 records (the database's first N, their real spans) through the session's ring

@@ -48,7 +48,7 @@ from lmdbio.ring_setup import SLOT_BATCHES_SHIFT, RingSetup, check_batch_fits
 from lmdbio.run_plan import RunPlan
 from lmdbio.shm import BatchRing
 from lmdbio.slot_locator import SlotLocator
-from lmdbio.slot_receiver import Delivered, SlotReceiver, spans_outside
+from lmdbio.slot_receiver import Delivered, SlotReceiver, outside_mapping
 from lmdbio.stages import StageClock
 from lmdbio.topology import Topology
 
@@ -538,18 +538,14 @@ class ReadSession:
         that receiving the slot raises (after the batches read before it, as a worker
         meets a bad ring slot)."""
         db = self.db
-        size = db.buf.shape[0]
         for what, starts, lengths in (("record", refs.val_off, refs.val_len),
                                       ("key", refs.key_off, refs.key_len)):
-            if spans_outside(starts, lengths, size):
-                return LmdbioError(f"{db.where}: epoch {self.epoch} iteration {first}: a "
-                                   f"located {what} span lies outside the {size}-byte "
-                                   "mapping of the file")
+            wrong = outside_mapping(db, starts, lengths, what)
+            if wrong is not None:
+                return LmdbioError(f"epoch {self.epoch} iteration {first}: {wrong}")
         db.accounting.mark_values(refs, db.psize)
-        return Delivered(self.epoch, first, ids, pad, payload=db.buf, offsets=refs.val_off,
-                         key_offsets=refs.key_off, key_data=db.buf, batches=count,
-                         lengths=refs.val_len, key_lengths=refs.key_len, database=db,
-                         values_checked=False)
+        return Delivered.of_spans(db, self.epoch, first, ids, pad, refs.val_off, refs.val_len,
+                                  keys=(refs.key_off, db.buf, refs.key_len), batches=count)
 
     def _fill_slot(self, w: Any, refs: RecordRefs, labels: np.ndarray,
                    sizes: np.ndarray) -> None:

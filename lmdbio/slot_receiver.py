@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from lmdbio.lmdb import Database
     from lmdbio.shm import BatchRing
 
-__all__ = ["Delivered", "SlotReceiver", "spans_outside"]
+__all__ = ["Delivered", "SlotReceiver", "outside_mapping", "spans_outside"]
 
 #: the page bitmap of a gather that accounts no page
 _NO_PAGES = np.zeros(1, np.uint8)
@@ -48,6 +48,16 @@ def spans_outside(starts: np.ndarray, lengths: np.ndarray, size: int) -> bool:
     length it also refuses a start past the end)."""
     return bool(starts.size) and (int(starts.min()) < 0 or int(lengths.min()) < 0
                                   or bool((lengths > size - starts).any()))
+
+
+def outside_mapping(db: Database, starts: np.ndarray, lengths: np.ndarray, what: str
+                    ) -> str | None:
+    """What is wrong with the ``what`` (record or key) spans ``starts``/``lengths`` of
+    ``db``'s mapping, naming the file; None when every one lies inside it."""
+    size = db.buf.shape[0]
+    if not spans_outside(starts, lengths, size):
+        return None
+    return f"a {what} span lies outside the {size}-byte mapping of {db.path}"
 
 
 @dataclass
@@ -83,6 +93,21 @@ class Delivered:
     values_checked: bool = True
     #: cumulative value lengths of a by-reference delivery (:meth:`value_bytes`), made once
     _cumulative_lengths: np.ndarray | None = field(default=None, repr=False)
+
+    @classmethod
+    def of_spans(cls, db: Database, epoch: int, iteration: int, ids: np.ndarray,
+                 padding: np.ndarray, starts: np.ndarray, lengths: np.ndarray, *,
+                 keys: tuple[np.ndarray, np.ndarray, np.ndarray | None], batches: int = 1,
+                 view: Any = None) -> Delivered:
+        """A by-reference delivery: records ``starts``/``lengths`` of ``db``'s mapping
+        (checked against it), keys as ``(offsets, data, lengths)`` (spans of the mapping,
+        or with lengths None the bounds and bytes a slot carried), the values' overflow
+        page headers still to check."""
+        key_offsets, key_data, key_lengths = keys
+        return cls(epoch, iteration, ids, padding, payload=db.buf, offsets=starts,
+                   key_offsets=key_offsets, key_data=key_data, view=view, batches=batches,
+                   lengths=lengths, key_lengths=key_lengths, database=db,
+                   values_checked=False)
 
     def keys(self) -> list[bytes]:
         """The batch's keys as bytes (for logs and checks, not for hot paths)."""
@@ -227,14 +252,12 @@ class SlotReceiver:
         batches = max(int(view.flags) >> SLOT_BATCHES_SHIFT & 0xFFFF, 1)
         if view.by_reference:
             starts, lengths = self._checked_spans(view, *view.spans, "record")
-            key_offsets, key_data, key_lengths = view.key_offsets, view.key_data, None
+            keys = (view.key_offsets, view.key_data, None)
             if view.keys_by_reference:
                 key_offsets, key_lengths = self._checked_spans(view, *view.key_spans, "key")
-                key_data = self.db.buf
-            got = Delivered(view.epoch, view.iteration, ids, pad, payload=self.db.buf,
-                            offsets=starts, key_offsets=key_offsets, key_data=key_data,
-                            view=view, batches=batches, lengths=lengths,
-                            key_lengths=key_lengths, database=self.db, values_checked=False)
+                keys = (key_offsets, self.db.buf, key_lengths)
+            got = Delivered.of_spans(self.db, view.epoch, view.iteration, ids, pad, starts,
+                                     lengths, keys=keys, batches=batches, view=view)
             if not defer_value_check:
                 try:  # a corrupt file fails here, naming the page, as a copying reader would
                     got.check_values()
@@ -251,10 +274,9 @@ class SlotReceiver:
         """``(starts, lengths)`` of a by-reference slot, checked against this rank's
         mapping of the file: a span outside it raises
         :class:`~lmdbio.shm.SlotCorruptError` (and releases the slot) before any read."""
-        size = self.db.buf.shape[0]
-        if spans_outside(starts, lengths, size):
+        wrong = outside_mapping(self.db, starts, lengths, what)
+        if wrong is not None:
             view.release()
-            raise SlotCorruptError(f"a {what} span lies outside the {size}-byte mapping of "
-                                   f"{self.db.path}", slot=view.slot, seq=view.seq,
+            raise SlotCorruptError(wrong, slot=view.slot, seq=view.seq,
                                    epoch=view.epoch, iteration=view.iteration, part=view.part)
         return starts, lengths
