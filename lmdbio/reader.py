@@ -29,7 +29,7 @@ import numpy as np
 from lmdbio.codecs.registry import BATCH_CODECS, RingCodec
 from lmdbio.errors import ConfigError, LmdbioError
 from lmdbio.io.gather import gather_batch, gather_keys, gather_refs
-from lmdbio.io.prefetch import MADV_RANDOM
+from lmdbio.io.prefetch import MADV_RANDOM, populate_if_resident
 from lmdbio.io.symmap import map_symmetric
 from lmdbio.kernel_cache import kernel_module
 from lmdbio.lmdb import Database, RecordRefs
@@ -71,6 +71,9 @@ class ReaderTotals:
     setup_seconds: float = 0.0
     symmetric_attempts: int = 0
     symmetric: bool = False
+    #: whether the whole mapping was put in this rank's page tables at the start (a small
+    #: file found in the page cache: :func:`~lmdbio.io.prefetch.populate_if_resident`)
+    populated: bool = False
 
     def add_setup(self, touched: np.ndarray) -> None:
         """Add the pages of ``touched`` (an accounting bitmap) to :attr:`setup` (sized
@@ -248,6 +251,8 @@ class ReadSession:
                                    node_consumers=self.node_consumers,
                                    batches_per_slot=self.batches_per_slot)
         self._set_read_around()
+        if self.node_cache is None:  # direct I/O reads past the page cache
+            self.totals.populated = populate_if_resident(self.db.buf)
         self.totals.setup_seconds = time.perf_counter() - t0
         if self.db.accounting.enabled and self.run_plan.accounting:
             self.totals.add_setup(self.db.accounting.touched)

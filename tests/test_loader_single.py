@@ -10,6 +10,7 @@ import loaders
 from bench.lmdbgen import write_db
 from lmdbio.codecs.datum import datum_from_array, encode_datum
 from lmdbio.errors import ConfigError, LmdbioError, RecordError
+from lmdbio.io.prefetch import OS_PAGE_SIZE
 
 
 @pytest.fixture(scope="module")
@@ -708,3 +709,19 @@ def test_a_transform_refused_on_one_rank_only_is_refused_on_every_rank(monkeypat
     with pytest.raises(ConfigError, match="the records are rows"), \
             agreed(_TwoRanks(None), "settings", own_error=True):
         options.transformer(cfg)
+
+
+def test_a_warm_database_is_in_the_page_tables_before_the_first_read(db_with_corrupt_record):
+    """A small database in the page cache is mapped into the process's page tables when
+    the session opens (no page fault per read-around window inside the kernels' calls):
+    every page of the mapping present, before a batch is read."""
+    (db_with_corrupt_record / "data.mdb").read_bytes()  # in the page cache
+    with loaders.open(config(db_with_corrupt_record)) as loader:
+        s = loader.session
+        assert s.totals.populated
+        page = OS_PAGE_SIZE
+        addr, pages = s.db.buf.ctypes.data, -(-s.db.buf.shape[0] // page)
+        with open("/proc/self/pagemap", "rb") as f:
+            f.seek(addr // page * 8)
+            entries = np.frombuffer(f.read(pages * 8), np.uint64)
+        assert ((entries >> np.uint64(63)) == 1).all()

@@ -387,3 +387,48 @@ def test_pages_resident_sample_is_the_documented_one(ranges, touched, samples) -
         del arr
     finally:
         region.close()
+
+
+def _in_page_tables(addr: int, pages: int) -> np.ndarray:
+    """Whether each OS page of ``[addr, addr + pages * PAGE)`` is mapped in this process's
+    page tables now (``/proc/self/pagemap``'s present bit; no privilege needed for it)."""
+    with open("/proc/self/pagemap", "rb") as f:
+        f.seek(addr // PAGE * 8)
+        entries = np.frombuffer(f.read(pages * 8), np.uint64)
+    return (entries >> np.uint64(63)).astype(bool)
+
+
+@pytest.fixture()
+def warm(data) -> tuple[Path, np.ndarray]:
+    """The data file read through, so that its pages are in the page cache."""
+    path, arr = data
+    assert path.read_bytes()[-1] == arr[-1]
+    return path, arr
+
+
+def test_populate_puts_a_warm_file_in_the_page_tables(warm) -> None:
+    path, arr = warm
+    pages = -(-arr.shape[0] // PAGE)
+    with map_file(path) as m:
+        addr = pf._as_array(m).ctypes.data
+        assert not _in_page_tables(addr, pages).any()  # a fresh mapping: nothing yet
+        assert pf.populate_if_resident(m)
+        assert _in_page_tables(addr, pages).all()
+        assert pf.touch(m) == int(arr[::PAGE].astype(np.uint64).sum())
+
+
+def test_populate_leaves_a_file_over_the_limit_to_its_faults(warm) -> None:
+    path, arr = warm
+    with map_file(path) as m:
+        addr = pf._as_array(m).ctypes.data
+        assert not pf.populate_if_resident(m, max_bytes=arr.shape[0] - 1)
+        assert not _in_page_tables(addr, -(-arr.shape[0] // PAGE)).any()
+
+
+def test_populate_leaves_a_cold_file_unread(cold) -> None:
+    path, arr = cold
+    with map_file(path) as m:
+        addr = pf._as_array(m).ctypes.data
+        assert not pf.populate_if_resident(m)
+        assert not _in_page_tables(addr, -(-arr.shape[0] // PAGE)).any()
+        assert pf.resident_count(path) == 0  # the decision read nothing either
