@@ -14,8 +14,9 @@ rest of the cache. Both kinds write the same values; which is faster depends on 
 So the default, ``auto``, measures the loader's own kernels on the job's own batches
 (:class:`StoreTrial`): each output size of :data:`TRIAL_MIN_BYTES` or more is written with
 ordinary stores, then with streaming stores, in blocks that each time at least
-:data:`TIMED_BYTES` and :data:`SAMPLES` batches (CPU time of the writing thread), and the
-kind with the lower median is kept until the size is tried again. Ordinary stores are
+:data:`SAMPLES` batches and :data:`TIMED_BYTES` (streaming ones:
+:data:`STREAMING_TIMED_BYTES`; CPU time of the writing thread), and the kind with the
+lower median is kept until the size is tried again. Ordinary stores are
 timed only after :data:`WARM_BYTES`: their speed depends on the stores before them (after
 streaming stores, ordinary ones took some 300-450 MB to reach their own speed on the host
 above); streaming stores after one batch. A batch during which its thread took a page
@@ -64,9 +65,15 @@ TRIAL_MIN_BYTES = 2 << 20
 #: start (ImageNet-like batches of 19 MB, 2-core VM, 2026-11-28: 17 -> 13 µs an image over
 #: 16-24 batches); streaming stores run at their own speed from their first batch
 WARM_BYTES = 512 << 20
-#: ``auto``: bytes of each kind timed in a block (after its warm-up: :data:`WARM_BYTES` for
-#: ordinary stores, one batch for streaming ones), and at least :data:`SAMPLES` batches
+#: ``auto``: bytes of ordinary stores timed in a block (after its warm-up of
+#: :data:`WARM_BYTES`), and at least :data:`SAMPLES` batches
 TIMED_BYTES = 256 << 20
+#: ``auto``: bytes of streaming stores timed in a block (after one batch), and at least
+#: :data:`SAMPLES` batches. Fewer than ordinary ones: streaming stores run at their own
+#: speed from their first batch, and where they lose every batch of theirs is the trial's
+#: cost (at two ranks on the 2-core VM, 2026-11-28: 543 against 428 µs an ImageNet-like
+#: batch of 32; 15 such batches a trial with 256 MiB, 5 with 64 MiB)
+STREAMING_TIMED_BYTES = 64 << 20
 #: ``auto``: clean timings of each kind before the choice (and timed batches a block)
 SAMPLES = 4
 #: ``auto``: pairs of blocks tried for clean timings before the ``large`` rule decides
@@ -123,9 +130,9 @@ class StoreTrial:
     """The trial of one output size under ``auto`` (see the module docstring): which kind
     the next batch takes (:meth:`next_batch`), what it cost (:meth:`finish`), and the
     choice once made. Pairs of blocks, ordinary stores then streaming ones, each timing
-    :data:`TIMED_BYTES` and :data:`SAMPLES` batches after its warm-up, until both kinds
-    have :data:`SAMPLES` clean timings. Not thread-safe: :class:`StoreChoice` holds its
-    lock around every call but :meth:`wrote`.
+    :data:`SAMPLES` batches and :data:`TIMED_BYTES` (:data:`STREAMING_TIMED_BYTES`) after
+    its warm-up, until both kinds have :data:`SAMPLES` clean timings. Not thread-safe:
+    :class:`StoreChoice` holds its lock around every call but :meth:`wrote`.
 
     A choice holds for :data:`RETRIAL_BYTES`; then the size is tried again (:meth:`wrote`).
     """
@@ -174,9 +181,9 @@ class StoreTrial:
     def finish(self, streaming: bool, timed: bool, seconds: float, faults: int) -> None:
         """A batch :meth:`next_batch` gave was written: ``seconds`` of its thread's CPU
         with ``faults`` page faults (a timing counted only without faults). Ends the block
-        when it timed :data:`TIMED_BYTES` and :data:`SAMPLES` batches; after each pair of
-        blocks decides, if both kinds have their timings (the ``large`` rule after
-        :data:`MAX_PAIRS`)."""
+        when it timed :data:`SAMPLES` batches and :data:`TIMED_BYTES` (streaming:
+        :data:`STREAMING_TIMED_BYTES`); after each pair of blocks decides, if both kinds
+        have their timings (the ``large`` rule after :data:`MAX_PAIRS`)."""
         if self.streaming is not None or streaming != (self.blocks % 2 == 1):
             return  # the kind of a block that ended meanwhile (another thread's batch)
         self.batches += 1
@@ -186,7 +193,8 @@ class StoreTrial:
         self.timed += 1
         if faults == 0:
             self.seconds[streaming].append(seconds)
-        if self.timed < SAMPLES or self.timed * self.nbytes < TIMED_BYTES:
+        block_bytes = STREAMING_TIMED_BYTES if streaming else TIMED_BYTES
+        if self.timed < SAMPLES or self.timed * self.nbytes < block_bytes:
             return
         self.blocks, self.written, self.timed = self.blocks + 1, 0, 0
         if self.blocks % 2:

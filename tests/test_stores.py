@@ -14,6 +14,7 @@ from loaders.stores import (
     MAX_TRIALS,
     MIN_BYTES,
     SAMPLES,
+    STREAMING_TIMED_BYTES,
     TIMED_BYTES,
     TRIAL_MIN_BYTES,
     WARM_BYTES,
@@ -44,7 +45,8 @@ def test_the_policy_comes_from_the_environment(monkeypatch):
 def block(nbytes: int, streaming: bool) -> tuple[int, int]:
     """(untimed, timed) batches of ``nbytes`` in a trial block of this kind."""
     warm = 1 if streaming else -(-WARM_BYTES // nbytes)
-    return warm, max(SAMPLES, -(-TIMED_BYTES // nbytes))
+    timed = STREAMING_TIMED_BYTES if streaming else TIMED_BYTES
+    return warm, max(SAMPLES, -(-timed // nbytes))
 
 
 def pair(nbytes: int) -> int:
@@ -64,13 +66,13 @@ def drive(trial: StoreTrial, seconds: dict[bool, float], faults: dict[bool, int]
     return seen
 
 
-@pytest.mark.parametrize("nbytes", [64 << 20, 300 << 20, 800 << 20])
+@pytest.mark.parametrize("nbytes", [16 << 20, 64 << 20, 300 << 20, 800 << 20])
 @pytest.mark.parametrize("streaming_wins", [True, False])
 def test_a_trial_times_each_kind_after_its_warm_up_and_keeps_the_faster(streaming_wins,
                                                                         nbytes):
     """An ordinary block (timed after WARM_BYTES), a streaming one (after one batch), each
-    timing at least TIMED_BYTES and SAMPLES batches, then the choice: at any batch size,
-    one larger than a block's bytes too."""
+    timing at least SAMPLES batches and TIMED_BYTES (streaming: STREAMING_TIMED_BYTES),
+    then the choice: at any batch size, one larger than a block's bytes too."""
     (ow, ot), (sw, st) = block(nbytes, False), block(nbytes, True)
     trial = StoreTrial(nbytes)
     fast, slow = 1.0, 1.5
