@@ -13,25 +13,31 @@ rest of the cache. Both kinds write the same values; which is faster depends on 
 
 So the default, ``auto``, measures the loader's own kernels on the job's own batches
 (:class:`StoreTrial`): each output size of :data:`TRIAL_MIN_BYTES` or more is written with
-ordinary stores, then with streaming stores, in blocks that each time at least
+streaming stores, then with ordinary stores, in blocks that each time at least
 :data:`SAMPLES` batches and :data:`TIMED_BYTES` (streaming ones:
 :data:`STREAMING_TIMED_BYTES`; CPU time of the writing thread), and the kind with the
-lower median is kept until the size is tried again. Ordinary stores are
-timed only after :data:`WARM_BYTES`: their speed depends on the stores before them (after
-streaming stores, ordinary ones took some 300-450 MB to reach their own speed on the host
-above); streaming stores after one batch. A batch during which its thread took a page
-fault is not counted: a first epoch faults the database's pages into the process (on a
-cold cache reads them), which swamps the store kind; a choice timed over short
-alternating blocks without this filter flipped between runs
-(``docs/findings/peers-2026-11-28c.md``). Nor is a call that wrote nothing (a kernel that
-gave up on a record of another shape). Streaming stores must win by :data:`MARGIN` (a tie
-keeps ordinary stores); if :data:`MAX_PAIRS` pairs of blocks give too few clean timings
-(a data set that faults on every batch) the ``large`` rule decides; and every
-:data:`RETRIAL_BYTES` of one size the trial runs again, so that a choice made while a
+lower median is kept until the size is tried again. Ordinary stores are timed only after
+:data:`WARM_BYTES`: their speed depends on the stores before them (after streaming stores,
+and from a process's start, ordinary ones took some 300-450 MB to reach their own speed on
+the host above); streaming stores after one batch. The streaming block comes first
+because that recovery is what a trial costs where ordinary stores win: streaming blocks
+at a process's start, where ordinary stores are still slow, cost about half as much as the
+same block after ordinary stores had reached their speed (one process, ImageNet-like,
+2026-11-28: 0.3-0.8 against 0.7-1.3 µs an image over the first 110 batches). A batch
+during which its thread took a page fault is not counted: a first epoch faults the
+database's pages into the process (on a cold cache reads them), which swamps the store
+kind; a choice timed over short alternating blocks without this filter flipped between
+runs (``docs/findings/peers-2026-11-28c.md``). A block whose batches faulted times on
+until it has :data:`SAMPLES` clean ones, or :data:`MAX_BLOCK_TIMED` in all (a process's
+first batches fault in its output buffers). Nor is a call that wrote nothing counted (a
+kernel that gave up on a record of another shape). Streaming stores must win by
+:data:`MARGIN` (a tie keeps ordinary stores); if :data:`MAX_PAIRS` pairs of blocks give too
+few clean timings (a data set that faults on every batch) the ``large`` rule decides; and
+every :data:`RETRIAL_BYTES` of one size the trial runs again, so that a choice made while a
 neighbour loaded the host's memory does not hold for the rest of a long job. A size seen
-rarely (an epoch's short last batch) stays on trial for long, written with ordinary
-stores meanwhile; at most :data:`MAX_TRIALS` sizes are tried, the others follow the
-``large`` rule.
+rarely (an epoch's short last batch) stays on trial for long (its first few batches with
+streaming stores, then ordinary ones); at most :data:`MAX_TRIALS` sizes are tried, the
+others follow the ``large`` rule.
 
 ``LMDBIO_STREAMING_STORES`` sets the policy:
 
@@ -76,6 +82,9 @@ TIMED_BYTES = 256 << 20
 STREAMING_TIMED_BYTES = 64 << 20
 #: ``auto``: clean timings of each kind before the choice (and timed batches a block)
 SAMPLES = 4
+#: ``auto``: timed batches after which a block ends without :data:`SAMPLES` clean ones
+#: (every batch faulted: a database read from storage as it goes)
+MAX_BLOCK_TIMED = 4 * SAMPLES
 #: ``auto``: pairs of blocks tried for clean timings before the ``large`` rule decides
 MAX_PAIRS = 4
 #: ``auto``: streaming stores are chosen only when their median is at least this much below
@@ -129,9 +138,10 @@ def faster_kind(ordinary: list[float], streaming: list[float]) -> bool:
 class StoreTrial:
     """The trial of one output size under ``auto`` (see the module docstring): which kind
     the next batch takes (:meth:`next_batch`), what it cost (:meth:`finish`), and the
-    choice once made. Pairs of blocks, ordinary stores then streaming ones, each timing
-    :data:`SAMPLES` batches and :data:`TIMED_BYTES` (:data:`STREAMING_TIMED_BYTES`) after
-    its warm-up, until both kinds have :data:`SAMPLES` clean timings. Not thread-safe:
+    choice once made. Pairs of blocks, streaming stores then ordinary ones, each timing
+    :data:`SAMPLES` clean batches (at most :data:`MAX_BLOCK_TIMED` in all) and
+    :data:`STREAMING_TIMED_BYTES` (:data:`TIMED_BYTES`) after its warm-up, until both
+    kinds have :data:`SAMPLES` clean timings. Not thread-safe:
     :class:`StoreChoice` holds its lock around every call but :meth:`wrote`.
 
     A choice holds for :data:`RETRIAL_BYTES`; then the size is tried again (:meth:`wrote`).
@@ -146,11 +156,12 @@ class StoreTrial:
     def restart(self) -> None:
         """Begin a new trial (the earlier choices stay in :attr:`choices`)."""
         #: batches written in this trial, blocks finished, and the current block's bytes
-        #: written and batches timed
+        #: written, batches timed and timings counted (taken without a page fault)
         self.batches = 0
         self.blocks = 0
         self.written = 0
         self.timed = 0
+        self.clean = 0
         #: clean CPU seconds per batch, by kind (``True``: streaming)
         self.seconds: dict[bool, list[float]] = {False: [], True: []}
         #: the choice (``None`` while trying), and bytes written with it
@@ -174,17 +185,18 @@ class StoreTrial:
         ones); the choice, untimed, once made."""
         if self.streaming is not None:
             return self.streaming, False
-        streaming = self.blocks % 2 == 1
+        streaming = self.blocks % 2 == 0
         warm = self.written < (self.nbytes if streaming else WARM_BYTES)
         return streaming, not warm
 
     def finish(self, streaming: bool, timed: bool, seconds: float, faults: int) -> None:
         """A batch :meth:`next_batch` gave was written: ``seconds`` of its thread's CPU
         with ``faults`` page faults (a timing counted only without faults). Ends the block
-        when it timed :data:`SAMPLES` batches and :data:`TIMED_BYTES` (streaming:
-        :data:`STREAMING_TIMED_BYTES`); after each pair of blocks decides, if both kinds
-        have their timings (the ``large`` rule after :data:`MAX_PAIRS`)."""
-        if self.streaming is not None or streaming != (self.blocks % 2 == 1):
+        when it timed :data:`TIMED_BYTES` (streaming: :data:`STREAMING_TIMED_BYTES`) and
+        counted :data:`SAMPLES` timings, or timed :data:`MAX_BLOCK_TIMED` batches; after
+        each pair of blocks decides, if both kinds have their timings (the ``large`` rule
+        after :data:`MAX_PAIRS`)."""
+        if self.streaming is not None or streaming != (self.blocks % 2 == 0):
             return  # the kind of a block that ended meanwhile (another thread's batch)
         self.batches += 1
         self.written += self.nbytes
@@ -193,10 +205,12 @@ class StoreTrial:
         self.timed += 1
         if faults == 0:
             self.seconds[streaming].append(seconds)
+            self.clean += 1
         block_bytes = STREAMING_TIMED_BYTES if streaming else TIMED_BYTES
-        if self.timed < SAMPLES or self.timed * self.nbytes < block_bytes:
+        if self.timed < SAMPLES or self.timed * self.nbytes < block_bytes or \
+                (self.clean < SAMPLES and self.timed < MAX_BLOCK_TIMED):
             return
-        self.blocks, self.written, self.timed = self.blocks + 1, 0, 0
+        self.blocks, self.written, self.timed, self.clean = self.blocks + 1, 0, 0, 0
         if self.blocks % 2:
             return
         if min(len(v) for v in self.seconds.values()) >= SAMPLES:

@@ -10,6 +10,7 @@ import pytest
 
 import loaders.stores as stores
 from loaders.stores import (
+    MAX_BLOCK_TIMED,
     MAX_PAIRS,
     MAX_TRIALS,
     MIN_BYTES,
@@ -54,6 +55,12 @@ def pair(nbytes: int) -> int:
     return sum(block(nbytes, False)) + sum(block(nbytes, True))
 
 
+def faulting_block(nbytes: int, streaming: bool) -> int:
+    """Batches of ``nbytes`` in a trial block whose every timed batch faulted."""
+    warm, timed = block(nbytes, streaming)
+    return warm + max(timed, MAX_BLOCK_TIMED)
+
+
 def drive(trial: StoreTrial, seconds: dict[bool, float], faults: dict[bool, int],
           batches: int) -> list[tuple[bool, bool]]:
     """``batches`` batches of ``trial``: the (streaming, timed) of each, finished with
@@ -70,8 +77,8 @@ def drive(trial: StoreTrial, seconds: dict[bool, float], faults: dict[bool, int]
 @pytest.mark.parametrize("streaming_wins", [True, False])
 def test_a_trial_times_each_kind_after_its_warm_up_and_keeps_the_faster(streaming_wins,
                                                                         nbytes):
-    """An ordinary block (timed after WARM_BYTES), a streaming one (after one batch), each
-    timing at least SAMPLES batches and TIMED_BYTES (streaming: STREAMING_TIMED_BYTES),
+    """A streaming block (timed after one batch), an ordinary one (after WARM_BYTES), each
+    timing at least SAMPLES batches and STREAMING_TIMED_BYTES (ordinary: TIMED_BYTES),
     then the choice: at any batch size, one larger than a block's bytes too."""
     (ow, ot), (sw, st) = block(nbytes, False), block(nbytes, True)
     trial = StoreTrial(nbytes)
@@ -79,29 +86,50 @@ def test_a_trial_times_each_kind_after_its_warm_up_and_keeps_the_faster(streamin
     seen = drive(trial, {True: fast if streaming_wins else slow,
                          False: slow if streaming_wins else fast}, {True: 0, False: 0},
                  pair(nbytes) + 5)
-    assert seen[:ow + ot] == [(False, False)] * ow + [(False, True)] * ot
-    assert seen[ow + ot:pair(nbytes)] == [(True, False)] * sw + [(True, True)] * st
+    assert seen[:sw + st] == [(True, False)] * sw + [(True, True)] * st
+    assert seen[sw + st:pair(nbytes)] == [(False, False)] * ow + [(False, True)] * ot
     assert trial.streaming is streaming_wins
     assert seen[pair(nbytes):] == [(streaming_wins, False)] * 5
     assert trial.as_dict()["choice"] == ("streaming" if streaming_wins else "ordinary")
 
 
 def test_timings_with_page_faults_do_not_count():
-    """A block whose streaming batches all faulted gives no streaming timings: the trial
-    goes on (a second pair of blocks), and the faulting batches' times never decide."""
+    """A block whose streaming batches all faulted gives no streaming timings: it times on
+    up to MAX_BLOCK_TIMED batches, the trial goes on (a second pair of blocks), and the
+    faulting batches' times never decide."""
     nbytes = 64 << 20
     trial = StoreTrial(nbytes)
-    drive(trial, {True: 0.1, False: 1.0}, {True: 3, False: 0}, pair(nbytes))
+    first = faulting_block(nbytes, True) + sum(block(nbytes, False))
+    seen = drive(trial, {True: 0.1, False: 1.0}, {True: 3, False: 0}, first)
+    assert seen[:faulting_block(nbytes, True)] == \
+        [(True, False)] + [(True, True)] * MAX_BLOCK_TIMED
     assert trial.streaming is None and trial.seconds[True] == []
     assert len(trial.seconds[False]) >= SAMPLES
     drive(trial, {True: 2.0, False: 1.0}, {True: 0, False: 0}, pair(nbytes))
     assert trial.streaming is False  # the clean streaming timings were the slower ones
 
 
+def test_a_block_times_on_past_its_faulting_batches():
+    """A process's first batches fault in its output buffers: a block counts SAMPLES clean
+    timings after them before it ends, and the choice needs no second pair."""
+    nbytes = 64 << 20
+    trial = StoreTrial(nbytes)
+    sw, st = block(nbytes, True)
+    for i in range(sw + st + 2):  # the first two timed streaming batches faulted
+        streaming, timed = trial.next_batch()
+        assert streaming
+        trial.finish(streaming, timed, 0.5, 2 if i in (1, 2) else 0)
+    assert len(trial.seconds[True]) == SAMPLES and trial.next_batch()[0] is False
+    drive(trial, {True: 0.5, False: 1.0}, {True: 0, False: 0}, sum(block(nbytes, False)))
+    assert trial.streaming is True and trial.as_dict()["batches"] == sw + st + 2 + \
+        sum(block(nbytes, False))
+
+
 def test_a_trial_that_never_gets_clean_timings_falls_back_to_the_size_rule():
     nbytes = 64 << 20
     trial = StoreTrial(nbytes)
-    drive(trial, {True: 1.0, False: 1.0}, {True: 1, False: 1}, MAX_PAIRS * pair(nbytes) - 1)
+    faulting_pair = faulting_block(nbytes, True) + faulting_block(nbytes, False)
+    drive(trial, {True: 1.0, False: 1.0}, {True: 1, False: 1}, MAX_PAIRS * faulting_pair - 1)
     assert trial.streaming is None
     drive(trial, {True: 1.0, False: 1.0}, {True: 1, False: 1}, 1)
     assert trial.streaming is stores.large_rule(nbytes) is True
@@ -163,8 +191,9 @@ def test_auto_times_only_after_the_warm_up_and_keeps_the_steady_winner(monkeypat
                 recovery=WARM_BYTES // nbytes)
     for _ in range(pair(nbytes) + 3):
         choice.write(nbytes, host.kernel)
-    ow, ot = block(nbytes, False)
-    assert host.kinds[:ow + ot] == [False] * (ow + ot)
+    sw, st = block(nbytes, True)
+    assert host.kinds[:sw + st] == [True] * (sw + st)
+    assert host.kinds[sw + st:pair(nbytes)] == [False] * (pair(nbytes) - sw - st)
     assert host.kinds[-3:] == [False] * 3 and not choice.streams(nbytes)
     [trial] = choice.trials()
     assert trial["choice"] == "ordinary" and trial["median_us"] == {"ordinary": 1e6,
@@ -208,7 +237,7 @@ def test_sizes_past_max_trials_follow_the_size_rule_without_the_lock(monkeypatch
     for n in sizes:
         choice.write(n, host.kernel)
     assert len(choice.trials()) == MAX_TRIALS
-    assert host.kinds == [False] * MAX_TRIALS + [stores.large_rule(sizes[-1])]
+    assert host.kinds == [True] * MAX_TRIALS + [stores.large_rule(sizes[-1])]
     choice._lock = lock = CountingLock()  # type: ignore[assignment]
     for _ in range(3):
         choice.write(sizes[-1], host.kernel)
@@ -217,14 +246,16 @@ def test_sizes_past_max_trials_follow_the_size_rule_without_the_lock(monkeypatch
 
 def test_the_choice_comes_after_a_pair_of_blocks():
     """Ordinary timings that all faulted in the first pair: the second pair's ordinary
-    block gives them, and its streaming block still runs before the choice (both kinds'
+    block gives them, and its streaming block still runs before them (both kinds'
     timings from one pair of blocks, side by side)."""
     nbytes = 64 << 20
     trial = StoreTrial(nbytes)
-    drive(trial, {True: 1.0, False: 2.0}, {True: 0, False: 5}, pair(nbytes))
+    first = sum(block(nbytes, True)) + faulting_block(nbytes, False)
+    drive(trial, {True: 1.0, False: 2.0}, {True: 0, False: 5}, first)
     assert trial.streaming is None and len(trial.seconds[True]) >= SAMPLES
     seen = drive(trial, {True: 1.0, False: 2.0}, {True: 0, False: 0}, pair(nbytes))
-    assert seen[-1] == (True, True) and trial.streaming is True
+    assert seen[0] == (True, False) and seen[-1] == (False, True)
+    assert trial.streaming is True
 
 
 def test_a_choice_is_tried_again_after_retrial_bytes(monkeypatch):
