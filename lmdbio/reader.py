@@ -250,9 +250,10 @@ class ReadSession:
                                    first_consumer=self.first_consumer,
                                    node_consumers=self.node_consumers,
                                    batches_per_slot=self.batches_per_slot)
-        self._set_read_around()
         if self.node_cache is None:  # direct I/O reads past the page cache
-            self.totals.populated = populate_if_resident(self.db.buf)
+            # before MADV_RANDOM: the few pages not in the cache come with read-around
+            self.totals.populated = populate_if_resident(self.db.buf, self.db.path)
+        self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0
         if self.db.accounting.enabled and self.run_plan.accounting:
             self.totals.add_setup(self.db.accounting.touched)

@@ -292,11 +292,14 @@ class Loader:
     def summary(self) -> dict[str, Any]:
         """This rank's metrics and role, JSON-able; ``stages``: CPU and wall seconds per
         stage of the data path, where :attr:`stages` was enabled (see :mod:`lmdbio.stages`);
-        ``stores``: the policy and trials of the store kind (:mod:`loaders.stores`)."""
+        ``stores``: the policy and trials of the store kind (:mod:`loaders.stores`);
+        ``populated``: whether the database's mapping was put whole in this rank's page
+        tables when it opened (:func:`lmdbio.io.prefetch.populate_if_resident`)."""
         return {"rank": self.topo.rank, "node": self.topo.host_node,
                 "node_ring": self.topo.node_index,
                 "worker": self.is_worker, "reader": self.session.reads,
                 **self.metrics.as_dict(), "stages": self.stages.as_dict(),
+                "populated": self.session.totals.populated,
                 "stores": stores.STORES.as_dict()}
 
     @property

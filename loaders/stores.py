@@ -23,21 +23,21 @@ the host above); streaming stores after one batch. The streaming block comes fir
 because that recovery is what a trial costs where ordinary stores win: streaming blocks
 at a process's start, where ordinary stores are still slow, cost about half as much as the
 same block after ordinary stores had reached their speed (one process, ImageNet-like,
-2026-11-28: 0.3-0.8 against 0.7-1.3 µs an image over the first 110 batches). A batch
-during which its thread took a page fault is not counted: a first epoch faults the
-database's pages into the process (on a cold cache reads them), which swamps the store
-kind; a choice timed over short alternating blocks without this filter flipped between
-runs (``docs/findings/peers-2026-11-28c.md``). A block whose batches faulted times on
-until it has :data:`SAMPLES` clean ones, or :data:`MAX_BLOCK_TIMED` in all (a process's
-first batches fault in its output buffers). Nor is a call that wrote nothing counted (a
-kernel that gave up on a record of another shape). Streaming stores must win by
-:data:`MARGIN` (a tie keeps ordinary stores); if :data:`MAX_PAIRS` pairs of blocks give too
-few clean timings (a data set that faults on every batch) the ``large`` rule decides; and
-every :data:`RETRIAL_BYTES` of one size the trial runs again, so that a choice made while a
-neighbour loaded the host's memory does not hold for the rest of a long job. A size seen
-rarely (an epoch's short last batch) stays on trial for long (its first few batches with
-streaming stores, then ordinary ones); at most :data:`MAX_TRIALS` sizes are tried, the
-others follow the ``large`` rule.
+2026-11-28: 0.3-0.8 against 0.7-1.3 µs an image over the first 110 batches). A batch during
+which its thread took a page fault is not counted: a first epoch faults the database's pages
+into the process (on a cold cache reads them; a small warm database is mapped whole when its
+session opens, :func:`lmdbio.io.prefetch.populate_if_resident`), which swamps the store
+kind; a choice timed over short alternating blocks without this filter flipped between runs
+(``docs/findings/peers-2026-11-28c.md``). A block whose batches faulted times on until it
+has :data:`SAMPLES` clean ones, or :data:`MAX_BLOCK_TIMED` in all (a process's first batches
+fault in its output buffers). Nor is a call that wrote nothing counted (a kernel that gave
+up on a record of another shape). Streaming stores must win by :data:`MARGIN` (a tie keeps
+ordinary stores); if :data:`MAX_PAIRS` pairs of blocks give too few clean timings (a data
+set that faults on every batch) the ``large`` rule decides; and every :data:`RETRIAL_BYTES`
+of one size the trial runs again, so that a choice made while a neighbour loaded the host's
+memory does not hold for the rest of a long job. A size seen rarely (an epoch's short last
+batch) stays on trial for long (its first few batches with streaming stores, then ordinary
+ones); at most :data:`MAX_TRIALS` sizes are tried, the others follow the ``large`` rule.
 
 ``LMDBIO_STREAMING_STORES`` sets the policy:
 

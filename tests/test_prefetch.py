@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from lmdbio.errors import LmdbioError
 from lmdbio.io import prefetch as pf
 from lmdbio.io.symmap import map_file
+from tests.page_tables import in_page_tables, needs_populate
 
 PAGE = pf.OS_PAGE_SIZE
 N_PAGES = 600
@@ -389,15 +390,6 @@ def test_pages_resident_sample_is_the_documented_one(ranges, touched, samples) -
         region.close()
 
 
-def _in_page_tables(addr: int, pages: int) -> np.ndarray:
-    """Whether each OS page of ``[addr, addr + pages * PAGE)`` is mapped in this process's
-    page tables now (``/proc/self/pagemap``'s present bit; no privilege needed for it)."""
-    with open("/proc/self/pagemap", "rb") as f:
-        f.seek(addr // PAGE * 8)
-        entries = np.frombuffer(f.read(pages * 8), np.uint64)
-    return (entries >> np.uint64(63)).astype(bool)
-
-
 @pytest.fixture()
 def warm(data) -> tuple[Path, np.ndarray]:
     """The data file read through, so that its pages are in the page cache."""
@@ -406,29 +398,57 @@ def warm(data) -> tuple[Path, np.ndarray]:
     return path, arr
 
 
+@needs_populate
 def test_populate_puts_a_warm_file_in_the_page_tables(warm) -> None:
     path, arr = warm
     pages = -(-arr.shape[0] // PAGE)
     with map_file(path) as m:
         addr = pf._as_array(m).ctypes.data
-        assert not _in_page_tables(addr, pages).any()  # a fresh mapping: nothing yet
-        assert pf.populate_if_resident(m)
-        assert _in_page_tables(addr, pages).all()
+        assert not in_page_tables(addr, pages).any()  # a fresh mapping: nothing yet
+        assert pf.populate_if_resident(m, path)
+        assert in_page_tables(addr, pages).all()
         assert pf.touch(m) == int(arr[::PAGE].astype(np.uint64).sum())
 
 
+@needs_populate
 def test_populate_leaves_a_file_over_the_limit_to_its_faults(warm) -> None:
     path, arr = warm
     with map_file(path) as m:
         addr = pf._as_array(m).ctypes.data
-        assert not pf.populate_if_resident(m, max_bytes=arr.shape[0] - 1)
-        assert not _in_page_tables(addr, -(-arr.shape[0] // PAGE)).any()
+        assert not pf.populate_if_resident(m, path, max_bytes=arr.shape[0] - 1)
+        assert not in_page_tables(addr, -(-arr.shape[0] // PAGE)).any()
 
 
+@needs_populate
 def test_populate_leaves_a_cold_file_unread(cold) -> None:
     path, arr = cold
     with map_file(path) as m:
         addr = pf._as_array(m).ctypes.data
-        assert not pf.populate_if_resident(m)
-        assert not _in_page_tables(addr, -(-arr.shape[0] // PAGE)).any()
+        assert not pf.populate_if_resident(m, path)
+        assert not in_page_tables(addr, -(-arr.shape[0] // PAGE)).any()
         assert pf.resident_count(path) == 0  # the decision read nothing either
+
+
+def test_residency_is_trusted_only_where_mincore_reports_it(warm, monkeypatch) -> None:
+    """mincore reports a file's pages only to its owner, a writer or root (else every page
+    resident): populate must not trust it for another user's read-only file, which would
+    be read whole however cold."""
+    path, _ = warm
+    assert pf.residency_is_reported(path)  # the test's own file
+    assert not pf.residency_is_reported(path.with_name("missing.bin"))
+    owner = path.stat().st_uid
+    monkeypatch.setattr(pf.os, "geteuid", lambda: owner + 12345)
+    monkeypatch.setattr(pf.os, "access", lambda *a, **k: False)
+    assert not pf.residency_is_reported(path)
+    asked = []
+    monkeypatch.setattr(pf.libc, "madvise", lambda *a: asked.append(a))
+    with map_file(path) as m:
+        assert not pf.populate_if_resident(m, path)
+    assert asked == []
+    monkeypatch.setattr(pf.os, "access", lambda *a, **k: True)  # a writer: reported
+    assert pf.residency_is_reported(path)
+
+
+def test_populate_never_raises_on_a_buffer_it_cannot_map(warm) -> None:
+    path, _ = warm
+    assert not pf.populate_if_resident(np.zeros((4, 4), np.int32), path)

@@ -444,6 +444,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "resident_skips": session.strategy.resident_skips if session.reads else 0,
             "symmetric": totals.symmetric,
             "symmetric_attempts": totals.symmetric_attempts,
+            # the whole mapping in the page tables from the start (a small warm file)
+            "populated": totals.populated,
             "pylmdb_seconds": baseline,
             "resident_pages": resident,
             "direct_io": direct if direct is None else {**direct,

@@ -58,6 +58,7 @@ __all__ = [
     "pread_prefetch",
     "prefetch",
     "prefetch_pages",
+    "residency_is_reported",
     "resident_count",
     "resident_pages",
     "touch",
@@ -349,41 +350,63 @@ def pages_resident(
     return bool((missing[stop - lo] == missing[first - lo]).all())
 
 
-def populate_if_resident(target: Mapping | np.ndarray, max_bytes: int = POPULATE_MAX_BYTES,
-                         samples: int = 64, resident_share: float = 0.9) -> bool:
-    """Map every page of a read-only file mapping of at most ``max_bytes`` into this
-    process's page tables now, in one ``madvise(MADV_POPULATE_READ)``, when at least
-    ``resident_share`` of ``samples`` pages spread over it are in the page cache (the few
-    others are then read at once). Returns whether it did.
+def residency_is_reported(path: str | os.PathLike) -> bool:
+    """Whether ``mincore`` tells this process which pages of the file ``path`` are in the
+    page cache. Since Linux 5.0 it does so only for a file the caller owns or may write
+    (or as root); for any other file it reports every page resident (against page-cache
+    side channels): a shared data set owned by another user, or on a read-only mount,
+    always looks warm."""
+    try:
+        owner = os.stat(path).st_uid
+    except OSError:
+        return False
+    euid = os.geteuid()
+    return euid in (0, owner) or os.access(path, os.W_OK, effective_ids=True)
+
+
+def populate_if_resident(target: Mapping | np.ndarray, path: str | os.PathLike,
+                         max_bytes: int = POPULATE_MAX_BYTES, samples: int = 64,
+                         resident_share: float = 0.9) -> bool:
+    """Map every page of a read-only mapping of the file ``path`` (at most ``max_bytes``)
+    into this process's page tables now, in one ``madvise(MADV_POPULATE_READ)``, when at
+    least ``resident_share`` of ``samples`` pages spread over it are in the page cache
+    (the few others are read then, with the mapping's read-around: call this before
+    ``MADV_RANDOM``). Returns whether it did.
 
     Why: a process that reads a warm file through a fresh mapping takes a page fault per
-    read-around window (16 pages) the first time it touches one: 1,388 faults for the
-    86 MiB ImageNet-like benchmark database, 5 ms of CPU, where populating the mapping
-    took 1.5 ms (2-core VM, 2026-11-28). A shuffled reader touches a new window on most
-    batches of its first epochs, so the faults also fall inside the transform kernel's
-    calls, whose store-kind trial (:mod:`loaders.stores`) leaves out every batch that
-    faulted: at two ranks the trial needed a second pair of blocks, written partly with
-    the slower stores. A share, not every sampled page: on that VM 0.3-0.5 % of a warm
-    file's pages were often out of the cache, and a sample of 64 met one in some runs.
-    A cold or large file is left to the reads as before (populating it would read it
-    whole, synchronously, and cold strategies choose what they read). Never raises: a
+    fault-around window (16 pages, the kernel's ``fault_around_bytes``) the first time it
+    touches one: 1,388 faults for the 86 MiB ImageNet-like benchmark database, 5 ms of
+    CPU, where populating the mapping took 1.5 ms (2-core VM, 2026-11-28). A shuffled
+    reader touches a new window on most batches of its first epochs, so the faults also
+    fall inside the transform kernel's calls, whose store-kind trial (:mod:`loaders.stores`)
+    leaves out every batch that faulted: at two ranks the trial needed a second pair of
+    blocks, written partly with the slower stores. A share, not every sampled page: on
+    that VM 0.3-0.5 % of a warm file's pages were often out of the cache, and a sample of
+    64 met one in some runs. A cold or large file is left to the reads as before
+    (populating it would read it whole, synchronously, and cold strategies choose what
+    they read), and so is a file whose residency ``mincore`` does not report
+    (:func:`residency_is_reported`: it would look warm however cold). Never raises: a
     kernel without the advice (before Linux 5.14), a mapping it refuses or another
     platform keep the faults."""
-    arr = _as_array(target)
-    size = int(arr.shape[0])
-    if not sys.platform.startswith("linux") or not 0 < size <= max_bytes:
-        return False
-    base = arr.ctypes.data
-    pages = size // OS_PAGE_SIZE  # whole pages sampled (a file is whole LMDB pages)
-    picks = (2 * np.arange(min(samples, pages)) + 1) * pages // (2 * min(samples, pages))
     try:
+        arr = _as_array(target)
+        size = int(arr.shape[0])
+        if not sys.platform.startswith("linux") or not 0 < size <= max_bytes or \
+                not residency_is_reported(path):
+            return False
+        base = arr.ctypes.data
+        pages = size // OS_PAGE_SIZE  # whole pages sampled (a file is whole LMDB pages)
+        if pages < 1:
+            return False
+        k = min(samples, pages)
+        picks = (2 * np.arange(k) + 1) * pages // (2 * k)
         resident = sum(bool(libc.mincore(base + int(p) * OS_PAGE_SIZE, OS_PAGE_SIZE)[0])
                        for p in picks.tolist())
-        if resident < resident_share * picks.size:
+        if resident < resident_share * k:
             return False
         libc.madvise(base, size, MADV_POPULATE_READ)
-    except OSError as exc:
-        log.debug("populating the mapping of %d bytes refused: %s", size, exc)
+    except (OSError, LmdbioError) as exc:
+        log.debug("%s: mapping not populated: %s", path, exc)
         return False
     return True
 
