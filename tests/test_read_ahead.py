@@ -15,7 +15,7 @@ from lmdbio.io import prefetch as pf
 from lmdbio.io.gather import gather_refs
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import plan_epoch
-from lmdbio.plan.strategies import DmSpec, Indexed, IterationStats, ReaderContext
+from lmdbio.plan.strategies import DmSpec, Indexed, IterationStats, ReaderContext, base
 from lmdbio.plan.strategies.base import WARM_TRUST_MAX, WarmFile
 
 BATCH = 32
@@ -609,3 +609,24 @@ def test_indexed_samples_a_warm_file_less_often_as_it_stays_warm(
     asks = 2 + 2 * iterations  # leaves and values of the first slot, then of each next
     assert s.resident_skips == asks  # every one answered "warm", sampled or trusted
     assert 0 < len(sampled) < asks // 2
+
+
+def test_a_file_whose_residency_mincore_hides_is_advised_as_a_cold_one(
+        cifar_like, open_strategy, monkeypatch) -> None:
+    """mincore shows a process that neither owns nor may write a file every page of it
+    resident (Linux 5.0+): on such a file (another user's read-only data set) the samples
+    would always find it warm and nothing would ever be advised. The strategy asks for
+    its pages as on a cold file instead; with residency reported, a warm file is not."""
+    db, s = open_strategy(Indexed, cifar_like)
+    gather_refs(db, db.locate(np.arange(len(db))))  # every page read: the file is warm
+    asked: list[int] = []
+    monkeypatch.setattr(base, "advise_page_ranges",
+                        lambda buf, starts, counts, *a, **k: asked.append(len(starts)))
+    pages = np.arange(2, 40, dtype=np.int64)
+    assert s.cached_sample(pages) and not s.advise_pages(pages, np.ones_like(pages))
+    assert asked == []
+    monkeypatch.setattr(base, "residency_is_reported", lambda path: False)
+    _, hidden = open_strategy(Indexed, cifar_like)
+    assert not hidden.cached_sample(pages) and not hidden.trusts_warm()
+    assert hidden.advise_pages(pages, np.ones_like(pages)) and asked == [len(pages)]
+    assert hidden.resident_skips == 0

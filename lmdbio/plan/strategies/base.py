@@ -18,7 +18,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from lmdbio.errors import LmdbioError
-from lmdbio.io.prefetch import advise_page_ranges, pages_resident, readahead_limit
+from lmdbio.io.prefetch import (
+    advise_page_ranges,
+    pages_resident,
+    readahead_limit,
+    residency_is_reported,
+)
 from lmdbio.lmdb import Database, RecordRefs
 from lmdbio.plan.epoch import EpochPlan
 
@@ -151,6 +156,11 @@ class ReadStrategy(ABC):
         self._advice_limit: int | None = None
         #: how long :meth:`cached_sample` trusts its last samples of a warm file
         self._warm = WarmFile()
+        #: whether ``mincore`` reports which pages of the file are cached: for a file this
+        #: process neither owns nor may write it shows every page resident (Linux 5.0+),
+        #: so its samples would always find it warm and nothing would ever be advised
+        path = getattr(self.db, "path", None)
+        self._residency_reported = path is None or residency_is_reported(path)
 
     def setup(self) -> None:  # noqa: B027 - optional hook
         """Collective over the readers, once before the first epoch."""
@@ -197,15 +207,18 @@ class ReadStrategy(ABC):
         the reads that follow wait on them instead of faulting pages in one at a time; a
         no-op unless :attr:`advising`, and when every page is in the page cache already
         (:func:`~lmdbio.io.prefetch.pages_resident`, one ``mincore``: a warm file costs no
-        advice; counted in :attr:`resident_skips`). Advisory: if the kernel refuses (a
-        buffer that is not a file mapping), a warning is logged once and the reads fault
-        pages in as before. Returns whether the kernel was asked."""
+        advice; counted in :attr:`resident_skips`). A file whose residency ``mincore``
+        does not report (:func:`~lmdbio.io.prefetch.residency_is_reported`: another
+        user's read-only data set) is advised as a cold one. Advisory: if the kernel
+        refuses (a buffer that is not a file mapping), a warning is logged once and the
+        reads fault pages in as before. Returns whether the kernel was asked."""
         if not self.advising or not np.any(counts):
             return False
         if self._advice_limit is None:
             self._advice_limit = readahead_limit(self.db.path)
         try:
-            if pages_resident(self.db.buf, starts, counts, self.db.psize):
+            if self._residency_reported and \
+                    pages_resident(self.db.buf, starts, counts, self.db.psize):
                 self.resident_skips += 1
                 return False
             advise_page_ranges(self.db.buf, starts, counts, self.db.psize,
@@ -248,10 +261,11 @@ class ReadStrategy(ABC):
         the page cache (one ``mincore`` each; counted in :attr:`resident_skips`): the test
         :meth:`advise_pages` makes, asked before the runs of a slot's thousands of records
         are built for it (on a warm file, ~0.4 ms a slot of 5,120 CIFAR-like records that
-        asked for nothing). False where ``mincore`` refuses, as there. Callers ask
+        asked for nothing). False where ``mincore`` refuses, as there, and for a file
+        whose residency it does not report (:attr:`_residency_reported`). Callers ask
         :meth:`trusts_warm` first: each answer here sets how long it trusts this one."""
-        if not pages.size:
-            return False
+        if not pages.size or not self._residency_reported:
+            return False  # unknown: asked for as on a cold file
         pick = pages[spread(pages.size, samples)]
         try:
             cached = pages_resident(self.db.buf, pick, np.ones_like(pick), self.db.psize,
