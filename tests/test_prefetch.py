@@ -447,6 +447,11 @@ def test_residency_is_trusted_only_where_mincore_reports_it(warm, monkeypatch) -
     assert asked == []
     monkeypatch.setattr(pf.os, "access", lambda *a, **k: True)  # a writer: reported
     assert pf.residency_is_reported(path)
+    # root without the capability to override permissions (a container's): not assumed
+    monkeypatch.setattr(pf.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(pf.os, "stat", lambda p: type("St", (), {"st_uid": 1000})())
+    monkeypatch.setattr(pf.os, "access", lambda *a, **k: False)
+    assert not pf.residency_is_reported(path)
 
 
 def test_populate_never_raises_on_a_buffer_it_cannot_map(warm) -> None:

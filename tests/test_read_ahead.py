@@ -614,7 +614,7 @@ def test_indexed_samples_a_warm_file_less_often_as_it_stays_warm(
 def test_a_file_whose_residency_mincore_hides_is_advised_as_a_cold_one(
         cifar_like, open_strategy, monkeypatch) -> None:
     """mincore shows a process that neither owns nor may write a file every page of it
-    resident (Linux 5.0+): on such a file (another user's read-only data set) the samples
+    resident (Linux 5.2+): on such a file (another user's read-only data set) the samples
     would always find it warm and nothing would ever be advised. The strategy asks for
     its pages as on a cold file instead; with residency reported, a warm file is not."""
     db, s = open_strategy(Indexed, cifar_like)

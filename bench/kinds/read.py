@@ -444,7 +444,8 @@ def run(args: argparse.Namespace) -> dict[str, Any] | None:
             "resident_skips": session.strategy.resident_skips if session.reads else 0,
             "symmetric": totals.symmetric,
             "symmetric_attempts": totals.symmetric_attempts,
-            # the whole mapping in the page tables from the start (a small warm file)
+            # the whole mapping in the page tables when the session opened (a small file
+            # warm then; --cold drops it from the cache afterwards all the same)
             "populated": totals.populated,
             "pylmdb_seconds": baseline,
             "resident_pages": resident,

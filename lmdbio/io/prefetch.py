@@ -351,17 +351,20 @@ def pages_resident(
 
 
 def residency_is_reported(path: str | os.PathLike) -> bool:
-    """Whether ``mincore`` tells this process which pages of the file ``path`` are in the
-    page cache. Since Linux 5.0 it does so only for a file the caller owns or may write
-    (or as root); for any other file it reports every page resident (against page-cache
-    side channels): a shared data set owned by another user, or on a read-only mount,
-    always looks warm."""
+    """Whether ``mincore`` tells this process which pages of the data file ``path`` are in
+    the page cache. Since Linux 5.2 (and distributions' backports of that fix) it does so
+    only for a file the caller owns or may write (the kernel's own permission check,
+    capabilities and user namespaces included); for any other file it reports every page
+    resident, against page-cache side channels: a data set another user owns looks warm
+    however cold. Root is not assumed to pass: a container's root without
+    ``CAP_DAC_OVERRIDE`` does not. A file on a read-only mount that this process could
+    otherwise write counts as not reported (``access`` says ``EROFS``): the safe side."""
     try:
         owner = os.stat(path).st_uid
     except OSError:
         return False
-    euid = os.geteuid()
-    return euid in (0, owner) or os.access(path, os.W_OK, effective_ids=True)
+    return os.geteuid() == owner or os.access(
+        path, os.W_OK, effective_ids=os.access in os.supports_effective_ids)
 
 
 def populate_if_resident(target: Mapping | np.ndarray, path: str | os.PathLike,

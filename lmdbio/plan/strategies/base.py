@@ -157,7 +157,7 @@ class ReadStrategy(ABC):
         #: how long :meth:`cached_sample` trusts its last samples of a warm file
         self._warm = WarmFile()
         #: whether ``mincore`` reports which pages of the file are cached: for a file this
-        #: process neither owns nor may write it shows every page resident (Linux 5.0+),
+        #: process neither owns nor may write it shows every page resident (Linux 5.2+),
         #: so its samples would always find it warm and nothing would ever be advised
         path = getattr(self.db, "path", None)
         self._residency_reported = path is None or residency_is_reported(path)
