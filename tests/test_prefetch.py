@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -429,29 +430,49 @@ def test_populate_leaves_a_cold_file_unread(cold) -> None:
         assert pf.resident_count(path) == 0  # the decision read nothing either
 
 
+class _OsAs:
+    """The ``os`` module as :mod:`lmdbio.io.prefetch` sees it, with ``euid``, the file's
+    owner and ``access``'s answer set (the real module is left alone: pytest uses it)."""
+
+    def __init__(self, euid: int, owner: int | None = None, writable: bool = False) -> None:
+        self.euid, self.owner, self.writable = euid, owner, writable
+
+    def __getattr__(self, name: str):
+        return getattr(os, name)
+
+    def geteuid(self) -> int:
+        return self.euid
+
+    def stat(self, path):
+        st = os.stat(path)
+        return st if self.owner is None else type("Stat", (), {"st_uid": self.owner})()
+
+    def access(self, *args, **kwargs) -> bool:
+        return self.writable
+
+
 def test_residency_is_trusted_only_where_mincore_reports_it(warm, monkeypatch) -> None:
-    """mincore reports a file's pages only to its owner, a writer or root (else every page
+    """mincore reports a file's pages only to its owner or a writer (else every page
     resident): populate must not trust it for another user's read-only file, which would
-    be read whole however cold."""
+    be read whole however cold; nor for root without the capability to override file
+    permissions (a container's root)."""
     path, _ = warm
     assert pf.residency_is_reported(path)  # the test's own file
     assert not pf.residency_is_reported(path.with_name("missing.bin"))
     owner = path.stat().st_uid
-    monkeypatch.setattr(pf.os, "geteuid", lambda: owner + 12345)
-    monkeypatch.setattr(pf.os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(pf, "os", _OsAs(euid=owner + 12345))
     assert not pf.residency_is_reported(path)
     asked = []
     monkeypatch.setattr(pf.libc, "madvise", lambda *a: asked.append(a))
     with map_file(path) as m:
         assert not pf.populate_if_resident(m, path)
     assert asked == []
-    monkeypatch.setattr(pf.os, "access", lambda *a, **k: True)  # a writer: reported
-    assert pf.residency_is_reported(path)
-    # root without the capability to override permissions (a container's): not assumed
-    monkeypatch.setattr(pf.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(pf.os, "stat", lambda p: type("St", (), {"st_uid": 1000})())
-    monkeypatch.setattr(pf.os, "access", lambda *a, **k: False)
+    monkeypatch.setattr(pf, "os", _OsAs(euid=owner + 12345, writable=True))
+    assert pf.residency_is_reported(path)  # a writer: reported
+    monkeypatch.setattr(pf, "os", _OsAs(euid=0, owner=1000))  # root, not the owner
     assert not pf.residency_is_reported(path)
+    monkeypatch.setattr(pf, "os", _OsAs(euid=0, owner=1000, writable=True))
+    assert pf.residency_is_reported(path)
 
 
 def test_populate_never_raises_on_a_buffer_it_cannot_map(warm) -> None:
