@@ -250,8 +250,10 @@ class ReadSession:
                                    first_consumer=self.first_consumer,
                                    node_consumers=self.node_consumers,
                                    batches_per_slot=self.batches_per_slot)
-        if self.node_cache is None:  # direct I/O reads past the page cache
-            # before MADV_RANDOM: the few pages not in the cache come with read-around
+        if self.node_cache is None and (self.reads or self.by_reference):
+            # a rank that reads the mapping (a worker of copies never does; direct I/O
+            # reads past the page cache), before MADV_RANDOM: the few pages not in the
+            # cache come with read-around
             self.totals.populated = populate_if_resident(self.db.buf, self.db.path)
         self._set_read_around()
         self.totals.setup_seconds = time.perf_counter() - t0

@@ -20,6 +20,7 @@ import pytest
 from bench.lmdbgen import read_pylmdb, write_db
 from lmdbio.codecs.datum import datum_from_array, decode_datum, encode_datum
 from tests.mpi_harness import CLI_SCRIPT, OPENMPI_ENV, require_mpiexec, run_mpi
+from tests.page_tables import needs_populate
 
 pytestmark = pytest.mark.mpiexec  # every test here starts mpiexec jobs
 
@@ -229,6 +230,23 @@ def test_only_a_rank_alone_on_its_ring_hands_its_slots_to_itself(loader_runs):
     for case in (*GROUPS_CASES, (4, ["readers.strategy=indexed", "topology.simulate_nodes=2",
                                      "shuffle.mode=global"])):
         assert handed(case) == [False], case
+
+
+@needs_populate
+def test_only_ranks_that_read_the_mapping_populate_it(loader_runs):
+    """The database (small, just written: in the page cache) is put in the page tables of
+    the ranks that read it: readers, and workers of record spans; not workers of copied
+    records, which never touch the mapping."""
+
+    def populated(case):
+        run = loader_runs[every_record_case(*case)]
+        return {(r[-1]["reader"], r[-1]["worker"]): r[-1]["populated"]
+                for r in run.results.values()}
+
+    spans, copies = CASES[0], CASES[2]
+    assert "readers.transfer=copy" in copies[1] and "readers.transfer=copy" not in spans[1]
+    assert populated(spans) == {(True, False): True, (False, True): True}
+    assert populated(copies) == {(True, False): True, (False, True): False}
 
 
 @pytest.mark.parametrize("last", LASTS)

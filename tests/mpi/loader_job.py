@@ -115,7 +115,8 @@ def run_case(args: argparse.Namespace) -> dict:
         role = {"worker": loader.is_worker, "reader": loader.session.reads,
                 "node": loader.topo.node_index, "iterations": len(loader),
                 "epochs_decoded_ahead": loader.metrics.epochs_decoded_ahead,
-                "hands_to_itself": loader.session.hands_to_itself, "reads": reads}
+                "hands_to_itself": loader.session.hands_to_itself, "reads": reads,
+                "populated": loader.session.totals.populated}
     if args.resume_at is None:
         return {**role, "batches": got}
     # every rank resumes from the state a worker saved (dedicated readers have none)
